@@ -1,0 +1,1 @@
+//! kube-ipvs controller: model, desired state, diff, sync loop.

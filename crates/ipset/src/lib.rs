@@ -1,0 +1,1 @@
+//! kube-proxy ipsets: desired state, diff and batched apply.

@@ -1,0 +1,1 @@
+//! kube-proxy iptables rules: render, diff and iptables-restore.

@@ -1,0 +1,2 @@
+//! Applies an `ipvsadm -S` formatted table through the batch API.
+fn main() {}

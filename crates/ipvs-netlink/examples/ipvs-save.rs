@@ -1,0 +1,2 @@
+//! Prints the kernel IPVS table in `ipvsadm -Sn` format.
+fn main() {}

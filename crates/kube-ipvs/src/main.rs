@@ -1,0 +1,2 @@
+//! kube-ipvs: an IPVS-native Kubernetes service proxy.
+fn main() {}

@@ -1,0 +1,1 @@
+//! kube-ipvs0 dummy link and node address tracking over rtnetlink.

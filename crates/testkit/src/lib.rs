@@ -1,0 +1,1 @@
+//! Test kit: fake Kubernetes API server, netns helpers, fixtures.

@@ -1,0 +1,2 @@
+//! Project automation: `cargo xtask vm|test|bench|e2e`.
+fn main() {}
