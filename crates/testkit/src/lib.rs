@@ -1,1 +1,5 @@
-//! Test kit: fake Kubernetes API server, netns helpers, fixtures.
+//! Test kit: a fake Kubernetes API server, network-namespace helpers and fixtures shared by tests.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+pub mod apiserver;
+pub mod netns;

@@ -1,0 +1,1 @@
+//! The model: Kubernetes objects turned into proxy concepts (service ports, endpoints). Pure.

@@ -1,0 +1,1 @@
+//! The static directory source: Services, EndpointSlices and Nodes read from YAML files.

@@ -1,0 +1,1 @@
+//! A fake Kubernetes API server with faithful list/watch semantics.

@@ -1,0 +1,1 @@
+//! Network-namespace helpers: "pods" and test hosts joined by veth.
