@@ -1,3 +1,49 @@
 //! Sources turn the outside world (a static directory, the Kubernetes API) into typed objects.
+//!
+//! Every source emits the same [`SourceEvent`] stream, modelled on kube-runtime's watcher events,
+//! so everything downstream (the store, the model) is identical whichever source feeds it. A
+//! relist (after a 410 Gone, a reconnect, or a re-read of the static directory) is
+//! `Init(kind)`, then `InitApply` for every object that exists now, then `InitDone(kind)`:
+//! objects of that kind not re-announced between `Init` and `InitDone` are gone.
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 pub mod static_dir;
+
+/// The kinds of object the proxy watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// `v1/Service`.
+    Service,
+    /// `discovery.k8s.io/v1/EndpointSlice`.
+    EndpointSlice,
+    /// `v1/Node` (only this node's object).
+    Node,
+}
+
+/// One watched object.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Object {
+    /// A Service.
+    Service(Box<Service>),
+    /// An EndpointSlice.
+    EndpointSlice(Box<EndpointSlice>),
+    /// This node's Node object.
+    Node(Box<Node>),
+}
+
+/// A change reported by a source.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SourceEvent {
+    /// A (re)list of `Kind` starts.
+    Init(Kind),
+    /// An object that exists as of the current (re)list.
+    InitApply(Object),
+    /// The (re)list of `Kind` is complete; unannounced objects of that kind are deleted.
+    InitDone(Kind),
+    /// An object was added or modified.
+    Apply(Object),
+    /// An object was deleted.
+    Delete(Object),
+}
