@@ -1,1 +1,63 @@
 //! kube-proxy ipsets: desired state, diff and batched apply.
+//!
+//! Shape: [`IpsetState`] (pure desired/current state of the 17 kube-proxy sets, see
+//! [`SetKind`]), [`diff`] (pure), [`render_restore`] / [`render_save`] (pure text), and the IO
+//! module [`Ipset`] that reads the kernel with one `ipset save` and applies a diff with one
+//! `ipset restore -exist` process per sync.
+
+mod entry;
+mod io;
+mod set;
+mod state;
+
+pub use entry::{Entry, Protocol};
+pub use io::{ApplyReport, Ipset, Rejected, Runner};
+pub use set::{Family, SetKind, SetSpec, SetType, MAX_NAME_LEN};
+pub use state::{
+    diff, parse_save, render_restore, render_save, restore_lines, EntryChange, IpsetDiff,
+    IpsetState, LineOrigin, SetState,
+};
+
+/// Errors of the ipset crate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A required program is not installed (or not executable).
+    #[error("required program {binary:?} not found: install the ipset package ({source})")]
+    MissingBinary {
+        /// The program that could not be started.
+        binary: String,
+        /// The spawn error.
+        source: std::io::Error,
+    },
+    /// The kernel lacks ipset support (module ip_set / the set type missing).
+    #[error("kernel support missing: {0}")]
+    KernelSupport(String),
+    /// Running a program failed for another reason.
+    #[error("running {command}: {source}")]
+    Io {
+        /// The command line.
+        command: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A command exited with failure in a way not attributable to a single line.
+    #[error("{command} failed: {stderr}")]
+    CommandFailed {
+        /// The command line.
+        command: String,
+        /// Its standard error.
+        stderr: String,
+    },
+    /// Text from ipset could not be parsed.
+    #[error("cannot parse ipset output: {0}")]
+    Parse(String),
+    /// An entry does not fit its set (type or family mismatch).
+    #[error("invalid entry: {0}")]
+    InvalidEntry(String),
+    /// An entry was added to a set that was not declared.
+    #[error("unknown set {0:?}")]
+    UnknownSet(String),
+}
+
+/// Result alias.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
