@@ -377,3 +377,235 @@ pub fn parse_save(text: &str, keep: impl Fn(&str) -> bool) -> Result<IpsetState,
     }
     Ok(st)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entry::Protocol;
+    use std::net::IpAddr;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn kube_state_has_17_sets_with_upstream_names_and_types() {
+        let st = IpsetState::kube(Family::V4);
+        let names: Vec<_> = st
+            .sets()
+            .map(|(n, s)| (n.clone(), s.spec.set_type))
+            .collect();
+        assert_eq!(names.len(), 17);
+        assert!(names.contains(&("KUBE-LOOP-BACK".into(), SetType::HashIpPortIp)));
+        assert!(names.contains(&("KUBE-NODE-PORT-SCTP-HASH".into(), SetType::HashIpPort)));
+        assert!(names.contains(&("KUBE-HEALTH-CHECK-NODE-PORT".into(), SetType::BitmapPort)));
+        assert!(names.contains(&("KUBE-IPVS-IPS".into(), SetType::HashIp)));
+        let v6 = IpsetState::kube(Family::V6);
+        let v6names: Vec<_> = v6.sets().map(|(n, _)| n.clone()).collect();
+        assert!(v6names
+            .iter()
+            .all(|n| n.starts_with("KUBE-6-") && n.len() <= 31));
+        // upstream truncates to 31 characters
+        assert!(v6names.contains(&"KUBE-6-LOAD-BALANCER-SOURCE-CID".to_string()));
+        assert!(v6names.contains(&"KUBE-6-NODE-PORT-LOCAL-SCTP-HAS".to_string()));
+        assert_eq!(
+            SetKind::from_name("KUBE-6-LOAD-BALANCER-SOURCE-CID"),
+            Some((SetKind::LoadBalancerSourceCidr, Family::V6))
+        );
+        let s = v6.get("KUBE-6-CLUSTER-IP").unwrap();
+        assert_eq!(
+            s.spec.create_args(),
+            "hash:ip,port family inet6 hashsize 1024 maxelem 65536 comment"
+        );
+    }
+
+    #[test]
+    fn insert_checks_type_and_family() {
+        let mut st = IpsetState::kube(Family::V4);
+        let e = Entry::ip_port(ip("10.96.0.1"), Protocol::Tcp, 80);
+        assert!(st.insert("KUBE-CLUSTER-IP", e.clone(), "a/b:c").unwrap());
+        assert!(!st.insert("KUBE-CLUSTER-IP", e.clone(), "a/b:c").unwrap());
+        assert!(st.insert("KUBE-LOOP-BACK", e, "x").is_err());
+        let v6 = Entry::ip_port(ip("fd00::1"), Protocol::Tcp, 80);
+        assert!(st.insert("KUBE-CLUSTER-IP", v6, "x").is_err());
+        assert!(st.insert("KUBE-NOPE", Entry::Port(1), "x").is_err());
+        // bitmap:port has no family
+        assert!(st
+            .insert("KUBE-NODE-PORT-TCP", Entry::Port(30080), "x")
+            .unwrap());
+    }
+
+    fn sample() -> IpsetState {
+        let mut st = IpsetState::new();
+        st.ensure_set(SetKind::ClusterIp.spec(Family::V4));
+        st.ensure_set(SetKind::NodePortTcp.spec(Family::V4));
+        st
+    }
+
+    #[test]
+    fn diff_creates_missing_sets_with_their_members() {
+        let mut want = sample();
+        want.add(
+            SetKind::ClusterIp,
+            Family::V4,
+            Entry::ip_port(ip("10.96.0.1"), Protocol::Tcp, 443),
+            "default/kubernetes:https",
+        )
+        .unwrap();
+        let d = diff(&want, &IpsetState::new());
+        assert_eq!(d.creates.len(), 2);
+        assert_eq!(d.adds.len(), 1);
+        assert_eq!(d.adds[0].owner, "default/kubernetes:https");
+        let script = render_restore(&d);
+        let lines: Vec<_> = script.lines().collect();
+        assert_eq!(
+            lines,
+            vec![
+                "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536 comment",
+                "create KUBE-NODE-PORT-TCP bitmap:port range 0-65535 comment",
+                "add KUBE-CLUSTER-IP 10.96.0.1,tcp:443",
+            ]
+        );
+    }
+
+    #[test]
+    fn diff_adds_and_deletes_only_changes() {
+        let mut want = sample();
+        let mut have = sample();
+        want.insert("KUBE-NODE-PORT-TCP", Entry::Port(30001), "a")
+            .unwrap();
+        want.insert("KUBE-NODE-PORT-TCP", Entry::Port(30002), "b")
+            .unwrap();
+        have.insert("KUBE-NODE-PORT-TCP", Entry::Port(30002), "")
+            .unwrap();
+        have.insert("KUBE-NODE-PORT-TCP", Entry::Port(30003), "")
+            .unwrap();
+        let d = diff(&want, &have);
+        assert!(d.creates.is_empty() && d.recreates.is_empty() && d.destroys.is_empty());
+        assert_eq!(d.adds.len(), 1);
+        assert_eq!(d.adds[0].entry, Entry::Port(30001));
+        assert_eq!(d.dels.len(), 1);
+        assert_eq!(d.dels[0].entry, Entry::Port(30003));
+        assert_eq!(
+            render_restore(&d),
+            "del KUBE-NODE-PORT-TCP 30003\nadd KUBE-NODE-PORT-TCP 30001\n"
+        );
+        assert!(diff(&want, &want).is_empty());
+    }
+
+    #[test]
+    fn diff_recreates_wrong_type_and_destroys_unwanted() {
+        let mut want = sample();
+        want.insert(
+            "KUBE-CLUSTER-IP",
+            Entry::ip_port(ip("10.96.0.10"), Protocol::Udp, 53),
+            "kube-system/kube-dns:dns",
+        )
+        .unwrap();
+        let mut have = IpsetState::new();
+        have.ensure_set(SetSpec::new("KUBE-CLUSTER-IP", SetType::HashIp, Family::V4));
+        have.insert("KUBE-CLUSTER-IP", Entry::Ip(ip("10.96.0.10")), "")
+            .unwrap();
+        have.ensure_set(SetKind::NodePortTcp.spec(Family::V4));
+        have.ensure_set(SetKind::LoopBack.spec(Family::V4));
+        let d = diff(&want, &have);
+        assert_eq!(d.recreates.len(), 1);
+        assert_eq!(d.destroys, vec!["KUBE-LOOP-BACK".to_string()]);
+        let s = render_restore(&d);
+        let lines: Vec<_> = s.lines().collect();
+        assert_eq!(lines[0], "destroy KUBE-CLUSTER-IP");
+        assert!(lines[1].starts_with("create KUBE-CLUSTER-IP hash:ip,port "));
+        assert_eq!(lines[2], "add KUBE-CLUSTER-IP 10.96.0.10,udp:53");
+        assert_eq!(lines[3], "destroy KUBE-LOOP-BACK");
+        // a family change is a type change too
+        let mut have6 = IpsetState::new();
+        have6.ensure_set(SetSpec::new(
+            "KUBE-CLUSTER-IP",
+            SetType::HashIpPort,
+            Family::V6,
+        ));
+        have6.ensure_set(SetKind::NodePortTcp.spec(Family::V6));
+        let d = diff(&want, &have6);
+        assert_eq!(d.recreates.len(), 1, "{d:?}");
+        assert_eq!(d.recreates[0].name, "KUBE-CLUSTER-IP");
+    }
+
+    const SAVE: &str = "\
+create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536 comment bucketsize 12 initval 0xe87cc940
+add KUBE-CLUSTER-IP 10.96.0.2,udp:53 comment \"hi there\"
+add KUBE-CLUSTER-IP 10.96.0.1,tcp:80
+create KUBE-NODE-PORT-TCP bitmap:port range 0-65535 comment
+add KUBE-NODE-PORT-TCP 80
+create KUBE-LOAD-BALANCER-SOURCE-CIDR hash:ip,port,net family inet hashsize 1024 maxelem 65536 comment bucketsize 12 initval 0x5cc1f117
+add KUBE-LOAD-BALANCER-SOURCE-CIDR 1.2.3.4,tcp:80,10.0.0.0/8
+add KUBE-LOAD-BALANCER-SOURCE-CIDR 1.2.3.4,tcp:80,10.1.2.3
+create KUBE-6-LOOP-BACK hash:ip,port,ip family inet6 hashsize 1024 maxelem 65536 comment bucketsize 12 initval 0x06bc58b9
+add KUBE-6-LOOP-BACK fd00::1,tcp:80,fd00::1
+create OTHER hash:net family inet hashsize 1024 maxelem 65536
+add OTHER 192.168.0.0/16
+create KUBE-IPVS-IPS hash:net family inet hashsize 1024 maxelem 65536
+add KUBE-IPVS-IPS 192.168.0.0/16
+";
+
+    #[test]
+    fn parse_save_reads_owned_sets_only() {
+        let st = parse_save(SAVE, |n| n.starts_with("KUBE-")).unwrap();
+        assert!(st.get("OTHER").is_none());
+        assert_eq!(st.get("KUBE-CLUSTER-IP").unwrap().entries.len(), 2);
+        let cidr = st.get("KUBE-LOAD-BALANCER-SOURCE-CIDR").unwrap();
+        assert_eq!(cidr.spec.set_type, SetType::HashIpPortNet);
+        let v6 = st.get("KUBE-6-LOOP-BACK").unwrap();
+        assert_eq!(v6.spec.family, Family::V6);
+        assert_eq!(st.entry_count(), 6);
+        // an owned set of a foreign type is marked and recreated by the diff
+        assert_eq!(
+            st.get("KUBE-IPVS-IPS").unwrap().foreign_type.as_deref(),
+            Some("hash:net")
+        );
+        let mut want = IpsetState::new();
+        want.ensure_set(SetKind::IpvsIps.spec(Family::V4));
+        let d = diff(&want, &parse_save(SAVE, |n| n == "KUBE-IPVS-IPS").unwrap());
+        assert_eq!(d.recreates.len(), 1);
+    }
+
+    #[test]
+    fn render_save_round_trips() {
+        let mut st = IpsetState::kube(Family::V4);
+        st.add(
+            SetKind::LoadBalancerSourceCidr,
+            Family::V4,
+            Entry::ip_port_net(
+                ip("1.2.3.4"),
+                Protocol::Tcp,
+                80,
+                "10.9.9.9/8".parse().unwrap(),
+            ),
+            "o",
+        )
+        .unwrap();
+        st.add(
+            SetKind::LoopBack,
+            Family::V4,
+            Entry::ip_port_ip(ip("10.244.0.5"), Protocol::Sctp, 9, ip("10.244.0.5")),
+            "o",
+        )
+        .unwrap();
+        let text = render_save(&st);
+        assert!(text.contains("add KUBE-LOAD-BALANCER-SOURCE-CIDR 1.2.3.4,tcp:80,10.0.0.0/8\n"));
+        let back = parse_save(&text, |_| true).unwrap();
+        assert!(diff(&st, &back).is_empty());
+        assert_eq!(back.entry_count(), 2);
+    }
+
+    #[test]
+    fn parse_save_rejects_garbage() {
+        assert!(parse_save("add KUBE-X 1.2.3.4\n", |_| true).is_err());
+        assert!(parse_save("frobnicate KUBE-X\n", |_| true).is_err());
+        assert!(parse_save(
+            "create KUBE-X hash:ip family inet\nadd KUBE-X notanip\n",
+            |_| true
+        )
+        .is_err());
+        assert!(parse_save("create\n", |_| true).is_err());
+    }
+}
