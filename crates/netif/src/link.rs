@@ -1,0 +1,348 @@
+//! rtnetlink IO for the `kube-ipvs0` dummy link: ensure it exists, list and change its addresses.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use futures::stream::{self, StreamExt, TryStreamExt};
+use netlink_packet_route::address::{AddressHeaderFlags, AddressMessage};
+use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage};
+use rtnetlink::{AddressMessageBuilder, Handle, LinkDummy};
+use tokio::task::JoinHandle;
+
+use crate::diff::{host_prefix_len, AddrDiff};
+use crate::{errno, errno_of, kernel, Error, DUMMY_LINK};
+
+/// How many address requests are kept in flight at once while applying a diff.
+const IN_FLIGHT: usize = 64;
+
+/// The dummy link as found or created by [`Netif::ensure_dummy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkState {
+    /// Interface index.
+    pub index: u32,
+    /// True when this call created the link.
+    pub created: bool,
+}
+
+/// Owner of the `kube-ipvs0` dummy link and its addresses.
+pub struct Netif {
+    handle: Handle,
+    conn: JoinHandle<()>,
+    name: String,
+    /// Index learned by the last lookup or creation.
+    index: Mutex<Option<u32>>,
+    /// Prefix lengths seen by the last [`Netif::addresses`], needed to delete an address that
+    /// someone bound with a prefix other than /32 or /128.
+    prefixes: Mutex<BTreeMap<IpAddr, u8>>,
+    requests: AtomicU64,
+}
+
+impl Drop for Netif {
+    fn drop(&mut self) {
+        self.conn.abort();
+    }
+}
+
+impl std::fmt::Debug for Netif {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Netif")
+            .field("name", &self.name)
+            .field("requests", &self.requests_sent())
+            .finish()
+    }
+}
+
+fn link_is_dummy(msg: &LinkMessage) -> bool {
+    msg.attributes.iter().any(|a| match a {
+        LinkAttribute::LinkInfo(infos) => infos
+            .iter()
+            .any(|i| matches!(i, LinkInfo::Kind(InfoKind::Dummy))),
+        _ => false,
+    })
+}
+
+impl Netif {
+    /// Open an rtnetlink connection for `kube-ipvs0`. Must be called inside a tokio runtime;
+    /// the socket belongs to the network namespace of the calling thread.
+    pub async fn new() -> Result<Self, Error> {
+        Self::with_link_name(DUMMY_LINK).await
+    }
+
+    /// Like [`Netif::new`] for a link with another name (tests).
+    pub async fn with_link_name(name: &str) -> Result<Self, Error> {
+        let (conn, handle, _) = rtnetlink::new_connection().map_err(Error::Socket)?;
+        let conn = tokio::spawn(conn);
+        Ok(Self {
+            handle,
+            conn,
+            name: name.to_string(),
+            index: Mutex::new(None),
+            prefixes: Mutex::new(BTreeMap::new()),
+            requests: AtomicU64::new(0),
+        })
+    }
+
+    /// The link name this instance manages.
+    pub fn link_name(&self) -> &str {
+        &self.name
+    }
+
+    /// Netlink requests sent so far (lookups and dumps included); tests compare it before and
+    /// after an operation.
+    pub fn requests_sent(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    fn count(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn cached_index(&self) -> Option<u32> {
+        self.index.lock().map(|g| *g).unwrap_or(None)
+    }
+
+    fn set_index(&self, index: Option<u32>) {
+        if let Ok(mut g) = self.index.lock() {
+            *g = index;
+        }
+    }
+
+    /// Look the link up by name: `Ok(None)` when it does not exist.
+    pub async fn lookup(&self) -> Result<Option<LinkMessage>, Error> {
+        self.count();
+        let mut req = self
+            .handle
+            .link()
+            .get()
+            .match_name(self.name.clone())
+            .execute();
+        match req.try_next().await {
+            Ok(Some(msg)) => {
+                self.set_index(Some(msg.header.index));
+                Ok(Some(msg))
+            }
+            Ok(None) => Err(Error::Malformed {
+                what: "link reply",
+                detail: format!("empty answer to a lookup of {}", self.name),
+            }),
+            Err(e) if errno_of(&e) == Some(errno::ENODEV) => {
+                self.set_index(None);
+                Ok(None)
+            }
+            Err(e) => Err(kernel("look up link", self.name.clone(), e)),
+        }
+    }
+
+    /// Make sure the link exists, creating a dummy link (left down, like kube-proxy) when it
+    /// does not. A kernel without the dummy link type gives [`Error::MissingFeature`].
+    pub async fn ensure_dummy(&self) -> Result<LinkState, Error> {
+        if let Some(msg) = self.lookup().await? {
+            if !link_is_dummy(&msg) {
+                tracing::warn!(link = %self.name, "link exists but is not a dummy link; using it as is");
+            }
+            return Ok(LinkState {
+                index: msg.header.index,
+                created: false,
+            });
+        }
+        self.count();
+        let msg = LinkDummy::new(&self.name).build();
+        let created = match self.handle.link().add(msg).execute().await {
+            Ok(()) => true,
+            // Created concurrently by someone else: fine, it exists now.
+            Err(e) if errno_of(&e) == Some(errno::EEXIST) => false,
+            Err(e) if errno_of(&e) == Some(errno::EOPNOTSUPP) => {
+                return Err(Error::MissingFeature {
+                    feature: "dummy network device (CONFIG_DUMMY, kernel module `dummy`)",
+                    detail: format!("creating {} of type dummy: {e}", self.name),
+                })
+            }
+            Err(e) => return Err(kernel("create dummy link", self.name.clone(), e)),
+        };
+        match self.lookup().await? {
+            Some(msg) => {
+                if created {
+                    tracing::info!(link = %self.name, index = msg.header.index, "created dummy link");
+                }
+                Ok(LinkState {
+                    index: msg.header.index,
+                    created,
+                })
+            }
+            None => Err(Error::NoSuchLink(self.name.clone())),
+        }
+    }
+
+    /// The addresses on the link. Looks the link up by name first, so a link recreated under
+    /// another index is followed; a missing link is [`Error::NoSuchLink`].
+    pub async fn addresses(&self) -> Result<BTreeSet<IpAddr>, Error> {
+        let index = match self.lookup().await? {
+            Some(m) => m.header.index,
+            None => return Err(Error::NoSuchLink(self.name.clone())),
+        };
+        self.count();
+        let msgs: Vec<AddressMessage> = self
+            .handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(|e| kernel("list addresses of", self.name.clone(), e))?;
+        let mut prefixes = BTreeMap::new();
+        for m in &msgs {
+            let ev = crate::nodeaddr::event_from_message(
+                &netlink_packet_route::RouteNetlinkMessage::NewAddress(m.clone()),
+            )?;
+            if let Some(crate::AddrEvent::NewAddr { net, .. }) = ev {
+                prefixes.insert(net.addr(), net.prefix_len());
+            }
+        }
+        let set = prefixes.keys().copied().collect();
+        if let Ok(mut g) = self.prefixes.lock() {
+            *g = prefixes;
+        }
+        Ok(set)
+    }
+
+    fn address_message(&self, index: u32, ip: IpAddr, prefix: u8) -> AddressMessage {
+        match ip {
+            IpAddr::V4(v4) => AddressMessageBuilder::<Ipv4Addr>::new()
+                .index(index)
+                .address(v4, prefix)
+                .build(),
+            IpAddr::V6(v6) => {
+                let mut m = AddressMessageBuilder::<Ipv6Addr>::new()
+                    .index(index)
+                    .address(v6, prefix)
+                    .build();
+                // No duplicate address detection: a VIP must be usable at once.
+                m.header.flags |= AddressHeaderFlags::Nodad;
+                m
+            }
+        }
+    }
+
+    async fn add_one(&self, index: u32, ip: IpAddr) -> Result<(), Error> {
+        let prefix = host_prefix_len(&ip);
+        self.count();
+        let mut req = self.handle.address().add(index, ip, prefix);
+        *req.message_mut() = self.address_message(index, ip, prefix);
+        match req.execute().await {
+            Ok(()) => Ok(()),
+            // Already there (bound behind our back): the desired state holds.
+            Err(e) if errno_of(&e) == Some(errno::EEXIST) => Ok(()),
+            Err(e) => Err(kernel(
+                "add address",
+                format!("{ip}/{prefix} on {}", self.name),
+                e,
+            )),
+        }
+    }
+
+    async fn remove_one(&self, index: u32, ip: IpAddr) -> Result<(), Error> {
+        let prefix = self
+            .prefixes
+            .lock()
+            .ok()
+            .and_then(|g| g.get(&ip).copied())
+            .unwrap_or_else(|| host_prefix_len(&ip));
+        self.count();
+        let msg = self.address_message(index, ip, prefix);
+        match self.handle.address().del(msg).execute().await {
+            Ok(()) => Ok(()),
+            // Already gone: the desired state holds.
+            Err(e) if errno_of(&e) == Some(errno::EADDRNOTAVAIL) => Ok(()),
+            Err(e) => Err(kernel(
+                "remove address",
+                format!("{ip}/{prefix} from {}", self.name),
+                e,
+            )),
+        }
+    }
+
+    /// Apply a diff: one netlink request per changed address (several in flight), none for
+    /// unchanged ones. Every address gets its own result, in the order removals then adds, so
+    /// one rejected address does not stop the rest. Uses the index of the last lookup or
+    /// creation, looking the link up once if there was none.
+    pub async fn apply(&self, diff: &AddrDiff) -> Vec<(IpAddr, Result<(), Error>)> {
+        if diff.is_empty() {
+            return Vec::new();
+        }
+        let index = match self.cached_index() {
+            Some(i) => Ok(i),
+            None => match self.lookup().await {
+                Ok(Some(m)) => Ok(m.header.index),
+                Ok(None) => Err(Error::NoSuchLink(self.name.clone())),
+                Err(e) => Err(e),
+            },
+        };
+        let index = match index {
+            Ok(i) => i,
+            Err(e) => {
+                let reason = e.to_string();
+                return diff
+                    .remove
+                    .iter()
+                    .chain(diff.add.iter())
+                    .map(|ip| {
+                        let e = Error::LinkUnavailable {
+                            link: self.name.clone(),
+                            reason: reason.clone(),
+                        };
+                        (*ip, Err(e))
+                    })
+                    .collect();
+            }
+        };
+        let ops = diff
+            .remove
+            .iter()
+            .map(|ip| (*ip, false))
+            .chain(diff.add.iter().map(|ip| (*ip, true)));
+        let results: Vec<(IpAddr, Result<(), Error>)> = stream::iter(ops)
+            .map(|(ip, add)| async move {
+                let r = if add {
+                    self.add_one(index, ip).await
+                } else {
+                    self.remove_one(index, ip).await
+                };
+                (ip, r)
+            })
+            .buffered(IN_FLIGHT)
+            .collect()
+            .await;
+        if let Ok(mut g) = self.prefixes.lock() {
+            for (ip, r) in &results {
+                if r.is_ok() {
+                    if diff.add.contains(ip) {
+                        g.insert(*ip, host_prefix_len(ip));
+                    } else {
+                        g.remove(ip);
+                    }
+                }
+            }
+        }
+        results
+    }
+
+    /// Delete the link (for `--cleanup`). Returns whether it existed.
+    pub async fn delete_dummy(&self) -> Result<bool, Error> {
+        let Some(msg) = self.lookup().await? else {
+            return Ok(false);
+        };
+        self.count();
+        match self.handle.link().del(msg.header.index).execute().await {
+            Ok(()) => {
+                self.set_index(None);
+                tracing::info!(link = %self.name, "deleted dummy link");
+                Ok(true)
+            }
+            Err(e) if errno_of(&e) == Some(errno::ENODEV) => Ok(false),
+            Err(e) => Err(kernel("delete link", self.name.clone(), e)),
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! rtnetlink multicast tracker that keeps a [`NodeAddressSet`] current without re-listing.
+
+use std::time::Duration;
+
+use futures::channel::mpsc::UnboundedReceiver;
+use futures::stream::{StreamExt, TryStreamExt};
+use netlink_packet_route::RouteNetlinkMessage;
+use rtnetlink::packet_core::{NetlinkMessage, NetlinkPayload};
+use rtnetlink::sys::SocketAddr;
+use rtnetlink::{Handle, MulticastGroup};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::nodeaddr::{event_from_message, AddrEvent, NodeAddressSet};
+use crate::{kernel, Error};
+
+/// Pause before retrying a failed resynchronisation dump.
+const RESYNC_RETRY: Duration = Duration::from_secs(1);
+
+type Messages = UnboundedReceiver<(NetlinkMessage<RouteNetlinkMessage>, SocketAddr)>;
+
+/// Tracks the node's links and addresses from rtnetlink events (RTNLGRP_LINK,
+/// RTNLGRP_IPV4_IFADDR, RTNLGRP_IPV6_IFADDR) after one initial dump, and publishes each change
+/// through a watch channel. A socket overrun (events lost) triggers a fresh dump. Dropping it
+/// stops the tracking task.
+pub struct NodeAddresses {
+    rx: watch::Receiver<NodeAddressSet>,
+    task: JoinHandle<()>,
+    conn: JoinHandle<()>,
+}
+
+impl Drop for NodeAddresses {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.conn.abort();
+    }
+}
+
+impl std::fmt::Debug for NodeAddresses {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeAddresses")
+            .field("current", &*self.rx.borrow())
+            .finish()
+    }
+}
+
+/// Dump all links and addresses into a fresh snapshot.
+async fn dump(handle: &Handle) -> Result<NodeAddressSet, Error> {
+    let mut events = Vec::new();
+    let links: Vec<_> = handle
+        .link()
+        .get()
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|e| kernel("dump", "links", e))?;
+    for l in links {
+        if let Some(ev) = event_from_message(&RouteNetlinkMessage::NewLink(l))? {
+            events.push(ev);
+        }
+    }
+    let addrs: Vec<_> = handle
+        .address()
+        .get()
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|e| kernel("dump", "addresses", e))?;
+    for a in addrs {
+        match event_from_message(&RouteNetlinkMessage::NewAddress(a)) {
+            Ok(Some(ev)) => events.push(ev),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "skipping address in dump"),
+        }
+    }
+    Ok(NodeAddressSet::from_events(&events))
+}
+
+/// Outcome of handling one message.
+enum Step {
+    Changed,
+    Unchanged,
+    Resync,
+}
+
+fn handle_message(state: &mut NodeAddressSet, msg: NetlinkMessage<RouteNetlinkMessage>) -> Step {
+    match msg.payload {
+        NetlinkPayload::InnerMessage(m) => match event_from_message(&m) {
+            Ok(Some(ev)) => {
+                if let AddrEvent::DelLink { name: Some(n), .. } = &ev {
+                    if n == crate::DUMMY_LINK {
+                        tracing::warn!("{} was deleted", crate::DUMMY_LINK);
+                    }
+                }
+                if state.apply(&ev) {
+                    Step::Changed
+                } else {
+                    Step::Unchanged
+                }
+            }
+            Ok(None) => Step::Unchanged,
+            Err(e) => {
+                tracing::warn!(error = %e, "undecodable rtnetlink event; re-listing addresses");
+                Step::Resync
+            }
+        },
+        NetlinkPayload::Overrun(_) => {
+            tracing::warn!("rtnetlink event socket overran; re-listing addresses");
+            Step::Resync
+        }
+        _ => Step::Unchanged,
+    }
+}
+
+async fn run(handle: Handle, mut messages: Messages, tx: watch::Sender<NodeAddressSet>) {
+    let mut state = tx.borrow().clone();
+    loop {
+        let Some((first, _)) = messages.next().await else {
+            tracing::error!("rtnetlink event stream ended; node addresses are no longer tracked");
+            return;
+        };
+        let mut changed = false;
+        let mut resync = false;
+        let mut step = handle_message(&mut state, first);
+        // Drain what is already queued so a burst gives one notification.
+        loop {
+            match step {
+                Step::Changed => changed = true,
+                Step::Resync => resync = true,
+                Step::Unchanged => {}
+            }
+            match messages.try_recv() {
+                Ok((m, _)) => step = handle_message(&mut state, m),
+                _ => break,
+            }
+        }
+        if resync {
+            loop {
+                match dump(&handle).await {
+                    Ok(fresh) => {
+                        changed |= state.replace_with_dump(fresh);
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "re-listing addresses failed; retrying");
+                        tokio::time::sleep(RESYNC_RETRY).await;
+                    }
+                }
+            }
+        }
+        if changed {
+            tx.send_replace(state.clone());
+        }
+    }
+}
+
+impl NodeAddresses {
+    /// Subscribe to link and address events, dump the current state once, and start tracking.
+    /// Must be called inside a tokio runtime; the socket belongs to the calling thread's
+    /// network namespace.
+    pub async fn start() -> Result<Self, Error> {
+        let (conn, handle, messages) = rtnetlink::new_multicast_connection(&[
+            MulticastGroup::Link,
+            MulticastGroup::Ipv4Ifaddr,
+            MulticastGroup::Ipv6Ifaddr,
+        ])
+        .map_err(Error::Socket)?;
+        let conn = tokio::spawn(conn);
+        // Subscribed before dumping: every change after the dump arrives as an event, and
+        // events older than the dump are replayed in order, which converges to the same state.
+        let mut initial = NodeAddressSet::default();
+        match dump(&handle).await {
+            Ok(d) => {
+                initial.replace_with_dump(d);
+            }
+            Err(e) => {
+                conn.abort();
+                return Err(e);
+            }
+        }
+        let (tx, rx) = watch::channel(initial);
+        let task = tokio::spawn(run(handle, messages, tx));
+        Ok(Self { rx, task, conn })
+    }
+
+    /// A receiver that is notified on every change; `borrow()` reads the current set without
+    /// any syscall.
+    pub fn subscribe(&self) -> watch::Receiver<NodeAddressSet> {
+        self.rx.clone()
+    }
+
+    /// A copy of the current set.
+    pub fn current(&self) -> NodeAddressSet {
+        self.rx.borrow().clone()
+    }
+
+    /// Whether the tracking task is still running.
+    pub fn is_running(&self) -> bool {
+        !self.task.is_finished()
+    }
+}
