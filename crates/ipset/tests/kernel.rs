@@ -1,6 +1,9 @@
 //! ipset against the real kernel: natively in a fresh network namespace (`netns_*`, root) and in
 //! the test VM (`vm_*`). Every check is cross-checked with the `ipset` program's own output.
 
+// Helpers shared by the tests below are test code too.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};

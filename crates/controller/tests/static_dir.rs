@@ -1,0 +1,371 @@
+//! Tests of the static directory source against real files, directories and inotify.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use controller::source::static_dir::{self, StaticDirError, StaticDirSource};
+use controller::source::{Kind, Object, SourceEvent};
+use tokio::sync::mpsc;
+
+/// A temporary directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "controller-static-dir-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn path(&self) -> &Path {
+        &self.0
+    }
+    fn write(&self, name: &str, text: &str) {
+        // Write to a hidden temp file and rename, like an editor or a ConfigMap update.
+        let tmp = self.0.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, self.0.join(name)).unwrap();
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn svc(name: &str, ip: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\nspec:\n  clusterIP: {ip}\n  ports:\n  - port: 80\n    protocol: TCP\n"
+    )
+}
+
+fn names_of(snapshot: &static_dir::Snapshot) -> Vec<String> {
+    snapshot
+        .services
+        .iter()
+        .map(|s| {
+            format!(
+                "{}/{}",
+                s.metadata.namespace.as_deref().unwrap_or("?"),
+                s.metadata.name.as_deref().unwrap_or("?")
+            )
+        })
+        .collect()
+}
+
+const MIXED: &str = r#"
+# a comment-only first part, then three documents and a List
+apiVersion: v1
+kind: Service
+metadata: {name: a, namespace: ns1}
+spec:
+  clusterIP: 10.96.0.1
+  ports: [{port: 443, protocol: TCP, targetPort: 6443}]
+---
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: ignored}
+---
+apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Service
+  metadata: {name: b}
+  spec: {clusterIP: 10.96.0.2, ports: [{port: 53, protocol: UDP}]}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata:
+    name: b-1
+    labels: {kubernetes.io/service-name: b}
+  addressType: IPv4
+  endpoints: [{addresses: [10.244.0.5], conditions: {ready: true}}]
+  ports: [{port: 53, protocol: UDP}]
+"#;
+
+#[test]
+fn parses_multi_document_and_list_files() {
+    let objs = static_dir::parse_file(Path::new("mixed.yaml"), MIXED).unwrap();
+    assert_eq!(objs.services.len(), 2);
+    assert_eq!(objs.services[0].metadata.namespace.as_deref(), Some("ns1"));
+    // No namespace given: "default", like kubectl.
+    assert_eq!(
+        objs.services[1].metadata.namespace.as_deref(),
+        Some("default")
+    );
+    let spec = objs.services[0].spec.as_ref().unwrap();
+    assert_eq!(spec.cluster_ip.as_deref(), Some("10.96.0.1"));
+    let port = &spec.ports.as_ref().unwrap()[0];
+    assert_eq!(port.port, 443);
+    assert_eq!(
+        port.target_port,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(6443))
+    );
+    assert_eq!(objs.endpoint_slices.len(), 1);
+    assert_eq!(
+        objs.endpoint_slices[0].endpoints[0].addresses,
+        vec!["10.244.0.5"]
+    );
+    // The Deployment is ignored with a warning naming the file and document.
+    assert_eq!(objs.warnings.len(), 1, "{:?}", objs.warnings);
+    assert!(
+        objs.warnings[0].contains("mixed.yaml: document 2"),
+        "{}",
+        objs.warnings[0]
+    );
+    assert!(objs.warnings[0].contains("Deployment"));
+}
+
+#[test]
+fn bad_document_names_file_document_and_item() {
+    let text = format!("{}---\n{}", svc("ok", "10.96.0.1"), "apiVersion: v1\nkind: Service\nmetadata: {name: bad}\nspec:\n  ports:\n  - port: notanumber\n");
+    let err = static_dir::parse_file(Path::new("f.yaml"), &text).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        matches!(
+            err,
+            StaticDirError::Document {
+                document: 2,
+                item: None,
+                ..
+            }
+        ),
+        "{msg}"
+    );
+    assert!(msg.starts_with("f.yaml: document 2: Service:"), "{msg}");
+
+    let list = "kind: List\napiVersion: v1\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata: {name: x}\n- apiVersion: discovery.k8s.io/v1beta1\n  kind: EndpointSlice\n  metadata: {name: y}\n";
+    let err = static_dir::parse_file(Path::new("l.yaml"), list).unwrap_err();
+    assert!(matches!(
+        err,
+        StaticDirError::Document {
+            document: 1,
+            item: Some(1),
+            ..
+        }
+    ));
+    assert!(
+        err.to_string().contains("discovery.k8s.io/v1beta1"),
+        "{err}"
+    );
+
+    let err = static_dir::parse_file(Path::new("s.yaml"), "a: [1, 2\n").unwrap_err();
+    assert!(matches!(err, StaticDirError::Yaml { .. }), "{err}");
+
+    let err = static_dir::parse_file(
+        Path::new("n.yaml"),
+        "apiVersion: v1\nkind: Service\nspec: {}\n",
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("metadata.name is missing"),
+        "{err}"
+    );
+}
+
+#[test]
+fn load_skips_bad_files_and_keeps_the_rest() {
+    let dir = TempDir::new("skip");
+    dir.write("a.yaml", &svc("a", "10.96.0.1"));
+    dir.write(
+        "b.yml",
+        "kind: Service\napiVersion: v1\nmetadata: {name: b}\nspec: {ports: [{port: \"http\"}]}\n",
+    );
+    dir.write("c.json", r#"{"apiVersion":"v1","kind":"Service","metadata":{"name":"c"},"spec":{"clusterIP":"10.96.0.3"}}"#);
+    dir.write("notes.txt", "not yaml: [");
+    dir.write(".hidden.yaml", &svc("hidden", "10.96.0.9"));
+    std::fs::create_dir(dir.path().join("sub.yaml")).unwrap();
+
+    let res = static_dir::load(dir.path(), "host-a").unwrap();
+    assert_eq!(names_of(&res.snapshot), vec!["default/a", "default/c"]);
+    assert_eq!(res.errors.len(), 1);
+    let msg = res.errors[0].to_string();
+    assert!(msg.contains("b.yml: document 1"), "{msg}");
+    assert_eq!(res.snapshot.files.len(), 2);
+
+    let missing = static_dir::load(&dir.path().join("nope"), "h").unwrap_err();
+    assert!(matches!(missing, StaticDirError::ReadDir { .. }));
+}
+
+#[test]
+fn symlinked_files_are_read_like_configmap_volumes() {
+    let dir = TempDir::new("symlink");
+    let data = dir.path().join("..2026_01_01");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("svc.yaml"), svc("linked", "10.96.0.7")).unwrap();
+    std::os::unix::fs::symlink("..2026_01_01", dir.path().join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/svc.yaml", dir.path().join("svc.yaml")).unwrap();
+    let res = static_dir::load(dir.path(), "h").unwrap();
+    assert_eq!(names_of(&res.snapshot), vec!["default/linked"]);
+}
+
+#[test]
+fn node_selection_and_synthesis() {
+    let node = |name: &str, zone: &str| {
+        format!("apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels: {{topology.kubernetes.io/zone: {zone}}}\n")
+    };
+    let dir = TempDir::new("node");
+    // No Node: synthesized, named after the host.
+    let s = static_dir::load(dir.path(), "my-host").unwrap().snapshot;
+    assert!(s.node_synthesized);
+    assert_eq!(s.node_name(), "my-host");
+    assert_eq!(
+        s.node.metadata.labels.as_ref().unwrap()["kubernetes.io/hostname"],
+        "my-host"
+    );
+    // Exactly one Node: used whatever its name.
+    dir.write("n1.yaml", &node("node-1", "z1"));
+    let s = static_dir::load(dir.path(), "my-host").unwrap().snapshot;
+    assert!(!s.node_synthesized);
+    assert_eq!(s.node_name(), "node-1");
+    // Several: the one named like the host.
+    dir.write("n2.yaml", &node("my-host", "z2"));
+    let s = static_dir::load(dir.path(), "my-host").unwrap().snapshot;
+    assert_eq!(s.node_name(), "my-host");
+    assert_eq!(
+        s.node.metadata.labels.as_ref().unwrap()["topology.kubernetes.io/zone"],
+        "z2"
+    );
+    // Several and none matches: synthesized, with a warning.
+    let s = static_dir::load(dir.path(), "other").unwrap().snapshot;
+    assert!(s.node_synthesized);
+    assert_eq!(s.node_name(), "other");
+    assert!(s
+        .warnings
+        .iter()
+        .any(|w| w.contains("none named \"other\"")));
+}
+
+#[test]
+fn duplicates_later_file_wins() {
+    let dir = TempDir::new("dup");
+    dir.write("1.yaml", &svc("x", "10.96.0.1"));
+    dir.write("2.yaml", &svc("x", "10.96.0.2"));
+    let s = static_dir::load(dir.path(), "h").unwrap().snapshot;
+    assert_eq!(s.services.len(), 1);
+    assert_eq!(
+        s.services[0].spec.as_ref().unwrap().cluster_ip.as_deref(),
+        Some("10.96.0.2")
+    );
+    assert!(s
+        .warnings
+        .iter()
+        .any(|w| w.contains("2.yaml: Service default/x redefined")));
+}
+
+#[test]
+fn events_are_a_full_relist_per_kind() {
+    let dir = TempDir::new("events");
+    dir.write("f.yaml", MIXED);
+    let s = static_dir::load(dir.path(), "h").unwrap().snapshot;
+    let ev = s.events();
+    let shape: Vec<String> = ev
+        .iter()
+        .map(|e| match e {
+            SourceEvent::Init(k) => format!("Init({k:?})"),
+            SourceEvent::InitDone(k) => format!("InitDone({k:?})"),
+            SourceEvent::InitApply(Object::Service(s)) => {
+                format!("Svc({})", s.metadata.name.as_deref().unwrap())
+            }
+            SourceEvent::InitApply(Object::EndpointSlice(s)) => {
+                format!("Eps({})", s.metadata.name.as_deref().unwrap())
+            }
+            SourceEvent::InitApply(Object::Node(n)) => {
+                format!("Node({})", n.metadata.name.as_deref().unwrap())
+            }
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        vec![
+            "Init(Node)",
+            "Node(h)",
+            "InitDone(Node)",
+            "Init(Service)",
+            "Svc(a)",
+            "Svc(b)",
+            "InitDone(Service)",
+            "Init(EndpointSlice)",
+            "Eps(b-1)",
+            "InitDone(EndpointSlice)",
+        ]
+    );
+}
+
+/// Receives one full relist (until `InitDone(EndpointSlice)`), returning the service names.
+/// The timeout only guards against a hang; it asserts nothing about speed.
+async fn next_relist(rx: &mut mpsc::Receiver<SourceEvent>) -> Vec<String> {
+    let mut names = Vec::new();
+    loop {
+        let ev = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+            .await
+            .expect("no event from the static source within 30 s")
+            .expect("source ended");
+        match ev {
+            SourceEvent::InitApply(Object::Service(s)) => {
+                names.push(s.metadata.name.clone().unwrap_or_default())
+            }
+            SourceEvent::InitDone(Kind::EndpointSlice) => return names,
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_rereads_on_change_and_keeps_last_good_file() {
+    let dir = TempDir::new("watch");
+    dir.write("a.yaml", &svc("a", "10.96.0.1"));
+    let (tx, mut rx) = mpsc::channel(64);
+    let source = StaticDirSource::new(dir.path(), "h").with_debounce(Duration::from_millis(50));
+    let task = tokio::spawn(source.run(tx));
+
+    assert_eq!(next_relist(&mut rx).await, vec!["a"]);
+
+    // A new file appears.
+    dir.write("b.yaml", &svc("b", "10.96.0.2"));
+    assert_eq!(next_relist(&mut rx).await, vec!["a", "b"]);
+
+    // A change that does not alter the objects (a non-manifest file) emits nothing: the next
+    // relist seen is the one for the real change after it.
+    dir.write("README.txt", "hello");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A file turning bad keeps its last good objects (a half-saved edit withdraws nothing)...
+    dir.write(
+        "b.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: b}\nspec: [\n",
+    );
+    // ...so only this third file changes the objects.
+    dir.write("c.yaml", &svc("c", "10.96.0.3"));
+    assert_eq!(next_relist(&mut rx).await, vec!["a", "b", "c"]);
+
+    // Deleting a file withdraws its objects.
+    std::fs::remove_file(dir.path().join("a.yaml")).unwrap();
+    assert_eq!(next_relist(&mut rx).await, vec!["b", "c"]);
+
+    // Dropping the receiver ends the source cleanly.
+    drop(rx);
+    let res = tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .expect("source did not stop after the receiver was dropped")
+        .unwrap();
+    assert!(res.is_ok(), "{res:?}");
+}
+
+#[tokio::test]
+async fn run_fails_on_a_missing_directory() {
+    let dir = TempDir::new("missing");
+    let (tx, _rx) = mpsc::channel(4);
+    let res = StaticDirSource::new(dir.path().join("absent"), "h")
+        .run(tx)
+        .await;
+    assert!(matches!(res, Err(StaticDirError::Watch { .. })), "{res:?}");
+}
