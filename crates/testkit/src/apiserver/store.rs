@@ -1,0 +1,979 @@
+//! The fake API server's state: objects, the resourceVersion history, open watches, logs.
+//!
+//! Everything is plain JSON (`serde_json::Value`) keyed by resource, namespace and name, the way
+//! the real server keeps objects in etcd. Every write takes the next global resourceVersion and
+//! appends a [`Change`] to the history; watches replay the history after their resourceVersion and
+//! then receive live changes. Lists at an older resourceVersion (continue tokens) are answered by
+//! rolling the history back, so paginated lists are consistent snapshots like the real server's.
+
+use super::selector::{FieldSelector, LabelSelector};
+use axum::body::Bytes;
+use serde_json::{json, Map, Value};
+use std::collections::{BTreeMap, VecDeque};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// The resources the fake server serves with list/watch semantics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Resource {
+    /// `v1/services` (namespaced).
+    Services,
+    /// `discovery.k8s.io/v1/endpointslices` (namespaced).
+    EndpointSlices,
+    /// `v1/nodes` (cluster-scoped).
+    Nodes,
+}
+
+impl Resource {
+    /// All served resources.
+    pub const ALL: [Resource; 3] = [Self::Services, Self::EndpointSlices, Self::Nodes];
+
+    /// The object kind, e.g. `Service`.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Self::Services => "Service",
+            Self::EndpointSlices => "EndpointSlice",
+            Self::Nodes => "Node",
+        }
+    }
+
+    /// The apiVersion, e.g. `discovery.k8s.io/v1`.
+    pub fn api_version(self) -> &'static str {
+        match self {
+            Self::Services | Self::Nodes => "v1",
+            Self::EndpointSlices => "discovery.k8s.io/v1",
+        }
+    }
+
+    /// The URL plural, e.g. `endpointslices`.
+    pub fn plural(self) -> &'static str {
+        match self {
+            Self::Services => "services",
+            Self::EndpointSlices => "endpointslices",
+            Self::Nodes => "nodes",
+        }
+    }
+
+    /// Whether objects live in a namespace.
+    pub fn namespaced(self) -> bool {
+        !matches!(self, Self::Nodes)
+    }
+}
+
+/// Where an object lives: resource, namespace (empty for cluster-scoped) and name.
+pub type Key = (Resource, String, String);
+
+/// A failure the server reports as a `Status` object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatusError {
+    /// HTTP status code (also `Status.code`).
+    pub code: u16,
+    /// `Status.reason`, e.g. `NotFound`, `Expired`.
+    pub reason: &'static str,
+    /// Human-readable message.
+    pub message: String,
+}
+
+impl StatusError {
+    pub(crate) fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            reason,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "BadRequest", message)
+    }
+
+    pub(crate) fn not_found(res: Resource, name: &str) -> Self {
+        Self::new(
+            404,
+            "NotFound",
+            format!("{} \"{name}\" not found", res.plural()),
+        )
+    }
+
+    /// The `Status` object the real server sends.
+    pub fn to_status(&self) -> Value {
+        json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        })
+    }
+}
+
+impl std::fmt::Display for StatusError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}: {}", self.code, self.reason, self.message)
+    }
+}
+
+/// What a change did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ChangeKind {
+    Added,
+    Modified,
+    Deleted,
+}
+
+/// One write, as kept in the history.
+#[derive(Debug, Clone)]
+pub(crate) struct Change {
+    rv: u64,
+    key: Key,
+    kind: ChangeKind,
+    /// The state before (None for Added).
+    old: Option<Value>,
+    /// The object as sent in the watch event (for Deleted: last state at the deletion rv).
+    object: Value,
+}
+
+/// A message to one open watch stream.
+#[derive(Debug)]
+pub(crate) enum WatchMsg {
+    /// One JSON line (an event).
+    Line(Bytes),
+    /// Drop the connection without a clean end.
+    Abort,
+}
+
+/// An open watch.
+#[derive(Debug)]
+pub(crate) struct WatchReg {
+    pub(crate) resource: Resource,
+    pub(crate) namespace: Option<String>,
+    pub(crate) labels: LabelSelector,
+    pub(crate) fields: FieldSelector,
+    pub(crate) bookmarks: bool,
+    pub(crate) tx: UnboundedSender<WatchMsg>,
+}
+
+impl WatchReg {
+    fn matches(&self, key: &Key, obj: &Value) -> bool {
+        key.0 == self.resource
+            && self.namespace.as_ref().is_none_or(|ns| *ns == key.1)
+            && self.labels.matches(obj)
+            && self.fields.matches(obj)
+    }
+
+    /// The watch event (type, object) this change produces for this watch, if any.
+    fn event_for<'a>(&self, c: &'a Change) -> Option<(&'static str, &'a Value)> {
+        match c.kind {
+            ChangeKind::Added => self
+                .matches(&c.key, &c.object)
+                .then_some(("ADDED", &c.object)),
+            ChangeKind::Deleted => self
+                .matches(&c.key, &c.object)
+                .then_some(("DELETED", &c.object)),
+            ChangeKind::Modified => {
+                let was = c.old.as_ref().is_some_and(|o| self.matches(&c.key, o));
+                let is = self.matches(&c.key, &c.object);
+                match (was, is) {
+                    (true, true) => Some(("MODIFIED", &c.object)),
+                    (false, true) => Some(("ADDED", &c.object)),
+                    (true, false) => Some(("DELETED", &c.object)),
+                    (false, false) => None,
+                }
+            }
+        }
+    }
+}
+
+/// One served HTTP request, for assertions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestRecord {
+    /// HTTP method.
+    pub method: String,
+    /// URL path.
+    pub path: String,
+    /// Raw query string (may be empty).
+    pub query: String,
+    /// Response status code (200 for watches that started).
+    pub status: u16,
+    /// Whether this was a watch request.
+    pub watch: bool,
+}
+
+/// A parsed list/watch filter.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Filter {
+    pub(crate) namespace: Option<String>,
+    pub(crate) labels: LabelSelector,
+    pub(crate) fields: FieldSelector,
+}
+
+/// A page of a list.
+#[derive(Debug)]
+pub(crate) struct ListPage {
+    pub(crate) rv: u64,
+    pub(crate) items: Vec<Value>,
+    pub(crate) continue_token: Option<String>,
+    pub(crate) remaining: Option<usize>,
+}
+
+/// Encode a continue token (opaque to clients): hex of `rv/namespace/name`.
+fn encode_continue(rv: u64, key: &Key) -> String {
+    format!("{rv}/{}/{}", key.1, key.2)
+        .bytes()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn decode_continue(token: &str) -> Result<(u64, String, String), StatusError> {
+    let bad = || StatusError::bad_request(format!("invalid continue token {token:?}"));
+    if token.len() % 2 != 0 {
+        return Err(bad());
+    }
+    let bytes = (0..token.len())
+        .step_by(2)
+        .map(|i| {
+            token
+                .get(i..i + 2)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        })
+        .collect::<Option<Vec<u8>>>()
+        .ok_or_else(bad)?;
+    let text = String::from_utf8(bytes).map_err(|_| bad())?;
+    let mut parts = text.splitn(3, '/');
+    let rv = parts.next().and_then(|r| r.parse().ok()).ok_or_else(bad)?;
+    let ns = parts.next().ok_or_else(bad)?.to_string();
+    let name = parts.next().ok_or_else(bad)?.to_string();
+    Ok((rv, ns, name))
+}
+
+/// Current time as the API server formats it.
+fn now_rfc3339() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    k8s_openapi::jiff::Timestamp::from_second(i64::try_from(secs).unwrap_or_default())
+        .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+        .unwrap_or_else(|_| "1970-01-01T00:00:00Z".to_string())
+}
+
+fn meta_mut(obj: &mut Value) -> Result<&mut Map<String, Value>, StatusError> {
+    let map = obj
+        .as_object_mut()
+        .ok_or_else(|| StatusError::bad_request("object is not a JSON object"))?;
+    let meta = map.entry("metadata").or_insert_with(|| json!({}));
+    meta.as_object_mut()
+        .ok_or_else(|| StatusError::bad_request("metadata is not an object"))
+}
+
+fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
+    obj.get("metadata")
+        .and_then(|m| m.get(field))
+        .and_then(Value::as_str)
+}
+
+/// The server's state.
+#[derive(Debug)]
+pub(crate) struct Store {
+    rv: u64,
+    objects: BTreeMap<Key, Value>,
+    history: VecDeque<Change>,
+    /// Changes with rv <= compacted are gone: watches and snapshots older than this get 410.
+    compacted: u64,
+    history_limit: usize,
+    watchers: Vec<WatchReg>,
+    uid_counter: u64,
+    pub(crate) events: Vec<Value>,
+    pub(crate) requests: Vec<RequestRecord>,
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Self {
+            rv: 1,
+            objects: BTreeMap::new(),
+            history: VecDeque::new(),
+            compacted: 1,
+            history_limit: 100_000,
+            watchers: Vec::new(),
+            uid_counter: 0,
+            events: Vec::new(),
+            requests: Vec::new(),
+        }
+    }
+}
+
+impl Store {
+    /// The current global resourceVersion.
+    pub(crate) fn resource_version(&self) -> u64 {
+        self.rv
+    }
+
+    /// The oldest resourceVersion a watch may still start from.
+    pub(crate) fn compacted(&self) -> u64 {
+        self.compacted
+    }
+
+    pub(crate) fn set_history_limit(&mut self, limit: usize) {
+        self.history_limit = limit.max(1);
+        self.trim_history();
+    }
+
+    fn trim_history(&mut self) {
+        while self.history.len() > self.history_limit {
+            if let Some(c) = self.history.pop_front() {
+                self.compacted = c.rv;
+            }
+        }
+    }
+
+    /// Forget all history: watches and continue tokens from before now get 410 Gone.
+    pub(crate) fn compact(&mut self) {
+        self.history.clear();
+        self.compacted = self.rv;
+    }
+
+    /// Forget history and move the resourceVersion far ahead, like a restore from backup.
+    pub(crate) fn reset_history(&mut self, jump: u64) {
+        self.rv += jump;
+        self.compact();
+    }
+
+    pub(crate) fn next_uid(&mut self) -> String {
+        self.uid_counter += 1;
+        format!(
+            "{:08x}-fa4e-4a91-8000-{:012x}",
+            std::process::id(),
+            self.uid_counter
+        )
+    }
+
+    pub(crate) fn next_rv(&mut self) -> u64 {
+        self.rv += 1;
+        self.rv
+    }
+
+    pub(crate) fn get(&self, key: &Key) -> Option<&Value> {
+        self.objects.get(key)
+    }
+
+    /// Objects of one resource as they were at `at` (current if None).
+    fn snapshot(&self, res: Resource, at: Option<u64>) -> BTreeMap<Key, Value> {
+        let mut state: BTreeMap<Key, Value> = self
+            .objects
+            .range((res, String::new(), String::new())..)
+            .take_while(|(k, _)| k.0 == res)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if let Some(at) = at {
+            for c in self.history.iter().rev().take_while(|c| c.rv > at) {
+                if c.key.0 != res {
+                    continue;
+                }
+                match (&c.kind, &c.old) {
+                    (ChangeKind::Added, _) => {
+                        state.remove(&c.key);
+                    }
+                    (_, Some(old)) => {
+                        state.insert(c.key.clone(), old.clone());
+                    }
+                    (_, None) => {}
+                }
+            }
+        }
+        state
+    }
+
+    /// A list (page): `rv` parameter semantics follow the real server.
+    pub(crate) fn list(
+        &self,
+        res: Resource,
+        filter: &Filter,
+        limit: Option<usize>,
+        continue_token: Option<&str>,
+        resource_version: Option<&str>,
+        exact: bool,
+    ) -> Result<ListPage, StatusError> {
+        let (at, start_after) = if let Some(token) = continue_token.filter(|t| !t.is_empty()) {
+            let (rv, ns, name) = decode_continue(token)?;
+            if rv < self.compacted {
+                return Err(StatusError::new(
+                    410,
+                    "Expired",
+                    "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue value from the response to start a new list.",
+                ));
+            }
+            (rv, Some((res, ns, name)))
+        } else {
+            match resource_version.filter(|r| !r.is_empty()) {
+                None => (self.rv, None),
+                Some(r) => {
+                    let want: u64 = r.parse().map_err(|_| {
+                        StatusError::bad_request(format!("invalid resourceVersion {r:?}"))
+                    })?;
+                    if exact && want != 0 {
+                        if want < self.compacted {
+                            return Err(StatusError::new(
+                                410,
+                                "Expired",
+                                format!("too old resource version: {want} ({})", self.compacted),
+                            ));
+                        }
+                        if want > self.rv {
+                            return Err(StatusError::new(
+                                504,
+                                "Timeout",
+                                format!("Too large resource version: {want}, current: {}", self.rv),
+                            ));
+                        }
+                        (want, None)
+                    } else {
+                        (self.rv, None)
+                    }
+                }
+            }
+        };
+        // resourceVersion=0 (no continue) is served from the cache: pagination is ignored.
+        let limit = if continue_token.is_none() && resource_version == Some("0") {
+            None
+        } else {
+            limit.filter(|l| *l > 0)
+        };
+        let state = self.snapshot(res, (at != self.rv).then_some(at));
+        let matching = state.iter().filter(|(k, v)| {
+            start_after.as_ref().is_none_or(|s| *k > s)
+                && filter.namespace.as_ref().is_none_or(|ns| *ns == k.1)
+                && filter.labels.matches(v)
+                && filter.fields.matches(v)
+        });
+        let mut items = Vec::new();
+        let mut last: Option<&Key> = None;
+        let mut remaining = 0usize;
+        for (k, v) in matching {
+            if limit.is_some_and(|l| items.len() >= l) {
+                remaining += 1;
+                continue;
+            }
+            let mut item = v.clone();
+            if let Some(m) = item.as_object_mut() {
+                // Items in a list carry no kind/apiVersion, like the real server's.
+                m.remove("kind");
+                m.remove("apiVersion");
+            }
+            items.push(item);
+            last = Some(k);
+        }
+        let continue_token = match (remaining, last) {
+            (r, Some(k)) if r > 0 => Some(encode_continue(at, k)),
+            _ => None,
+        };
+        Ok(ListPage {
+            rv: at,
+            items,
+            continue_token,
+            remaining: (remaining > 0).then_some(remaining),
+        })
+    }
+
+    fn record(&mut self, key: Key, kind: ChangeKind, old: Option<Value>, object: Value) {
+        let change = Change {
+            rv: self.rv,
+            key,
+            kind,
+            old,
+            object,
+        };
+        self.watchers.retain(|w| match w.event_for(&change) {
+            Some((ty, obj)) => w.tx.send(WatchMsg::Line(event_line(ty, obj))).is_ok(),
+            None => !w.tx.is_closed(),
+        });
+        self.history.push_back(change);
+        self.trim_history();
+    }
+
+    /// Create an object; fills uid, creationTimestamp, resourceVersion, generation.
+    pub(crate) fn create(&mut self, res: Resource, mut obj: Value) -> Result<Value, StatusError> {
+        set_type_meta(res, &mut obj)?;
+        let uid = self.next_uid();
+        let meta = meta_mut(&mut obj)?;
+        let name = match meta.get("name").and_then(Value::as_str) {
+            Some(n) if !n.is_empty() => n.to_string(),
+            _ => match meta.get("generateName").and_then(Value::as_str) {
+                Some(prefix) => format!("{prefix}{:05x}", self.uid_counter),
+                None => {
+                    return Err(StatusError::new(
+                        422,
+                        "Invalid",
+                        "metadata.name: Required value",
+                    ))
+                }
+            },
+        };
+        let ns = if res.namespaced() {
+            match meta.get("namespace").and_then(Value::as_str) {
+                Some(ns) if !ns.is_empty() => ns.to_string(),
+                _ => "default".to_string(),
+            }
+        } else {
+            String::new()
+        };
+        let key = (res, ns.clone(), name.clone());
+        if self.objects.contains_key(&key) {
+            return Err(StatusError::new(
+                409,
+                "AlreadyExists",
+                format!("{} \"{name}\" already exists", res.plural()),
+            ));
+        }
+        let rv = self.next_rv();
+        let meta = meta_mut(&mut obj)?;
+        meta.insert("name".into(), json!(name));
+        if res.namespaced() {
+            meta.insert("namespace".into(), json!(ns));
+        } else {
+            meta.remove("namespace");
+        }
+        meta.insert("uid".into(), json!(uid));
+        meta.insert("resourceVersion".into(), json!(rv.to_string()));
+        meta.insert("creationTimestamp".into(), json!(now_rfc3339()));
+        meta.insert("generation".into(), json!(1));
+        meta.remove("deletionTimestamp");
+        self.objects.insert(key.clone(), obj.clone());
+        self.record(key, ChangeKind::Added, None, obj.clone());
+        Ok(obj)
+    }
+
+    /// Replace an object (PUT). A stale metadata.resourceVersion is a 409 Conflict.
+    pub(crate) fn update(&mut self, res: Resource, mut obj: Value) -> Result<Value, StatusError> {
+        set_type_meta(res, &mut obj)?;
+        let name = meta_str(&obj, "name").unwrap_or_default().to_string();
+        let ns = if res.namespaced() {
+            meta_str(&obj, "namespace").unwrap_or("default").to_string()
+        } else {
+            String::new()
+        };
+        let key = (res, ns, name.clone());
+        let old = self
+            .objects
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| StatusError::not_found(res, &name))?;
+        let old_rv = meta_str(&old, "resourceVersion")
+            .unwrap_or_default()
+            .to_string();
+        if let Some(sent) = meta_str(&obj, "resourceVersion").filter(|s| !s.is_empty()) {
+            if sent != old_rv {
+                return Err(StatusError::new(
+                    409,
+                    "Conflict",
+                    format!(
+                        "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+                        res.plural()
+                    ),
+                ));
+            }
+        }
+        // Server-owned fields survive a replace.
+        {
+            let meta = meta_mut(&mut obj)?;
+            for f in [
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+            ] {
+                match old.get("metadata").and_then(|m| m.get(f)) {
+                    Some(v) => meta.insert(f.into(), v.clone()),
+                    None => meta.remove(f),
+                };
+            }
+            if !res.namespaced() {
+                meta.remove("namespace");
+            } else {
+                meta.insert("namespace".into(), json!(key.1));
+            }
+            meta.insert("resourceVersion".into(), json!(old_rv));
+            let spec_changed = old.get("spec") != obj.get("spec");
+            let generation = old
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(1);
+            let meta = meta_mut(&mut obj)?;
+            meta.insert(
+                "generation".into(),
+                json!(if spec_changed {
+                    generation + 1
+                } else {
+                    generation
+                }),
+            );
+        }
+        let terminating = old.pointer("/metadata/deletionTimestamp").is_some();
+        let no_finalizers = obj
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_none_or(|f| f.is_empty());
+        if terminating && no_finalizers {
+            return self.remove(key, obj);
+        }
+        if obj == old {
+            // A no-op write does not touch storage: same resourceVersion, no event.
+            return Ok(old);
+        }
+        let rv = self.next_rv();
+        meta_mut(&mut obj)?.insert("resourceVersion".into(), json!(rv.to_string()));
+        self.objects.insert(key.clone(), obj.clone());
+        self.record(key, ChangeKind::Modified, Some(old), obj.clone());
+        Ok(obj)
+    }
+
+    fn remove(&mut self, key: Key, mut last: Value) -> Result<Value, StatusError> {
+        let old = self.objects.remove(&key);
+        let rv = self.next_rv();
+        meta_mut(&mut last)?.insert("resourceVersion".into(), json!(rv.to_string()));
+        self.record(key, ChangeKind::Deleted, old, last.clone());
+        Ok(last)
+    }
+
+    /// Delete an object; with finalizers it only gets a deletionTimestamp.
+    pub(crate) fn delete(&mut self, key: Key) -> Result<Value, StatusError> {
+        let old = self
+            .objects
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| StatusError::not_found(key.0, &key.2))?;
+        let has_finalizers = old
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_some_and(|f| !f.is_empty());
+        if !has_finalizers {
+            return self.remove(key, old);
+        }
+        if old.pointer("/metadata/deletionTimestamp").is_some() {
+            return Ok(old);
+        }
+        let mut obj = old.clone();
+        let rv = self.next_rv();
+        let meta = meta_mut(&mut obj)?;
+        meta.insert("deletionTimestamp".into(), json!(now_rfc3339()));
+        meta.insert("deletionGracePeriodSeconds".into(), json!(0));
+        meta.insert("resourceVersion".into(), json!(rv.to_string()));
+        self.objects.insert(key.clone(), obj.clone());
+        self.record(key, ChangeKind::Modified, Some(old), obj.clone());
+        Ok(obj)
+    }
+
+    /// Open a watch: queue the replay, then register for live changes. A too-old rv queues a
+    /// 410 ERROR event and no registration (the stream then ends).
+    pub(crate) fn watch(
+        &mut self,
+        reg: WatchReg,
+        resource_version: Option<&str>,
+        send_initial_events: bool,
+    ) -> Result<(), StatusError> {
+        let from =
+            match resource_version.filter(|r| !r.is_empty()) {
+                None => None,
+                Some(r) => Some(r.parse::<u64>().map_err(|_| {
+                    StatusError::bad_request(format!("invalid resourceVersion {r:?}"))
+                })?),
+            };
+        let send = |line: Bytes| reg.tx.send(WatchMsg::Line(line)).is_ok();
+        match from {
+            // Unset or 0: synthetic ADDED events for the current state, then live changes.
+            None | Some(0) => {
+                for (k, v) in self.snapshot(reg.resource, None) {
+                    if reg.matches(&k, &v) && !send(event_line("ADDED", &v)) {
+                        return Ok(());
+                    }
+                }
+                if send_initial_events {
+                    let mut bm = bookmark(reg.resource, self.rv);
+                    if let Some(m) = bm.get_mut("metadata").and_then(Value::as_object_mut) {
+                        m.insert(
+                            "annotations".into(),
+                            json!({"k8s.io/initial-events-end": "true"}),
+                        );
+                    }
+                    send(event_line("BOOKMARK", &bm));
+                }
+            }
+            Some(rv) if rv < self.compacted => {
+                let st = StatusError::new(
+                    410,
+                    "Expired",
+                    format!("too old resource version: {rv} ({})", self.compacted),
+                );
+                send(event_line("ERROR", &st.to_status()));
+                return Ok(());
+            }
+            Some(rv) => {
+                if send_initial_events {
+                    // Initial events at a specific rv: state at rv, then replay the rest.
+                    for (k, v) in self.snapshot(reg.resource, Some(rv.min(self.rv))) {
+                        if reg.matches(&k, &v) {
+                            send(event_line("ADDED", &v));
+                        }
+                    }
+                    let mut bm = bookmark(reg.resource, rv.min(self.rv));
+                    if let Some(m) = bm.get_mut("metadata").and_then(Value::as_object_mut) {
+                        m.insert(
+                            "annotations".into(),
+                            json!({"k8s.io/initial-events-end": "true"}),
+                        );
+                    }
+                    send(event_line("BOOKMARK", &bm));
+                }
+                for c in self.history.iter().filter(|c| c.rv > rv) {
+                    if let Some((ty, obj)) = reg.event_for(c) {
+                        if !send(event_line(ty, obj)) {
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+        }
+        self.watchers.push(reg);
+        Ok(())
+    }
+
+    /// Send a BOOKMARK at the current rv to every watch that allows them.
+    pub(crate) fn send_bookmarks(&mut self) {
+        let rv = self.rv;
+        self.watchers.retain(|w| {
+            !w.bookmarks
+                || w.tx
+                    .send(WatchMsg::Line(event_line(
+                        "BOOKMARK",
+                        &bookmark(w.resource, rv),
+                    )))
+                    .is_ok()
+        });
+        self.watchers.retain(|w| !w.tx.is_closed());
+    }
+
+    /// Number of open watch streams.
+    pub(crate) fn open_watches(&mut self) -> usize {
+        self.watchers.retain(|w| !w.tx.is_closed());
+        self.watchers.len()
+    }
+
+    /// Drop every watch connection abruptly.
+    pub(crate) fn drop_watches(&mut self) -> usize {
+        let n = self.watchers.len();
+        for w in self.watchers.drain(..) {
+            let _ = w.tx.send(WatchMsg::Abort);
+        }
+        n
+    }
+
+    /// End every watch stream cleanly (like a server-side timeout).
+    pub(crate) fn close_watches(&mut self) -> usize {
+        let n = self.watchers.len();
+        self.watchers.clear();
+        n
+    }
+
+    /// Send a 410 Expired ERROR event to every watch, then end it (like a watch-cache overflow).
+    pub(crate) fn expire_watches(&mut self) -> usize {
+        let st = StatusError::new(
+            410,
+            "Expired",
+            format!("too old resource version: {} ({})", self.compacted, self.rv),
+        );
+        let n = self.watchers.len();
+        for w in self.watchers.drain(..) {
+            let _ =
+                w.tx.send(WatchMsg::Line(event_line("ERROR", &st.to_status())));
+        }
+        n
+    }
+
+    /// Record a core/v1 or events.k8s.io/v1 Event.
+    pub(crate) fn record_event(&mut self, mut ev: Value) -> Result<Value, StatusError> {
+        let uid = self.next_uid();
+        let rv = self.next_rv();
+        let meta = meta_mut(&mut ev)?;
+        meta.entry("uid").or_insert(json!(uid));
+        meta.insert("resourceVersion".into(), json!(rv.to_string()));
+        meta.entry("creationTimestamp")
+            .or_insert(json!(now_rfc3339()));
+        let name = meta.get("name").cloned();
+        let ns = meta.get("namespace").cloned();
+        if let Some(existing) = self.events.iter_mut().find(|e| {
+            e.pointer("/metadata/name") == name.as_ref()
+                && e.pointer("/metadata/namespace") == ns.as_ref()
+        }) {
+            *existing = ev.clone();
+        } else {
+            self.events.push(ev.clone());
+        }
+        Ok(ev)
+    }
+
+    pub(crate) fn find_event(&self, ns: &str, name: &str) -> Option<Value> {
+        self.events
+            .iter()
+            .find(|e| {
+                e.pointer("/metadata/name").and_then(Value::as_str) == Some(name)
+                    && e.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns)
+            })
+            .cloned()
+    }
+}
+
+fn set_type_meta(res: Resource, obj: &mut Value) -> Result<(), StatusError> {
+    let map = obj
+        .as_object_mut()
+        .ok_or_else(|| StatusError::bad_request("object is not a JSON object"))?;
+    if let Some(kind) = map.get("kind").and_then(Value::as_str) {
+        if kind != res.kind() {
+            return Err(StatusError::bad_request(format!(
+                "kind {kind} does not match {}",
+                res.kind()
+            )));
+        }
+    }
+    map.insert("kind".into(), json!(res.kind()));
+    map.insert("apiVersion".into(), json!(res.api_version()));
+    Ok(())
+}
+
+/// A BOOKMARK object: only kind, apiVersion and metadata.resourceVersion.
+pub(crate) fn bookmark(res: Resource, rv: u64) -> Value {
+    json!({
+        "kind": res.kind(),
+        "apiVersion": res.api_version(),
+        "metadata": {"resourceVersion": rv.to_string(), "creationTimestamp": null},
+    })
+}
+
+/// One watch event as a JSON line.
+pub(crate) fn event_line(ty: &str, obj: &Value) -> Bytes {
+    let mut line = serde_json::to_vec(&json!({"type": ty, "object": obj})).unwrap_or_default();
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+/// RFC 7386 JSON merge patch.
+pub(crate) fn merge_patch(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(p) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            if let Some(t) = target.as_object_mut() {
+                for (k, v) in p {
+                    if v.is_null() {
+                        t.remove(k);
+                    } else {
+                        merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+                    }
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(name: &str, labels: Value) -> Value {
+        json!({"metadata": {"name": name, "namespace": "ns", "labels": labels}, "spec": {"ports": [{"port": 80}]}})
+    }
+
+    #[test]
+    fn continue_token_roundtrip() {
+        let key = (Resource::Services, "ns".to_string(), "a/b".to_string());
+        let t = encode_continue(42, &key);
+        assert_eq!(
+            decode_continue(&t).unwrap(),
+            (42, "ns".into(), "a/b".into())
+        );
+        assert!(decode_continue("zz").is_err());
+        assert!(decode_continue("abc").is_err());
+    }
+
+    #[test]
+    fn snapshot_rolls_back_history() {
+        let mut s = Store::default();
+        s.create(Resource::Services, svc("a", json!({}))).unwrap();
+        let rv1 = s.resource_version();
+        let mut b = s.create(Resource::Services, svc("b", json!({}))).unwrap();
+        b["spec"]["ports"][0]["port"] = json!(81);
+        s.update(Resource::Services, b).unwrap();
+        s.delete((Resource::Services, "ns".into(), "a".into()))
+            .unwrap();
+        let now = s.snapshot(Resource::Services, None);
+        assert_eq!(now.len(), 1);
+        let then = s.snapshot(Resource::Services, Some(rv1));
+        assert_eq!(then.len(), 1);
+        assert!(then.contains_key(&(Resource::Services, "ns".into(), "a".into())));
+        let page = s
+            .list(
+                Resource::Services,
+                &Filter::default(),
+                None,
+                None,
+                Some(&rv1.to_string()),
+                true,
+            )
+            .unwrap();
+        assert_eq!(page.rv, rv1);
+        assert_eq!(page.items.len(), 1);
+        s.compact();
+        let err = s
+            .list(
+                Resource::Services,
+                &Filter::default(),
+                None,
+                None,
+                Some(&rv1.to_string()),
+                true,
+            )
+            .unwrap_err();
+        assert_eq!(err.code, 410);
+    }
+
+    #[test]
+    fn noop_update_keeps_rv_and_conflict_on_stale() {
+        let mut s = Store::default();
+        let a = s.create(Resource::Services, svc("a", json!({}))).unwrap();
+        let rv = s.resource_version();
+        let same = s.update(Resource::Services, a.clone()).unwrap();
+        assert_eq!(s.resource_version(), rv);
+        assert_eq!(same, a);
+        let mut changed = a.clone();
+        changed["spec"]["ports"][0]["port"] = json!(99);
+        s.update(Resource::Services, changed.clone()).unwrap();
+        assert_eq!(s.resource_version(), rv + 1);
+        let err = s.update(Resource::Services, changed).unwrap_err();
+        assert_eq!(err.code, 409);
+    }
+
+    #[test]
+    fn finalizers_delay_deletion() {
+        let mut s = Store::default();
+        let mut o = svc("f", json!({}));
+        o["metadata"]["finalizers"] = json!(["x"]);
+        s.create(Resource::Services, o).unwrap();
+        let key = (Resource::Services, "ns".to_string(), "f".to_string());
+        let d = s.delete(key.clone()).unwrap();
+        assert!(d.pointer("/metadata/deletionTimestamp").is_some());
+        assert!(s.get(&key).is_some());
+        let mut cur = s.get(&key).unwrap().clone();
+        cur["metadata"]["finalizers"] = json!([]);
+        s.update(Resource::Services, cur).unwrap();
+        assert!(s.get(&key).is_none());
+    }
+
+    #[test]
+    fn merge_patch_rfc7386() {
+        let mut t = json!({"a": {"b": 1, "c": 2}, "d": [1]});
+        merge_patch(&mut t, &json!({"a": {"b": null, "e": 3}, "d": [2]}));
+        assert_eq!(t, json!({"a": {"c": 2, "e": 3}, "d": [2]}));
+    }
+}
