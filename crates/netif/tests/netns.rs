@@ -1,0 +1,297 @@
+//! Host tests in fresh network namespaces (root): the address applier against a veth link named
+//! kube-ipvs0 (the host kernel has no dummy links), the missing-feature error, and the
+//! rtnetlink-event node address tracker. Cross-checked with `ip`.
+
+// Test-only helpers outside #[test] fns may panic on failure.
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use common::{NetNs, Ns};
+use netif::{diff_addresses, Error, Netif, NodeAddressSet, NodeAddresses, DUMMY_LINK};
+use tokio::sync::watch;
+
+fn ips(items: &[&str]) -> BTreeSet<IpAddr> {
+    items.iter().map(|s| s.parse().unwrap()).collect()
+}
+
+/// Wait (at most 1 s per change notification) until `pred` holds for the tracked set.
+async fn wait_for(
+    rx: &mut watch::Receiver<NodeAddressSet>,
+    what: &str,
+    pred: impl Fn(&NodeAddressSet) -> bool,
+) -> NodeAddressSet {
+    loop {
+        if pred(&rx.borrow_and_update()) {
+            return rx.borrow().clone();
+        }
+        match tokio::time::timeout(Duration::from_secs(1), rx.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => panic!("tracker stopped while waiting for {what}"),
+            Err(_) => panic!(
+                "no change within 1 s while waiting for {what}: {:?}",
+                rx.borrow()
+            ),
+        }
+    }
+}
+
+fn make_fake_dummy(ns: &Ns) {
+    // A veth named kube-ipvs0 stands in for the dummy link on a kernel without dummy support.
+    ns.ip(&[
+        "link",
+        "add",
+        DUMMY_LINK,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "kipvs-peer",
+    ]);
+}
+
+#[test]
+#[ignore = "netns"]
+fn netns_ensure_dummy_creates_or_names_the_missing_feature() {
+    let ns = NetNs::new("feat");
+    let kernel_has_dummy = ns
+        .try_ip(&["link", "add", "probe0", "type", "dummy"])
+        .is_ok();
+    let _ = ns.try_ip(&["link", "del", "probe0"]);
+    ns.run(move |ns| async move {
+        let n = Netif::new().await.unwrap();
+        match n.ensure_dummy().await {
+            Ok(st) => {
+                assert!(
+                    kernel_has_dummy,
+                    "created a dummy link where `ip` could not"
+                );
+                assert!(st.created);
+                assert_eq!(st.index, ns.ifindex(DUMMY_LINK));
+                assert!(ns.ip(&["-d", "link", "show", DUMMY_LINK]).contains("dummy"));
+            }
+            Err(Error::MissingFeature { feature, .. }) => {
+                assert!(
+                    !kernel_has_dummy,
+                    "missing feature reported, but `ip` creates dummies"
+                );
+                assert!(feature.contains("dummy"), "{feature}");
+                assert!(ns.try_ip(&["link", "show", DUMMY_LINK]).is_err());
+            }
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+    });
+}
+
+#[test]
+#[ignore = "netns"]
+fn netns_address_diff_sends_one_request_per_change() {
+    let ns = NetNs::new("diff");
+    make_fake_dummy(&ns);
+    ns.run(|ns| async move {
+        let n = Netif::new().await.unwrap();
+        let st = n.ensure_dummy().await.unwrap();
+        assert!(!st.created, "existing link must be reused");
+        assert_eq!(st.index, ns.ifindex(DUMMY_LINK));
+        assert!(n.addresses().await.unwrap().is_empty());
+
+        let desired = ips(&["10.96.0.1", "10.96.0.2", "fd00::1"]);
+        let diff = diff_addresses(&desired, &n.addresses().await.unwrap());
+        let before = n.requests_sent();
+        let res = n.apply(&diff).await;
+        assert_eq!(n.requests_sent() - before, 3);
+        assert!(res.iter().all(|(_, r)| r.is_ok()), "{res:?}");
+        assert_eq!(
+            ns.addrs(DUMMY_LINK),
+            vec!["10.96.0.1/32", "10.96.0.2/32", "fd00::1/128"]
+        );
+        let current = n.addresses().await.unwrap();
+        assert_eq!(current, desired);
+
+        // Unchanged: no request at all.
+        let before = n.requests_sent();
+        assert!(n
+            .apply(&diff_addresses(&desired, &current))
+            .await
+            .is_empty());
+        assert_eq!(n.requests_sent(), before);
+
+        // Swap: one remove for each of two, one add.
+        let desired2 = ips(&["10.96.0.2", "10.96.0.3"]);
+        let diff2 = diff_addresses(&desired2, &current);
+        assert_eq!(diff2.len(), 3);
+        let before = n.requests_sent();
+        let res = n.apply(&diff2).await;
+        assert_eq!(n.requests_sent() - before, 3);
+        assert!(res.iter().all(|(_, r)| r.is_ok()), "{res:?}");
+        assert_eq!(ns.addrs(DUMMY_LINK), vec!["10.96.0.2/32", "10.96.0.3/32"]);
+
+        // Someone binds an address with another prefix behind our back; it is removed anyway.
+        ns.ip(&["addr", "add", "10.96.0.9/24", "dev", DUMMY_LINK]);
+        let current = n.addresses().await.unwrap();
+        assert_eq!(current, ips(&["10.96.0.2", "10.96.0.3", "10.96.0.9"]));
+        let res = n.apply(&diff_addresses(&desired2, &current)).await;
+        assert!(res.iter().all(|(_, r)| r.is_ok()), "{res:?}");
+        assert_eq!(ns.addrs(DUMMY_LINK), vec!["10.96.0.2/32", "10.96.0.3/32"]);
+
+        // Everything goes for an empty desired set.
+        let res = n.apply(&diff_addresses(&BTreeSet::new(), &desired2)).await;
+        assert_eq!(res.len(), 2);
+        assert!(ns.addrs(DUMMY_LINK).is_empty());
+    });
+}
+
+#[test]
+#[ignore = "netns"]
+fn netns_rejected_address_is_reported_and_does_not_stop_the_rest() {
+    let ns = NetNs::new("reject");
+    make_fake_dummy(&ns);
+    // The kernel refuses IPv6 addresses on a link with IPv6 disabled.
+    ns.sh(&format!(
+        "echo 1 > /proc/sys/net/ipv6/conf/{DUMMY_LINK}/disable_ipv6"
+    ));
+    ns.run(|ns| async move {
+        let n = Netif::new().await.unwrap();
+        n.ensure_dummy().await.unwrap();
+        let desired = ips(&["10.0.0.1", "fd00::5", "10.0.0.2"]);
+        let res = n.apply(&diff_addresses(&desired, &BTreeSet::new())).await;
+        assert_eq!(res.len(), 3);
+        for (ip, r) in &res {
+            if ip.is_ipv6() {
+                match r {
+                    Err(Error::Kernel { object, errno, .. }) => {
+                        assert!(object.contains("fd00::5"), "{object}");
+                        assert!(errno.is_some());
+                    }
+                    other => panic!("expected a kernel rejection for {ip}, got {other:?}"),
+                }
+            } else {
+                assert!(r.is_ok(), "{ip}: {r:?}");
+            }
+        }
+        assert_eq!(ns.addrs(DUMMY_LINK), vec!["10.0.0.1/32", "10.0.0.2/32"]);
+    });
+}
+
+#[test]
+#[ignore = "netns"]
+fn netns_apply_without_link_reports_every_address() {
+    let ns = NetNs::new("nolink");
+    ns.run(|_ns| async move {
+        let n = Netif::new().await.unwrap();
+        assert!(matches!(n.addresses().await, Err(Error::NoSuchLink(_))));
+        let res = n
+            .apply(&diff_addresses(
+                &ips(&["10.0.0.1", "10.0.0.2"]),
+                &BTreeSet::new(),
+            ))
+            .await;
+        assert_eq!(res.len(), 2);
+        assert!(res
+            .iter()
+            .all(|(_, r)| matches!(r, Err(Error::LinkUnavailable { .. }))));
+        assert!(!n.delete_dummy().await.unwrap(), "nothing to delete");
+    });
+}
+
+#[test]
+#[ignore = "netns"]
+fn netns_tracker_follows_ip_addr_add_without_resync() {
+    let ns = NetNs::new("track");
+    ns.ip(&["link", "add", "v0", "type", "veth", "peer", "name", "v1"]);
+    ns.ip(&["link", "set", "v0", "up"]);
+    ns.ip(&["link", "set", "v1", "up"]);
+    ns.ip(&["addr", "add", "198.51.100.1/24", "dev", "v1"]);
+    ns.run(|ns| async move {
+        let tracker = NodeAddresses::start().await.unwrap();
+        let mut rx = tracker.subscribe();
+        let first = tracker.current();
+        assert_eq!(first.full_dumps(), 1);
+        // The initial dump: v1's address; loopback is not a node IP.
+        assert!(first.node_ips().contains(&"198.51.100.1".parse().unwrap()));
+        assert!(!first.node_ips().iter().any(|ip| ip.is_loopback()));
+        assert!(first.is_local(&"127.0.0.1".parse().unwrap()));
+
+        ns.ip(&["addr", "add", "192.0.2.7/24", "dev", "v0"]);
+        wait_for(&mut rx, "192.0.2.7 on v0", |s| {
+            s.node_ips().contains(&"192.0.2.7".parse().unwrap())
+        })
+        .await;
+        ns.ip(&["addr", "add", "2001:db8::7/64", "dev", "v0", "nodad"]);
+        wait_for(&mut rx, "2001:db8::7 on v0", |s| {
+            s.node_ips().contains(&"2001:db8::7".parse().unwrap())
+        })
+        .await;
+        ns.ip(&["addr", "del", "192.0.2.7/24", "dev", "v0"]);
+        let s = wait_for(&mut rx, "192.0.2.7 gone", |s| {
+            !s.node_ips().contains(&"192.0.2.7".parse().unwrap())
+        })
+        .await;
+        // Every change came from events, not from re-listing.
+        assert_eq!(s.full_dumps(), 1);
+        // IPv6 link-local addresses that veths get once up are never node IPs.
+        assert!(s.node_ips().iter().all(|ip| match ip {
+            IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) != 0xfe80,
+            IpAddr::V4(_) => true,
+        }));
+        // Cross-check the final state against `ip`.
+        let mut want: BTreeSet<IpAddr> = BTreeSet::new();
+        for link in ["v0", "v1"] {
+            for a in ns.addrs(link) {
+                let ip: IpAddr = a.split('/').next().unwrap().parse().unwrap();
+                if !matches!(ip, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80) {
+                    want.insert(ip);
+                }
+            }
+        }
+        assert_eq!(s.node_ips(), want);
+
+        // Removing a link drops its addresses.
+        ns.ip(&["link", "del", "v0"]);
+        let s = wait_for(&mut rx, "v0 and v1 gone", |s| s.node_ips().is_empty()).await;
+        assert_eq!(s.full_dumps(), 1);
+        assert!(tracker.is_running());
+    });
+}
+
+#[test]
+#[ignore = "netns"]
+fn netns_tracker_notices_kube_ipvs0_deletion() {
+    let ns = NetNs::new("dummydel");
+    make_fake_dummy(&ns);
+    ns.ip(&["addr", "add", "10.96.0.1/32", "dev", DUMMY_LINK]);
+    ns.ip(&[
+        "link", "add", "eth9", "type", "veth", "peer", "name", "eth9p",
+    ]);
+    ns.ip(&["addr", "add", "192.0.2.9/24", "dev", "eth9"]);
+    ns.run(|ns| async move {
+        let tracker = NodeAddresses::start().await.unwrap();
+        let mut rx = tracker.subscribe();
+        let s = tracker.current();
+        assert_eq!(s.dummy_index(), Some(ns.ifindex(DUMMY_LINK)));
+        assert_eq!(s.dummy_addresses(), ips(&["10.96.0.1"]));
+        assert_eq!(
+            s.node_ips(),
+            ips(&["192.0.2.9"]),
+            "VIPs on kube-ipvs0 are not node IPs"
+        );
+        assert!(!s.is_local(&"10.96.0.1".parse().unwrap()));
+        assert_eq!(s.dummy_deletions(), 0);
+
+        ns.ip(&["link", "del", DUMMY_LINK]);
+        let s = wait_for(&mut rx, "kube-ipvs0 deletion", |s| s.dummy_deletions() == 1).await;
+        assert_eq!(s.dummy_index(), None);
+        assert!(s.dummy_addresses().is_empty());
+
+        // Recreated (here by `ip`; in the VM by Netif::ensure_dummy): visible again.
+        make_fake_dummy(&ns);
+        let s = wait_for(&mut rx, "kube-ipvs0 back", |s| s.dummy_index().is_some()).await;
+        assert_eq!(s.dummy_index(), Some(ns.ifindex(DUMMY_LINK)));
+        assert_eq!(s.dummy_deletions(), 1);
+        assert_eq!(s.node_ips(), ips(&["192.0.2.9"]));
+    });
+}
