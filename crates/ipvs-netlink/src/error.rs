@@ -1,0 +1,174 @@
+//! The crate's error type: kernel errors keep the errno and the operation.
+
+use std::fmt;
+
+/// The IPVS operation an error belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// Generic netlink family lookup (`CTRL_CMD_GETFAMILY`).
+    ResolveFamily,
+    /// `IPVS_CMD_NEW_SERVICE`.
+    NewService,
+    /// `IPVS_CMD_SET_SERVICE`.
+    SetService,
+    /// `IPVS_CMD_DEL_SERVICE`.
+    DelService,
+    /// `IPVS_CMD_GET_SERVICE` (single or dump).
+    GetService,
+    /// `IPVS_CMD_NEW_DEST`.
+    NewDest,
+    /// `IPVS_CMD_SET_DEST`.
+    SetDest,
+    /// `IPVS_CMD_DEL_DEST`.
+    DelDest,
+    /// `IPVS_CMD_GET_DEST` (dump).
+    GetDest,
+    /// `IPVS_CMD_SET_CONFIG`.
+    SetConfig,
+    /// `IPVS_CMD_GET_CONFIG`.
+    GetConfig,
+    /// `IPVS_CMD_GET_INFO`.
+    GetInfo,
+    /// `IPVS_CMD_FLUSH`.
+    Flush,
+}
+
+impl fmt::Display for OpKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            OpKind::ResolveFamily => "resolve IPVS family",
+            OpKind::NewService => "add service",
+            OpKind::SetService => "edit service",
+            OpKind::DelService => "delete service",
+            OpKind::GetService => "get service",
+            OpKind::NewDest => "add destination",
+            OpKind::SetDest => "edit destination",
+            OpKind::DelDest => "delete destination",
+            OpKind::GetDest => "get destinations",
+            OpKind::SetConfig => "set timeouts",
+            OpKind::GetConfig => "get timeouts",
+            OpKind::GetInfo => "get info",
+            OpKind::Flush => "flush",
+        };
+        f.write_str(s)
+    }
+}
+
+/// A line of `ipvsadm -S` text that could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError {
+    /// 1-based line number.
+    pub line: usize,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "line {}: {}", self.line, self.message)
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+/// Errors of the IPVS codec and client.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The "IPVS" generic netlink family is not registered: IPVS is not available in this kernel.
+    #[error("IPVS is not available: generic netlink family \"IPVS\" not found")]
+    FamilyMissing,
+    /// The kernel rejected an operation; `errno` is the positive error number (EEXIST, ENOENT, ...).
+    #[error("{op}: {}", std::io::Error::from_raw_os_error(*errno))]
+    Kernel {
+        /// The operation that failed.
+        op: OpKind,
+        /// Positive errno reported by the kernel.
+        errno: i32,
+    },
+    /// A socket call failed.
+    #[error("netlink socket {what}: {source}")]
+    Io {
+        /// Which call failed.
+        what: &'static str,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A kernel reply ended before a header or attribute it announced.
+    #[error("truncated netlink data: {0}")]
+    Truncated(&'static str),
+    /// A kernel reply was structurally valid but had wrong contents (length, missing attribute, value).
+    #[error("malformed netlink data: {0}")]
+    Malformed(String),
+    /// A request could not be encoded (e.g. a scheduler name longer than the kernel allows).
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The kernel did not answer a request (the reply stream ended without an ACK for it).
+    #[error("{op}: no reply from the kernel")]
+    NoReply {
+        /// The operation left unanswered.
+        op: OpKind,
+    },
+    /// `ipvsadm -S` text could not be parsed.
+    #[error("{0}")]
+    Parse(#[from] ParseError),
+}
+
+impl Error {
+    /// The kernel errno, if this is a kernel error.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Kernel { errno, .. } => Some(*errno),
+            _ => None,
+        }
+    }
+
+    /// The operation, if known.
+    pub fn op(&self) -> Option<OpKind> {
+        match self {
+            Error::Kernel { op, .. } | Error::NoReply { op } => Some(*op),
+            _ => None,
+        }
+    }
+
+    /// True for EEXIST (the service or destination already exists).
+    pub fn is_exists(&self) -> bool {
+        self.errno() == Some(libc_errno::EEXIST)
+    }
+
+    /// True for ENOENT or ESRCH (the service, destination or scheduler does not exist).
+    pub fn is_not_found(&self) -> bool {
+        matches!(
+            self.errno(),
+            Some(libc_errno::ENOENT) | Some(libc_errno::ESRCH)
+        )
+    }
+
+    /// True for EPERM (missing CAP_NET_ADMIN).
+    pub fn is_permission(&self) -> bool {
+        self.errno() == Some(libc_errno::EPERM)
+    }
+
+    /// True for EINVAL.
+    pub fn is_invalid(&self) -> bool {
+        self.errno() == Some(libc_errno::EINVAL)
+    }
+}
+
+/// Linux errno values used by the error helpers.
+pub mod libc_errno {
+    /// Operation not permitted.
+    pub const EPERM: i32 = 1;
+    /// No such file or directory.
+    pub const ENOENT: i32 = 2;
+    /// No such process (IPVS: no such service).
+    pub const ESRCH: i32 = 3;
+    /// File exists.
+    pub const EEXIST: i32 = 17;
+    /// Invalid argument.
+    pub const EINVAL: i32 = 22;
+    /// Address family not supported.
+    pub const EAFNOSUPPORT: i32 = 97;
+    /// Out of memory.
+    pub const ENOMEM: i32 = 12;
+}
