@@ -1,1 +1,696 @@
 //! The desired node state the model implies, per subsystem, as plain data. Pure.
+//!
+//! [`service_desired`] derives one Service's [`ServiceDesired`]: its IPVS virtual servers (with
+//! real servers), the addresses it needs on kube-ipvs0, the ipset entries per set, the iptables
+//! features it uses, and its health-check node port. [`Desired`] is the node-wide union,
+//! maintained incrementally: [`Desired::update_services`] swaps in the new state of the changed
+//! services only and returns the [`Delta`] for them (never touching other services).
+//!
+//! Addresses and ipset entries are reference counted: two services may share an address (an
+//! externalIP used by two services on different ports) or an entry (a hairpin entry of one pod
+//! backing two services), and it goes away only with its last user. A virtual-server key
+//! claimed by two services (two services listing the same externalIP and port) goes to the
+//! claimant with the smallest `namespace/name`; when it leaves, the next claimant takes over
+//! with `SetService`/`*Dest` operations, never a delete/re-create. See [`Desired::conflicts`].
+//!
+//! Node changes: NodePort virtual servers (node IPs × nodePort), SCTP node-port entries and
+//! load-balancer "allow from node" entries depend on the node's addresses. When the node's
+//! addresses change, the integrator re-derives the services listed by
+//! [`Desired::node_dependent_services`] and passes them to `update_services`. When the node's
+//! zone changes (rare), it re-derives every service. The order in which a [`Delta`] is applied
+//! is the contract written in [`crate::diff`].
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use ipset::{Entry, SetKind};
+use ipvs_netlink::{Destination, Family, Protocol, Service, ServiceFlags, ServiceKey};
+use k8s_openapi::api::core::v1::Service as KubeService;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use crate::diff::{diff_virtual_server, IpvsOps, IpvsTable, VirtualServer};
+use crate::model::{
+    endpoints, select_endpoints, service_ports, Invalid, NodeInfo, ProxyConfig, ServiceName,
+};
+
+/// One member of one of the kube-proxy sets.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IpsetEntry {
+    /// Which set.
+    pub set: SetKind,
+    /// The member.
+    pub entry: Entry,
+}
+
+/// The health-check node port of an externalTrafficPolicy=Local LoadBalancer service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HealthCheck {
+    /// `spec.healthCheckNodePort`.
+    pub node_port: u16,
+    /// Local endpoints (the largest count over the service's ports); 0 answers 503.
+    pub local_endpoints: usize,
+}
+
+/// iptables features a service uses (bit set; see the constants).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Features(pub u16);
+
+impl Features {
+    /// TCP or UDP node ports.
+    pub const NODE_PORTS: u16 = 1 << 0;
+    /// SCTP node ports.
+    pub const SCTP_NODE_PORTS: u16 = 1 << 1;
+    /// Node ports with externalTrafficPolicy Local.
+    pub const NODE_PORTS_LOCAL: u16 = 1 << 2;
+    /// External IPs.
+    pub const EXTERNAL_IPS: u16 = 1 << 3;
+    /// External IPs with externalTrafficPolicy Local.
+    pub const EXTERNAL_IPS_LOCAL: u16 = 1 << 4;
+    /// Load-balancer ingress IPs.
+    pub const LOAD_BALANCERS: u16 = 1 << 5;
+    /// Load-balancer IPs with externalTrafficPolicy Local.
+    pub const LOAD_BALANCERS_LOCAL: u16 = 1 << 6;
+    /// loadBalancerSourceRanges.
+    pub const LB_SOURCE_RANGES: u16 = 1 << 7;
+    /// Health-check node ports.
+    pub const HEALTH_CHECK_NODE_PORTS: u16 = 1 << 8;
+    /// Hairpin (local endpoints: KUBE-LOOP-BACK).
+    pub const LOOP_BACK: u16 = 1 << 9;
+    /// Number of feature bits.
+    pub const COUNT: usize = 10;
+
+    /// True when `bit` is set.
+    pub fn has(self, bit: u16) -> bool {
+        self.0 & bit != 0
+    }
+}
+
+/// What the iptables crate needs to render its rules: configuration plus the features in use.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct IptablesInputs {
+    /// `--masquerade-all`.
+    pub masquerade_all: bool,
+    /// `--cluster-cidr` ranges of this family.
+    pub cluster_cidrs: Vec<IpNet>,
+    /// Any TCP/UDP node port.
+    pub node_ports: bool,
+    /// Any SCTP node port.
+    pub sctp_node_ports: bool,
+    /// Any node port with externalTrafficPolicy Local.
+    pub node_ports_local: bool,
+    /// Any external IP.
+    pub external_ips: bool,
+    /// Any external IP with externalTrafficPolicy Local.
+    pub external_ips_local: bool,
+    /// Any load-balancer IP.
+    pub load_balancers: bool,
+    /// Any load-balancer IP with externalTrafficPolicy Local.
+    pub load_balancers_local: bool,
+    /// Any loadBalancerSourceRanges.
+    pub lb_source_ranges: bool,
+    /// Any health-check node port.
+    pub health_check_node_ports: bool,
+    /// Any hairpin entry.
+    pub loop_back: bool,
+}
+
+/// Everything one Service needs on this node (one family).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ServiceDesired {
+    /// Virtual servers with their real servers.
+    pub virtual_servers: IpvsTable,
+    /// Addresses to bind on kube-ipvs0 (ClusterIPs, LB IPs, externalIPs not already local).
+    pub addresses: BTreeSet<IpAddr>,
+    /// ipset members.
+    pub ipset_entries: BTreeSet<IpsetEntry>,
+    /// iptables features used.
+    pub features: Features,
+    /// Health-check node port, if any.
+    pub health_check: Option<HealthCheck>,
+    /// Depends on the node's addresses (NodePorts, LB source ranges).
+    pub node_dependent: bool,
+}
+
+/// Result of deriving one service.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Derived {
+    /// The service's desired state; `None` when the proxy has nothing to do for it here
+    /// (headless, ExternalName, no ClusterIP of this family).
+    pub desired: Option<ServiceDesired>,
+    /// EndpointSlices skipped as invalid (slice name, reason); the rest were used.
+    pub rejected_slices: Vec<(String, Invalid)>,
+}
+
+fn set_proto(p: Protocol) -> ipset::Protocol {
+    match p {
+        Protocol::Tcp => ipset::Protocol::Tcp,
+        Protocol::Udp => ipset::Protocol::Udp,
+        Protocol::Sctp => ipset::Protocol::Sctp,
+    }
+}
+
+/// ipset's family for an IPVS family.
+pub fn set_family(f: Family) -> ipset::Family {
+    match f {
+        Family::Inet => ipset::Family::V4,
+        Family::Inet6 => ipset::Family::V6,
+    }
+}
+
+/// Derives one Service's desired state from the Service, all of its EndpointSlices, the
+/// configuration and the node. `Err` means the Service itself is invalid (skip it).
+pub fn service_desired(
+    svc: &KubeService,
+    slices: &[&EndpointSlice],
+    cfg: &ProxyConfig,
+    node: &NodeInfo,
+) -> Result<Derived, Invalid> {
+    let ports = service_ports(svc, cfg)?;
+    if ports.is_empty() {
+        return Ok(Derived::default());
+    }
+    let mut d = ServiceDesired::default();
+    let mut rejected: BTreeMap<String, Invalid> = BTreeMap::new();
+    let node_ports = node.node_port_ips(cfg);
+    let node_ips: BTreeSet<IpAddr> = node
+        .addresses
+        .iter()
+        .chain(node.primary_ips.iter())
+        .filter(|ip| Family::of(ip) == cfg.family)
+        .copied()
+        .collect();
+    let mut entry = |set: SetKind, entry: Entry| {
+        d.ipset_entries.insert(IpsetEntry {
+            set,
+            entry: entry.normalized(),
+        });
+    };
+    let mut vss: Vec<VirtualServer> = Vec::new();
+    let mut features = 0u16;
+    let mut addresses = BTreeSet::new();
+    let mut health_check: Option<HealthCheck> = None;
+    let mut node_dependent = false;
+
+    for sp in &ports {
+        let merged = endpoints(slices, sp, &node.name);
+        for (name, why) in merged.rejected {
+            rejected.entry(name).or_insert(why);
+        }
+        let sel = select_endpoints(sp, &merged.endpoints, node.zone.as_deref());
+        let proto = sp.name.protocol;
+        let sproto = set_proto(proto);
+        let make = |addr: IpAddr, port: u16, eps: &[crate::model::Endpoint]| {
+            let key = ServiceKey::Inet {
+                protocol: proto,
+                addr,
+                port,
+            };
+            let mut s = Service::new(key, sp.scheduler.clone());
+            if let Some(t) = sp.affinity_timeout {
+                s.flags = s.flags.with(ServiceFlags::PERSISTENT);
+                s.timeout = t;
+            }
+            VirtualServer::new(s, eps.iter().map(|e| Destination::new(e.ip, e.port)))
+        };
+
+        // ClusterIP.
+        vss.push(make(sp.cluster_ip, sp.port, &sel.cluster));
+        addresses.insert(sp.cluster_ip);
+        entry(
+            SetKind::ClusterIp,
+            Entry::ip_port(sp.cluster_ip, sproto, sp.port),
+        );
+
+        // externalIPs.
+        for ip in &sp.external_ips {
+            vss.push(make(*ip, sp.port, &sel.external));
+            if !node.addresses.contains(ip) {
+                addresses.insert(*ip);
+            }
+            if sp.external_local {
+                entry(
+                    SetKind::ExternalIpLocal,
+                    Entry::ip_port(*ip, sproto, sp.port),
+                );
+                features |= Features::EXTERNAL_IPS_LOCAL;
+            } else {
+                entry(SetKind::ExternalIp, Entry::ip_port(*ip, sproto, sp.port));
+            }
+            features |= Features::EXTERNAL_IPS;
+        }
+
+        // Load-balancer ingress IPs.
+        for ip in &sp.load_balancer_ips {
+            vss.push(make(*ip, sp.port, &sel.external));
+            addresses.insert(*ip);
+            entry(SetKind::LoadBalancer, Entry::ip_port(*ip, sproto, sp.port));
+            features |= Features::LOAD_BALANCERS;
+            if sp.external_local {
+                entry(
+                    SetKind::LoadBalancerLocal,
+                    Entry::ip_port(*ip, sproto, sp.port),
+                );
+                features |= Features::LOAD_BALANCERS_LOCAL;
+            }
+            if sp.firewall {
+                features |= Features::LB_SOURCE_RANGES;
+                node_dependent = true;
+                entry(
+                    SetKind::LoadBalancerFw,
+                    Entry::ip_port(*ip, sproto, sp.port),
+                );
+                for net in &sp.source_ranges {
+                    entry(
+                        SetKind::LoadBalancerSourceCidr,
+                        Entry::ip_port_net(*ip, sproto, sp.port, *net),
+                    );
+                }
+                // The node may reach the LB IP (bound locally, so the source is the LB IP)
+                // when a source range admits one of its addresses.
+                let from_node = sp
+                    .source_ranges
+                    .iter()
+                    .any(|n| node_ips.iter().any(|ip| n.contains(ip)));
+                if from_node {
+                    entry(
+                        SetKind::LoadBalancerSourceIp,
+                        Entry::ip_port_ip(*ip, sproto, sp.port, *ip),
+                    );
+                }
+            }
+        }
+
+        // NodePorts.
+        if let Some(np) = sp.node_port {
+            node_dependent = true;
+            for ip in &node_ports {
+                vss.push(make(*ip, np, &sel.external));
+            }
+            match proto {
+                Protocol::Tcp | Protocol::Udp => {
+                    let (all, local) = if proto == Protocol::Tcp {
+                        (SetKind::NodePortTcp, SetKind::NodePortLocalTcp)
+                    } else {
+                        (SetKind::NodePortUdp, SetKind::NodePortLocalUdp)
+                    };
+                    entry(all, Entry::Port(np));
+                    if sp.external_local {
+                        entry(local, Entry::Port(np));
+                    }
+                    features |= Features::NODE_PORTS;
+                }
+                Protocol::Sctp => {
+                    for ip in &node_ports {
+                        entry(SetKind::NodePortSctp, Entry::ip_port(*ip, sproto, np));
+                        if sp.external_local {
+                            entry(SetKind::NodePortLocalSctp, Entry::ip_port(*ip, sproto, np));
+                        }
+                    }
+                    features |= Features::SCTP_NODE_PORTS;
+                }
+            }
+            if sp.external_local {
+                features |= Features::NODE_PORTS_LOCAL;
+            }
+        }
+
+        // Hairpin: a local endpoint reaching itself through a VIP must be masqueraded.
+        for e in sel.cluster.iter().chain(sel.external.iter()) {
+            if e.is_local {
+                entry(
+                    SetKind::LoopBack,
+                    Entry::ip_port_ip(e.ip, sproto, e.port, e.ip),
+                );
+                features |= Features::LOOP_BACK;
+            }
+        }
+
+        if let Some(hc) = sp.health_check_node_port {
+            entry(SetKind::HealthCheckNodePort, Entry::Port(hc));
+            features |= Features::HEALTH_CHECK_NODE_PORTS;
+            let n = sel.local.len();
+            health_check = Some(match health_check {
+                Some(h) => HealthCheck {
+                    node_port: hc,
+                    local_endpoints: h.local_endpoints.max(n),
+                },
+                None => HealthCheck {
+                    node_port: hc,
+                    local_endpoints: n,
+                },
+            });
+        }
+    }
+    for a in &addresses {
+        entry(SetKind::IpvsIps, Entry::Ip(*a));
+    }
+    for vs in vss {
+        // A key listed twice within one service (e.g. an externalIP equal to an LB IP):
+        // the first wins (ClusterIP, then externalIPs, LB IPs, NodePorts).
+        d.virtual_servers.entry(vs.service.key).or_insert(vs);
+    }
+    d.addresses = addresses;
+    d.features = Features(features);
+    d.health_check = health_check;
+    d.node_dependent = node_dependent;
+    Ok(Derived {
+        desired: Some(d),
+        rejected_slices: rejected.into_iter().collect(),
+    })
+}
+
+/// Changes to apply for a batch of service updates. Apply in the order of [`crate::diff`]:
+/// `ipset_add` (+ iptables if `iptables_changed`), `ipvs.apply`, `addresses_add`,
+/// `addresses_del`, `ipvs.remove`, `ipset_del` (+ iptables).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Delta {
+    /// IPVS operations.
+    pub ipvs: IpvsOps,
+    /// Addresses to bind on kube-ipvs0.
+    pub addresses_add: Vec<IpAddr>,
+    /// Addresses to unbind from kube-ipvs0.
+    pub addresses_del: Vec<IpAddr>,
+    /// ipset members to add (`KUBE-IPVS-IPS` members last).
+    pub ipset_add: Vec<IpsetEntry>,
+    /// ipset members to delete (`KUBE-IPVS-IPS` members first).
+    pub ipset_del: Vec<IpsetEntry>,
+    /// The iptables inputs changed (re-render the rules).
+    pub iptables_changed: bool,
+    /// Health-check node ports that appeared, changed or went away (`None`).
+    pub health_checks: Vec<(ServiceName, Option<HealthCheck>)>,
+}
+
+impl Delta {
+    /// True when nothing changes.
+    pub fn is_empty(&self) -> bool {
+        self.ipvs.is_empty()
+            && self.addresses_add.is_empty()
+            && self.addresses_del.is_empty()
+            && self.ipset_add.is_empty()
+            && self.ipset_del.is_empty()
+            && !self.iptables_changed
+            && self.health_checks.is_empty()
+    }
+}
+
+/// The node-wide desired state: the union of every service's [`ServiceDesired`], maintained
+/// incrementally with reference counts.
+#[derive(Debug, Clone)]
+pub struct Desired {
+    family: Family,
+    masquerade_all: bool,
+    cluster_cidrs: Vec<IpNet>,
+    services: HashMap<ServiceName, ServiceDesired>,
+    claims: HashMap<ServiceKey, BTreeSet<ServiceName>>,
+    addresses: HashMap<IpAddr, usize>,
+    entries: HashMap<IpsetEntry, usize>,
+    features: [usize; Features::COUNT],
+}
+
+impl Desired {
+    /// An empty desired state for `cfg`'s family.
+    pub fn new(cfg: &ProxyConfig) -> Desired {
+        Desired {
+            family: cfg.family,
+            masquerade_all: cfg.masquerade_all,
+            cluster_cidrs: cfg
+                .cluster_cidrs
+                .iter()
+                .filter(|n| Family::of(&n.addr()) == cfg.family)
+                .copied()
+                .collect(),
+            services: HashMap::new(),
+            claims: HashMap::new(),
+            addresses: HashMap::new(),
+            entries: HashMap::new(),
+            features: [0; Features::COUNT],
+        }
+    }
+
+    /// The address family.
+    pub fn family(&self) -> Family {
+        self.family
+    }
+
+    /// Number of services with a desired state.
+    pub fn len(&self) -> usize {
+        self.services.len()
+    }
+
+    /// True when no service has a desired state.
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty()
+    }
+
+    /// One service's desired state.
+    pub fn service(&self, name: &ServiceName) -> Option<&ServiceDesired> {
+        self.services.get(name)
+    }
+
+    /// Replaces (`Some`) or removes (`None`) one service; returns the delta.
+    pub fn update_service(&mut self, name: ServiceName, new: Option<ServiceDesired>) -> Delta {
+        self.update_services([(name, new)])
+    }
+
+    /// Replaces or removes a batch of services; returns the net delta of the batch (an address
+    /// one service drops and another takes stays bound, a key that changes hands is updated in
+    /// place). Cost is proportional to the changed services only.
+    pub fn update_services(
+        &mut self,
+        changes: impl IntoIterator<Item = (ServiceName, Option<ServiceDesired>)>,
+    ) -> Delta {
+        let mut batch: BTreeMap<ServiceName, Option<ServiceDesired>> = BTreeMap::new();
+        for (n, d) in changes {
+            batch.insert(n, d);
+        }
+        // What the batch touches.
+        let mut keys = BTreeSet::new();
+        let mut addrs = BTreeSet::new();
+        let mut ents = BTreeSet::new();
+        for (name, new) in &batch {
+            for sd in [self.services.get(name), new.as_ref()]
+                .into_iter()
+                .flatten()
+            {
+                keys.extend(sd.virtual_servers.keys().copied());
+                addrs.extend(sd.addresses.iter().copied());
+                ents.extend(sd.ipset_entries.iter().cloned());
+            }
+        }
+        let before_vs: BTreeMap<ServiceKey, Option<VirtualServer>> = keys
+            .iter()
+            .map(|k| (*k, self.effective(k).cloned()))
+            .collect();
+        let before_addr: BTreeSet<IpAddr> = addrs
+            .iter()
+            .filter(|a| self.addresses.contains_key(*a))
+            .copied()
+            .collect();
+        let before_ent: BTreeSet<IpsetEntry> = ents
+            .iter()
+            .filter(|e| self.entries.contains_key(*e))
+            .cloned()
+            .collect();
+        let before_ipt = self.iptables();
+        let before_hc: Vec<Option<HealthCheck>> = batch
+            .keys()
+            .map(|n| self.services.get(n).and_then(|s| s.health_check))
+            .collect();
+
+        for (name, new) in &batch {
+            if let Some(old) = self.services.remove(name) {
+                self.release(name, &old);
+            }
+            if let Some(new) = new {
+                self.acquire(name, new);
+                self.services.insert(name.clone(), new.clone());
+            }
+        }
+
+        let mut delta = Delta::default();
+        for (k, before) in &before_vs {
+            let after = self.effective(k);
+            diff_virtual_server(before.as_ref(), after, &mut delta.ipvs);
+        }
+        for a in &addrs {
+            match (before_addr.contains(a), self.addresses.contains_key(a)) {
+                (false, true) => delta.addresses_add.push(*a),
+                (true, false) => delta.addresses_del.push(*a),
+                _ => {}
+            }
+        }
+        for e in &ents {
+            match (before_ent.contains(e), self.entries.contains_key(e)) {
+                (false, true) => delta.ipset_add.push(e.clone()),
+                (true, false) => delta.ipset_del.push(e.clone()),
+                _ => {}
+            }
+        }
+        delta
+            .ipset_add
+            .sort_by_key(|e| (e.set == SetKind::IpvsIps, e.clone()));
+        delta
+            .ipset_del
+            .sort_by_key(|e| (e.set != SetKind::IpvsIps, e.clone()));
+        delta.iptables_changed = before_ipt != self.iptables();
+        for ((name, _), before) in batch.iter().zip(before_hc) {
+            let after = self.services.get(name).and_then(|s| s.health_check);
+            if before != after {
+                delta.health_checks.push((name.clone(), after));
+            }
+        }
+        delta
+    }
+
+    fn effective(&self, key: &ServiceKey) -> Option<&VirtualServer> {
+        let owner = self.claims.get(key)?.first()?;
+        self.services.get(owner)?.virtual_servers.get(key)
+    }
+
+    fn acquire(&mut self, name: &ServiceName, sd: &ServiceDesired) {
+        for k in sd.virtual_servers.keys() {
+            self.claims.entry(*k).or_default().insert(name.clone());
+        }
+        for a in &sd.addresses {
+            *self.addresses.entry(*a).or_insert(0) += 1;
+        }
+        for e in &sd.ipset_entries {
+            *self.entries.entry(e.clone()).or_insert(0) += 1;
+        }
+        for (i, c) in self.features.iter_mut().enumerate() {
+            if sd.features.has(1 << i) {
+                *c += 1;
+            }
+        }
+    }
+
+    fn release(&mut self, name: &ServiceName, sd: &ServiceDesired) {
+        for k in sd.virtual_servers.keys() {
+            if let Some(c) = self.claims.get_mut(k) {
+                c.remove(name);
+                if c.is_empty() {
+                    self.claims.remove(k);
+                }
+            }
+        }
+        for a in &sd.addresses {
+            if let Some(c) = self.addresses.get_mut(a) {
+                *c = c.saturating_sub(1);
+                if *c == 0 {
+                    self.addresses.remove(a);
+                }
+            }
+        }
+        for e in &sd.ipset_entries {
+            if let Some(c) = self.entries.get_mut(e) {
+                *c = c.saturating_sub(1);
+                if *c == 0 {
+                    self.entries.remove(e);
+                }
+            }
+        }
+        for (i, c) in self.features.iter_mut().enumerate() {
+            if sd.features.has(1 << i) {
+                *c = c.saturating_sub(1);
+            }
+        }
+    }
+
+    /// The full IPVS table (each key from its winning claimant).
+    pub fn ipvs_table(&self) -> IpvsTable {
+        self.claims
+            .keys()
+            .filter_map(|k| self.effective(k).map(|vs| (*k, vs.clone())))
+            .collect()
+    }
+
+    /// All addresses wanted on kube-ipvs0.
+    pub fn addresses(&self) -> BTreeSet<IpAddr> {
+        self.addresses.keys().copied().collect()
+    }
+
+    /// All ipset members.
+    pub fn ipset_entries(&self) -> BTreeSet<IpsetEntry> {
+        self.entries.keys().cloned().collect()
+    }
+
+    /// The full ipset state (all 17 sets of this family declared, members labelled with the
+    /// first service, by name, that needs them).
+    pub fn ipset_state(&self) -> ipset::IpsetState {
+        let fam = set_family(self.family);
+        let mut st = ipset::IpsetState::kube(fam);
+        let mut names: Vec<&ServiceName> = self.services.keys().collect();
+        names.sort();
+        let mut done: BTreeSet<&IpsetEntry> = BTreeSet::new();
+        for n in names {
+            if let Some(sd) = self.services.get(n) {
+                let owner = n.to_string();
+                for e in &sd.ipset_entries {
+                    if done.insert(e) {
+                        // Entries are built per family from typed values; a misfit is a bug
+                        // upstream of here and is skipped rather than aborting the view.
+                        let _ = st.add(e.set, fam, e.entry.clone(), &owner);
+                    }
+                }
+            }
+        }
+        st
+    }
+
+    /// The iptables inputs (configuration plus the features in use).
+    pub fn iptables(&self) -> IptablesInputs {
+        let on = |bit: u16| self.features[bit.trailing_zeros() as usize] > 0;
+        IptablesInputs {
+            masquerade_all: self.masquerade_all,
+            cluster_cidrs: self.cluster_cidrs.clone(),
+            node_ports: on(Features::NODE_PORTS),
+            sctp_node_ports: on(Features::SCTP_NODE_PORTS),
+            node_ports_local: on(Features::NODE_PORTS_LOCAL),
+            external_ips: on(Features::EXTERNAL_IPS),
+            external_ips_local: on(Features::EXTERNAL_IPS_LOCAL),
+            load_balancers: on(Features::LOAD_BALANCERS),
+            load_balancers_local: on(Features::LOAD_BALANCERS_LOCAL),
+            lb_source_ranges: on(Features::LB_SOURCE_RANGES),
+            health_check_node_ports: on(Features::HEALTH_CHECK_NODE_PORTS),
+            loop_back: on(Features::LOOP_BACK),
+        }
+    }
+
+    /// Health-check node ports by service.
+    pub fn health_checks(&self) -> BTreeMap<ServiceName, HealthCheck> {
+        self.services
+            .iter()
+            .filter_map(|(n, s)| s.health_check.map(|h| (n.clone(), h)))
+            .collect()
+    }
+
+    /// Services whose desired state depends on the node's addresses (re-derive them when the
+    /// node's addresses change).
+    pub fn node_dependent_services(&self) -> BTreeSet<ServiceName> {
+        self.services
+            .iter()
+            .filter(|(_, s)| s.node_dependent)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// Virtual-server keys claimed by more than one service, with the claimants (the first
+    /// one wins).
+    pub fn conflicts(&self) -> BTreeMap<ServiceKey, Vec<ServiceName>> {
+        self.claims
+            .iter()
+            .filter(|(_, c)| c.len() > 1)
+            .map(|(k, c)| (*k, c.iter().cloned().collect()))
+            .collect()
+    }
+}
+
+/// The ownership rule for startup/drift/cleanup: a virtual server belongs to the proxy when it
+/// is address-based, of the proxy's family, and outside excludeCIDRs.
+pub fn owned_by_proxy(cfg: &ProxyConfig) -> impl Fn(&ServiceKey) -> bool + '_ {
+    move |k: &ServiceKey| match k {
+        ServiceKey::Inet { addr, .. } => Family::of(addr) == cfg.family && !cfg.excluded(addr),
+        ServiceKey::Fwmark { .. } => false,
+    }
+}

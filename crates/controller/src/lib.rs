@@ -1,8 +1,11 @@
 //! kube-ipvs controller: sources, model, desired state, diff, sync loop, sysctls.
 //!
-//! Data flows left to right: sources → model (pure) → desired (pure) → diff (pure) → appliers.
+//! Data flows left to right: sources → store → model (pure) → desired (pure) → diff (pure) →
+//! appliers. The order in which a diff is applied is documented in [`diff`].
 
 pub mod desired;
+pub mod diff;
 pub mod model;
 pub mod source;
+pub mod store;
 pub mod sysctl;

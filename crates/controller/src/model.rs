@@ -1,1 +1,849 @@
 //! The model: Kubernetes objects turned into proxy concepts (service ports, endpoints). Pure.
+//!
+//! - [`service_ports`] turns one `Service` into the [`ServicePort`]s of one address family
+//!   (one proxier instance per family; a dual-stack process runs two).
+//! - [`endpoints`] merges every EndpointSlice of a service into the [`Endpoint`]s of one port.
+//! - [`select_endpoints`] applies Kubernetes' endpoint rules: ready first, serving-terminating as
+//!   a fall-back, `internalTrafficPolicy`/`externalTrafficPolicy: Local` (no local endpoint means no
+//!   real server: traffic is dropped, never sent to remote endpoints), topology hints.
+//!
+//! Bad input (invalid IPs or CIDRs, ports 0 or > 65535, unknown protocols, duplicate ports,
+//! absurd sizes) is rejected with an [`Invalid`] reason: a bad Service is skipped as a whole, a
+//! bad EndpointSlice is skipped alone (the service's other slices still count). Nothing here
+//! panics on any input. [`Rejections`] remembers reasons so each is logged once and counted.
+//!
+//! Size caps (documented limits, far above what the API server admits in practice):
+//! [`MAX_PORTS_PER_SERVICE`], [`MAX_VIPS_PER_SERVICE`], [`MAX_SOURCE_RANGES`],
+//! [`MAX_ENDPOINTS_PER_SLICE`] (the API's own limit), [`MAX_ENDPOINTS_PER_SERVICE_PORT`].
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use ipvs_netlink::{Family, Protocol};
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+/// Per-service annotation choosing the IPVS scheduler (overrides the global flag).
+pub const SCHEDULER_ANNOTATION: &str = "kube-ipvs.io/scheduler";
+/// Label of an EndpointSlice naming its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// Node label carrying the node's zone.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+/// Default `sessionAffinityConfig.clientIP.timeoutSeconds` (3 hours).
+pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10_800;
+/// Largest affinity timeout the API admits (1 day).
+pub const MAX_AFFINITY_TIMEOUT: u32 = 86_400;
+/// Most ports one Service may have before it is rejected.
+pub const MAX_PORTS_PER_SERVICE: usize = 1_000;
+/// Most externalIPs + load-balancer ingress IPs one Service may have before it is rejected.
+pub const MAX_VIPS_PER_SERVICE: usize = 256;
+/// Most `loadBalancerSourceRanges` one Service may have before it is rejected.
+pub const MAX_SOURCE_RANGES: usize = 1_000;
+/// Most endpoints one EndpointSlice may have (the API's limit); a larger slice is rejected.
+pub const MAX_ENDPOINTS_PER_SLICE: usize = 1_000;
+/// Most endpoints of one service port after merging slices; slices (in name order) that would
+/// push the count beyond it are rejected.
+pub const MAX_ENDPOINTS_PER_SERVICE_PORT: usize = 20_000;
+/// IPVS schedulers the kernel ships.
+pub const SCHEDULERS: &[&str] = &[
+    "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh", "fo", "ovf",
+];
+
+/// Why an object was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Invalid {
+    /// Human-readable reason, stable for identical input (so it can be logged once).
+    pub reason: String,
+}
+
+impl Invalid {
+    /// An `Invalid` with the given reason.
+    pub fn new(reason: impl Into<String>) -> Invalid {
+        Invalid {
+            reason: reason.into(),
+        }
+    }
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+/// A Service's identity: namespace/name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceName {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl ServiceName {
+    /// `namespace/name`.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> ServiceName {
+        ServiceName {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// The name of a Service object (`default` namespace when unset).
+    pub fn of(svc: &Service) -> ServiceName {
+        ServiceName::new(
+            svc.metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".to_string()),
+            svc.metadata.name.clone().unwrap_or_default(),
+        )
+    }
+}
+
+impl fmt::Display for ServiceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// One port of one Service: namespace, name, port name and protocol.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServicePortName {
+    /// Namespace of the Service.
+    pub namespace: String,
+    /// Name of the Service.
+    pub name: String,
+    /// Name of the port (empty when unnamed).
+    pub port_name: String,
+    /// Transport protocol.
+    pub protocol: Protocol,
+}
+
+impl ServicePortName {
+    /// The Service this port belongs to.
+    pub fn service(&self) -> ServiceName {
+        ServiceName::new(self.namespace.clone(), self.name.clone())
+    }
+}
+
+impl fmt::Display for ServicePortName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}:{}", self.namespace, self.name, self.port_name)?;
+        f.write_str(match self.protocol {
+            Protocol::Tcp => "/TCP",
+            Protocol::Udp => "/UDP",
+            Protocol::Sctp => "/SCTP",
+        })
+    }
+}
+
+/// Proxy configuration the model depends on (one instance per address family).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyConfig {
+    /// The address family this proxier instance handles.
+    pub family: Family,
+    /// Default IPVS scheduler (`--ipvs-scheduler`, default `rr`).
+    pub scheduler: String,
+    /// Virtual servers in these ranges are never deleted by the proxy (`--ipvs-exclude-cidrs`).
+    pub exclude_cidrs: Vec<IpNet>,
+    /// Masquerade all service traffic (`--masquerade-all`).
+    pub masquerade_all: bool,
+    /// Pod network ranges (`--cluster-cidr`); traffic from outside is masqueraded.
+    pub cluster_cidrs: Vec<IpNet>,
+    /// NodePort addresses (`--nodeport-addresses`); empty = every node address.
+    pub node_port_addresses: Vec<IpNet>,
+    /// `--ipvs-strict-arp`.
+    pub strict_arp: bool,
+    /// `--ipvs-tcp-timeout` seconds (0 = leave).
+    pub tcp_timeout: u32,
+    /// `--ipvs-tcpfin-timeout` seconds (0 = leave).
+    pub tcp_fin_timeout: u32,
+    /// `--ipvs-udp-timeout` seconds (0 = leave).
+    pub udp_timeout: u32,
+}
+
+impl ProxyConfig {
+    /// Defaults for a family: scheduler `rr`, no ranges, no timeouts.
+    pub fn new(family: Family) -> ProxyConfig {
+        ProxyConfig {
+            family,
+            scheduler: "rr".to_string(),
+            exclude_cidrs: Vec::new(),
+            masquerade_all: false,
+            cluster_cidrs: Vec::new(),
+            node_port_addresses: Vec::new(),
+            strict_arp: false,
+            tcp_timeout: 0,
+            tcp_fin_timeout: 0,
+            udp_timeout: 0,
+        }
+    }
+
+    /// True when `addr` lies in one of the excludeCIDRs (never deleted by the proxy).
+    pub fn excluded(&self, addr: &IpAddr) -> bool {
+        self.exclude_cidrs.iter().any(|n| n.contains(addr))
+    }
+}
+
+/// What the model needs to know about this node.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeInfo {
+    /// The node's name (`--hostname-override` or the hostname); endpoints with this
+    /// `nodeName` are local.
+    pub name: String,
+    /// `topology.kubernetes.io/zone` label, if any.
+    pub zone: Option<String>,
+    /// Addresses of the node's interfaces other than kube-ipvs0 (supplied by netif), any family.
+    pub addresses: BTreeSet<IpAddr>,
+    /// The node's primary IPs (`status.addresses` InternalIP, then ExternalIP), any family.
+    pub primary_ips: Vec<IpAddr>,
+}
+
+impl NodeInfo {
+    /// Node info from the Node object (zone label, primary IPs) and local interface addresses.
+    /// Unparsable `status.addresses` entries are ignored (they are informational only).
+    pub fn from_node(name: &str, node: Option<&Node>, addresses: BTreeSet<IpAddr>) -> NodeInfo {
+        let zone = node
+            .and_then(|n| n.metadata.labels.as_ref())
+            .and_then(|l| l.get(ZONE_LABEL))
+            .filter(|z| !z.is_empty())
+            .cloned();
+        let mut primary_ips = Vec::new();
+        if let Some(addrs) = node
+            .and_then(|n| n.status.as_ref())
+            .and_then(|s| s.addresses.as_ref())
+        {
+            for kind in ["InternalIP", "ExternalIP"] {
+                for a in addrs.iter().filter(|a| a.type_ == kind) {
+                    if let Ok(ip) = a.address.parse::<IpAddr>() {
+                        if !primary_ips.contains(&ip) {
+                            primary_ips.push(ip);
+                        }
+                    }
+                }
+            }
+        }
+        NodeInfo {
+            name: name.to_string(),
+            zone,
+            addresses,
+            primary_ips,
+        }
+    }
+
+    /// The addresses NodePorts are served on for `cfg`'s family: the node's addresses (not
+    /// kube-ipvs0's), restricted to `nodePortAddresses` when set; loopback and IPv6 link-local
+    /// addresses are never used.
+    pub fn node_port_ips(&self, cfg: &ProxyConfig) -> BTreeSet<IpAddr> {
+        self.addresses
+            .iter()
+            .filter(|ip| Family::of(ip) == cfg.family)
+            .filter(|ip| !ip.is_loopback() && !is_v6_link_local(ip) && !ip.is_unspecified())
+            .filter(|ip| {
+                cfg.node_port_addresses.is_empty()
+                    || cfg.node_port_addresses.iter().any(|n| n.contains(*ip))
+            })
+            .copied()
+            .collect()
+    }
+}
+
+fn is_v6_link_local(ip: &IpAddr) -> bool {
+    match ip {
+        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
+        IpAddr::V4(_) => false,
+    }
+}
+
+/// One service port of one family, with every virtual IP it is reachable on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServicePort {
+    /// Identity.
+    pub name: ServicePortName,
+    /// ClusterIP of this family.
+    pub cluster_ip: IpAddr,
+    /// Service port.
+    pub port: u16,
+    /// NodePort (NodePort and LoadBalancer services), if allocated.
+    pub node_port: Option<u16>,
+    /// `spec.externalIPs` of this family.
+    pub external_ips: Vec<IpAddr>,
+    /// `status.loadBalancer.ingress[].ip` of this family (LoadBalancer services).
+    pub load_balancer_ips: Vec<IpAddr>,
+    /// `spec.loadBalancerSourceRanges` of this family.
+    pub source_ranges: Vec<IpNet>,
+    /// True when the service has source ranges at all (in any family): with none in this
+    /// family the firewall is on and admits nobody.
+    pub firewall: bool,
+    /// externalTrafficPolicy Local (NodePort / LoadBalancer services only).
+    pub external_local: bool,
+    /// internalTrafficPolicy Local.
+    pub internal_local: bool,
+    /// ClientIP session affinity timeout (seconds), if affinity is on.
+    pub affinity_timeout: Option<u32>,
+    /// IPVS scheduler.
+    pub scheduler: String,
+    /// Health-check node port (LoadBalancer + externalTrafficPolicy Local).
+    pub health_check_node_port: Option<u16>,
+}
+
+/// One endpoint (pod address and target port) of a service port.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Endpoint {
+    /// Address.
+    pub ip: IpAddr,
+    /// Target port.
+    pub port: u16,
+    /// `nodeName`.
+    pub node_name: Option<String>,
+    /// `hints.forZones` (None when the endpoint carries no zone hints).
+    pub zone_hints: Option<BTreeSet<String>>,
+    /// `conditions.ready` (unset = true).
+    pub ready: bool,
+    /// `conditions.serving` (unset = ready).
+    pub serving: bool,
+    /// `conditions.terminating` (unset = false).
+    pub terminating: bool,
+    /// Runs on this node.
+    pub is_local: bool,
+}
+
+fn parse_protocol(p: Option<&str>) -> Result<Protocol, Invalid> {
+    match p {
+        None | Some("TCP") => Ok(Protocol::Tcp),
+        Some("UDP") => Ok(Protocol::Udp),
+        Some("SCTP") => Ok(Protocol::Sctp),
+        Some(other) => Err(Invalid::new(format!("unknown protocol {other:?}"))),
+    }
+}
+
+fn parse_port(what: &str, p: i32) -> Result<u16, Invalid> {
+    match u16::try_from(p) {
+        Ok(v) if v != 0 => Ok(v),
+        _ => Err(Invalid::new(format!("{what} {p} out of range 1..65535"))),
+    }
+}
+
+fn parse_ip(what: &str, s: &str) -> Result<IpAddr, Invalid> {
+    s.parse::<IpAddr>()
+        .map_err(|_| Invalid::new(format!("invalid {what} {s:?}")))
+}
+
+fn parse_cidr(s: &str) -> Result<IpNet, Invalid> {
+    let t = s.trim();
+    if let Ok(n) = t.parse::<IpNet>() {
+        return Ok(n.trunc());
+    }
+    // A bare address is accepted as a host route, as the API does.
+    t.parse::<IpAddr>()
+        .map(IpNet::from)
+        .map_err(|_| Invalid::new(format!("invalid loadBalancerSourceRange {s:?}")))
+}
+
+/// The ServicePorts of one Service for `cfg.family`.
+///
+/// Returns `Ok(vec![])` for services the proxy does not handle: headless (`clusterIP: None`),
+/// `ExternalName`, no ClusterIP of this family, or no ports. Returns `Err` for bad input; the
+/// whole Service is then skipped.
+pub fn service_ports(svc: &Service, cfg: &ProxyConfig) -> Result<Vec<ServicePort>, Invalid> {
+    let Some(spec) = svc.spec.as_ref() else {
+        return Ok(Vec::new());
+    };
+    let svc_name = ServiceName::of(svc);
+    if svc_name.name.is_empty() {
+        return Err(Invalid::new("service without a name"));
+    }
+    let type_ = spec.type_.as_deref().unwrap_or("ClusterIP");
+    match type_ {
+        "ExternalName" => return Ok(Vec::new()),
+        "ClusterIP" | "NodePort" | "LoadBalancer" => {}
+        other => return Err(Invalid::new(format!("unknown service type {other:?}"))),
+    }
+    // Cluster IPs: clusterIPs (dual-stack) or clusterIP.
+    let mut ips: Vec<&str> = spec
+        .cluster_ips
+        .as_ref()
+        .map(|v| v.iter().map(String::as_str).collect())
+        .unwrap_or_default();
+    if ips.is_empty() {
+        if let Some(ip) = spec.cluster_ip.as_deref() {
+            ips.push(ip);
+        }
+    }
+    if ips.contains(&"None") || ips.iter().all(|ip| ip.is_empty()) {
+        return Ok(Vec::new());
+    }
+    if ips.len() > 2 {
+        return Err(Invalid::new(format!("{} clusterIPs", ips.len())));
+    }
+    let mut cluster_ip = None;
+    for s in &ips {
+        let ip = parse_ip("clusterIP", s)?;
+        if Family::of(&ip) == cfg.family && cluster_ip.is_none() {
+            cluster_ip = Some(ip);
+        }
+    }
+    let Some(cluster_ip) = cluster_ip else {
+        return Ok(Vec::new());
+    };
+
+    let ports = spec.ports.as_deref().unwrap_or_default();
+    if ports.len() > MAX_PORTS_PER_SERVICE {
+        return Err(Invalid::new(format!(
+            "{} ports (max {MAX_PORTS_PER_SERVICE})",
+            ports.len()
+        )));
+    }
+
+    let ext = spec.external_ips.as_deref().unwrap_or_default();
+    let ingress: Vec<&str> = if type_ == "LoadBalancer" {
+        svc.status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|lb| lb.ingress.as_ref())
+            .map(|v| v.iter().filter_map(|i| i.ip.as_deref()).collect())
+            .unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    if ext.len() + ingress.len() > MAX_VIPS_PER_SERVICE {
+        return Err(Invalid::new(format!(
+            "{} external and load-balancer IPs (max {MAX_VIPS_PER_SERVICE})",
+            ext.len() + ingress.len()
+        )));
+    }
+    let mut external_ips = Vec::new();
+    for s in ext {
+        let ip = parse_ip("externalIP", s)?;
+        if Family::of(&ip) == cfg.family && !external_ips.contains(&ip) {
+            external_ips.push(ip);
+        }
+    }
+    let mut load_balancer_ips = Vec::new();
+    for s in ingress {
+        let ip = parse_ip("load-balancer ingress IP", s)?;
+        if Family::of(&ip) == cfg.family && !load_balancer_ips.contains(&ip) {
+            load_balancer_ips.push(ip);
+        }
+    }
+    let ranges = if type_ == "LoadBalancer" {
+        spec.load_balancer_source_ranges
+            .as_deref()
+            .unwrap_or_default()
+    } else {
+        &[]
+    };
+    if ranges.len() > MAX_SOURCE_RANGES {
+        return Err(Invalid::new(format!(
+            "{} loadBalancerSourceRanges (max {MAX_SOURCE_RANGES})",
+            ranges.len()
+        )));
+    }
+    let mut source_ranges = Vec::new();
+    for s in ranges {
+        let n = parse_cidr(s)?;
+        let fam = Family::of(&n.addr());
+        if fam == cfg.family && !source_ranges.contains(&n) {
+            source_ranges.push(n);
+        }
+    }
+    let firewall = !ranges.is_empty();
+
+    let externally = type_ == "NodePort" || type_ == "LoadBalancer";
+    let external_local = externally
+        && match spec.external_traffic_policy.as_deref() {
+            None | Some("Cluster") => false,
+            Some("Local") => true,
+            Some(o) => return Err(Invalid::new(format!("unknown externalTrafficPolicy {o:?}"))),
+        };
+    let internal_local = match spec.internal_traffic_policy.as_deref() {
+        None | Some("Cluster") => false,
+        Some("Local") => true,
+        Some(o) => return Err(Invalid::new(format!("unknown internalTrafficPolicy {o:?}"))),
+    };
+    let affinity_timeout = match spec.session_affinity.as_deref() {
+        None | Some("None") => None,
+        Some("ClientIP") => {
+            let t = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds);
+            match t {
+                None => Some(DEFAULT_AFFINITY_TIMEOUT),
+                Some(t) => match u32::try_from(t) {
+                    Ok(t) if (1..=MAX_AFFINITY_TIMEOUT).contains(&t) => Some(t),
+                    _ => return Err(Invalid::new(format!("affinity timeout {t} out of range"))),
+                },
+            }
+        }
+        Some(o) => return Err(Invalid::new(format!("unknown sessionAffinity {o:?}"))),
+    };
+    let scheduler = match svc
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SCHEDULER_ANNOTATION))
+    {
+        Some(s) if SCHEDULERS.contains(&s.as_str()) => s.clone(),
+        Some(s) => {
+            return Err(Invalid::new(format!(
+                "unknown scheduler {s:?} in annotation {SCHEDULER_ANNOTATION}"
+            )))
+        }
+        None => cfg.scheduler.clone(),
+    };
+    let health_check_node_port = match spec.health_check_node_port {
+        Some(p) if type_ == "LoadBalancer" && external_local => {
+            Some(parse_port("healthCheckNodePort", p)?)
+        }
+        _ => None,
+    };
+
+    let mut out = Vec::with_capacity(ports.len());
+    let mut seen_port = BTreeSet::new();
+    let mut seen_name = BTreeSet::new();
+    let mut seen_node_port = BTreeSet::new();
+    for p in ports {
+        let protocol = parse_protocol(p.protocol.as_deref())?;
+        let port = parse_port("port", p.port)?;
+        let port_name = p.name.clone().unwrap_or_default();
+        if !seen_port.insert((port, protocol)) {
+            return Err(Invalid::new(format!("duplicate port {port}/{protocol:?}")));
+        }
+        if !seen_name.insert(port_name.clone()) {
+            return Err(Invalid::new(format!("duplicate port name {port_name:?}")));
+        }
+        let node_port = match (externally, p.node_port) {
+            (true, Some(np)) => {
+                let np = parse_port("nodePort", np)?;
+                if !seen_node_port.insert((np, protocol)) {
+                    return Err(Invalid::new(format!(
+                        "duplicate nodePort {np}/{protocol:?}"
+                    )));
+                }
+                Some(np)
+            }
+            _ => None,
+        };
+        out.push(ServicePort {
+            name: ServicePortName {
+                namespace: svc_name.namespace.clone(),
+                name: svc_name.name.clone(),
+                port_name,
+                protocol,
+            },
+            cluster_ip,
+            port,
+            node_port,
+            external_ips: external_ips.clone(),
+            load_balancer_ips: load_balancer_ips.clone(),
+            source_ranges: source_ranges.clone(),
+            firewall,
+            external_local,
+            internal_local,
+            affinity_timeout,
+            scheduler: scheduler.clone(),
+            health_check_node_port,
+        });
+    }
+    Ok(out)
+}
+
+/// Checks an EndpointSlice as a whole: address type, sizes, addresses, ports, protocols.
+/// `FQDN` slices are not an error (they are ignored by the proxy).
+pub fn validate_slice(slice: &EndpointSlice) -> Result<(), Invalid> {
+    let fam = match slice.address_type.as_str() {
+        "IPv4" => Family::Inet,
+        "IPv6" => Family::Inet6,
+        "FQDN" => return Ok(()),
+        o => return Err(Invalid::new(format!("unknown addressType {o:?}"))),
+    };
+    if slice.endpoints.len() > MAX_ENDPOINTS_PER_SLICE {
+        return Err(Invalid::new(format!(
+            "{} endpoints (max {MAX_ENDPOINTS_PER_SLICE})",
+            slice.endpoints.len()
+        )));
+    }
+    let ports = slice.ports.as_deref().unwrap_or_default();
+    if ports.len() > MAX_PORTS_PER_SERVICE {
+        return Err(Invalid::new(format!("{} ports", ports.len())));
+    }
+    let mut seen = BTreeSet::new();
+    for p in ports {
+        let proto = parse_protocol(p.protocol.as_deref())?;
+        if let Some(n) = p.port {
+            parse_port("endpoint port", n)?;
+        }
+        let name = p.name.clone().unwrap_or_default();
+        if !seen.insert((name.clone(), proto)) {
+            return Err(Invalid::new(format!("duplicate endpoint port {name:?}")));
+        }
+    }
+    for ep in &slice.endpoints {
+        if ep.addresses.len() > 100 {
+            return Err(Invalid::new(format!(
+                "endpoint with {} addresses",
+                ep.addresses.len()
+            )));
+        }
+        for a in &ep.addresses {
+            let ip = parse_ip("endpoint address", a)?;
+            if Family::of(&ip) != fam {
+                return Err(Invalid::new(format!(
+                    "endpoint address {a} does not match addressType {}",
+                    slice.address_type
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The service a slice belongs to (namespace + `kubernetes.io/service-name` label).
+pub fn slice_service(slice: &EndpointSlice) -> Option<ServiceName> {
+    let name = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
+    if name.is_empty() {
+        return None;
+    }
+    Some(ServiceName::new(
+        slice
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_string()),
+        name.clone(),
+    ))
+}
+
+/// Endpoints of one service port merged from all slices of its service.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MergedEndpoints {
+    /// Endpoints, deduplicated by (ip, port), sorted.
+    pub endpoints: Vec<Endpoint>,
+    /// Slices skipped, by slice name, with the reason.
+    pub rejected: Vec<(String, Invalid)>,
+}
+
+/// Merges the endpoints of `port` from every slice of its service (`slices` in any order).
+///
+/// Only slices of `port`'s family are used. A slice port matches by name and protocol. An
+/// endpoint present in several slices counts once; the "best" copy wins (ready over serving
+/// over neither), so a slice mid-update never hides a ready endpoint.
+pub fn endpoints(
+    slices: &[&EndpointSlice],
+    port: &ServicePort,
+    node_name: &str,
+) -> MergedEndpoints {
+    let family = Family::of(&port.cluster_ip);
+    let want = match family {
+        Family::Inet => "IPv4",
+        Family::Inet6 => "IPv6",
+    };
+    let mut sorted: Vec<&EndpointSlice> = slices.to_vec();
+    sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let mut merged: BTreeMap<(IpAddr, u16), Endpoint> = BTreeMap::new();
+    let mut rejected = Vec::new();
+    for slice in sorted {
+        if slice.address_type != want {
+            continue;
+        }
+        let slice_name = slice.metadata.name.clone().unwrap_or_default();
+        if let Err(e) = validate_slice(slice) {
+            rejected.push((slice_name, e));
+            continue;
+        }
+        let target = slice.ports.as_deref().unwrap_or_default().iter().find(|p| {
+            p.name.as_deref().unwrap_or_default() == port.name.port_name
+                && parse_protocol(p.protocol.as_deref()).ok() == Some(port.name.protocol)
+        });
+        let Some(target) = target.and_then(|p| p.port) else {
+            continue;
+        };
+        let Ok(tport) = u16::try_from(target) else {
+            continue;
+        };
+        let mut new = Vec::new();
+        for ep in &slice.endpoints {
+            let cond = ep.conditions.as_ref();
+            let ready = cond.and_then(|c| c.ready).unwrap_or(true);
+            let serving = cond.and_then(|c| c.serving).unwrap_or(ready);
+            let terminating = cond.and_then(|c| c.terminating).unwrap_or(false);
+            let zone_hints = ep
+                .hints
+                .as_ref()
+                .and_then(|h| h.for_zones.as_ref())
+                .filter(|z| !z.is_empty())
+                .map(|z| z.iter().map(|z| z.name.clone()).collect::<BTreeSet<_>>());
+            // Only the first address counts (the API's rule for EndpointSlices).
+            let Some(ip) = ep.addresses.first().and_then(|a| a.parse::<IpAddr>().ok()) else {
+                continue;
+            };
+            new.push(Endpoint {
+                ip,
+                port: tport,
+                node_name: ep.node_name.clone(),
+                zone_hints,
+                ready,
+                serving,
+                terminating,
+                is_local: ep.node_name.as_deref() == Some(node_name) && !node_name.is_empty(),
+            });
+        }
+        let added = new
+            .iter()
+            .filter(|e| !merged.contains_key(&(e.ip, e.port)))
+            .count();
+        if merged.len() + added > MAX_ENDPOINTS_PER_SERVICE_PORT {
+            rejected.push((
+                slice_name,
+                Invalid::new(format!(
+                    "service port would exceed {MAX_ENDPOINTS_PER_SERVICE_PORT} endpoints"
+                )),
+            ));
+            continue;
+        }
+        for e in new {
+            let rank = |e: &Endpoint| (e.ready, e.serving);
+            match merged.get(&(e.ip, e.port)) {
+                Some(old) if rank(old) >= rank(&e) => {}
+                _ => {
+                    merged.insert((e.ip, e.port), e);
+                }
+            }
+        }
+    }
+    MergedEndpoints {
+        endpoints: merged.into_values().collect(),
+        rejected,
+    }
+}
+
+/// The endpoints each kind of virtual server of a service port uses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SelectedEndpoints {
+    /// Real servers of the ClusterIP virtual server (internalTrafficPolicy applied).
+    pub cluster: Vec<Endpoint>,
+    /// Real servers of the external virtual servers: externalIPs, load-balancer IPs, NodePorts
+    /// (externalTrafficPolicy applied).
+    pub external: Vec<Endpoint>,
+    /// Local endpoints (for the health-check node port and hairpin entries).
+    pub local: Vec<Endpoint>,
+}
+
+/// True when topology hints may be used: the node has a zone, every ready endpoint has zone
+/// hints, and at least one is hinted for this zone.
+fn use_topology(eps: &[Endpoint], zone: Option<&str>) -> bool {
+    let Some(zone) = zone else { return false };
+    let mut for_zone = false;
+    for e in eps.iter().filter(|e| e.ready) {
+        match &e.zone_hints {
+            None => return false,
+            Some(z) => for_zone |= z.contains(zone),
+        }
+    }
+    for_zone
+}
+
+/// Kubernetes' endpoint selection for one service port.
+///
+/// - Cluster endpoints: ready ones (restricted to this zone's hinted ones when topology
+///   applies); if none, serving-and-terminating ones.
+/// - Local endpoints: ready local ones; if none, serving-and-terminating local ones.
+/// - ClusterIP uses local endpoints with internalTrafficPolicy Local, else cluster endpoints.
+///   External VIPs use local endpoints with externalTrafficPolicy Local, else cluster endpoints.
+///   An empty local set stays empty (traffic is dropped), unlike upstream IPVS (k/k#97081).
+pub fn select_endpoints(
+    port: &ServicePort,
+    eps: &[Endpoint],
+    zone: Option<&str>,
+) -> SelectedEndpoints {
+    let topo = use_topology(eps, zone);
+    let mut cluster: Vec<Endpoint> = eps
+        .iter()
+        .filter(|e| e.ready)
+        .filter(|e| {
+            !topo
+                || e.zone_hints
+                    .as_ref()
+                    .is_some_and(|z| zone.is_some_and(|zn| z.contains(zn)))
+        })
+        .cloned()
+        .collect();
+    if cluster.is_empty() {
+        cluster = eps
+            .iter()
+            .filter(|e| e.serving && e.terminating)
+            .cloned()
+            .collect();
+    }
+    let mut local: Vec<Endpoint> = eps
+        .iter()
+        .filter(|e| e.is_local && e.ready)
+        .cloned()
+        .collect();
+    if local.is_empty() {
+        local = eps
+            .iter()
+            .filter(|e| e.is_local && e.serving && e.terminating)
+            .cloned()
+            .collect();
+    }
+    SelectedEndpoints {
+        cluster: if port.internal_local {
+            local.clone()
+        } else {
+            cluster.clone()
+        },
+        external: if port.external_local {
+            local.clone()
+        } else {
+            cluster
+        },
+        local,
+    }
+}
+
+/// Remembers rejected objects so each reason is logged once and counted once.
+#[derive(Debug, Default, Clone)]
+pub struct Rejections {
+    current: HashMap<String, Invalid>,
+    total: u64,
+}
+
+impl Rejections {
+    /// Records that `key` (e.g. `service ns/name`, `slice ns/name`) is rejected for `why`.
+    /// Returns true (and counts it) when this is new or the reason changed: log it then.
+    pub fn reject(&mut self, key: &str, why: &Invalid) -> bool {
+        if self.current.get(key) == Some(why) {
+            return false;
+        }
+        self.current.insert(key.to_string(), why.clone());
+        self.total += 1;
+        tracing::warn!(object = key, reason = %why, "skipping invalid object");
+        true
+    }
+
+    /// Records that `key` is valid again (or deleted).
+    pub fn clear(&mut self, key: &str) {
+        self.current.remove(key);
+    }
+
+    /// Objects currently rejected.
+    pub fn current(&self) -> usize {
+        self.current.len()
+    }
+
+    /// Rejections counted since start (a metric).
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// The current reason for `key`, if rejected.
+    pub fn reason(&self, key: &str) -> Option<&Invalid> {
+        self.current.get(key)
+    }
+}

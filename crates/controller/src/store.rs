@@ -1,0 +1,286 @@
+//! The store: the current Services, EndpointSlices (grouped by service) and this node's Node,
+//! fed by [`SourceEvent`]s. Pure.
+//!
+//! Every event returns a [`Changes`]: the services whose desired state may have changed
+//! ("dirty": the Service changed, or one of its slices did) and whether the node's zone or
+//! addresses changed. An object re-announced unchanged (a relist, a resync) dirties nothing.
+//! Relists follow [`crate::source`]'s contract: between `Init(kind)` and `InitDone(kind)`
+//! every existing object is re-announced; those that are not are deleted at `InitDone`.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use crate::model::{slice_service, ServiceName, ZONE_LABEL};
+use crate::source::{Kind, Object, SourceEvent};
+
+/// Namespace/name of a stored object.
+type ObjKey = (String, String);
+
+fn obj_key(ns: Option<&String>, name: Option<&String>) -> ObjKey {
+    (
+        ns.cloned().unwrap_or_else(|| "default".to_string()),
+        name.cloned().unwrap_or_default(),
+    )
+}
+
+/// What one event changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Services to re-derive.
+    pub dirty: BTreeSet<ServiceName>,
+    /// The node's zone label or addresses changed.
+    pub node_changed: bool,
+}
+
+impl Changes {
+    /// True when nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.dirty.is_empty() && !self.node_changed
+    }
+
+    /// Adds another event's changes.
+    pub fn merge(&mut self, other: Changes) {
+        self.dirty.extend(other.dirty);
+        self.node_changed |= other.node_changed;
+    }
+}
+
+/// Current objects, as the sources report them.
+#[derive(Debug, Default, Clone)]
+pub struct Store {
+    services: HashMap<ServiceName, Service>,
+    slices: HashMap<ObjKey, EndpointSlice>,
+    by_service: HashMap<ServiceName, BTreeSet<ObjKey>>,
+    node: Option<Node>,
+    relisting: HashMap<Kind, HashSet<ObjKey>>,
+    synced: HashSet<Kind>,
+}
+
+/// The node facts that matter to the model: zone label and status addresses.
+fn node_facts(n: Option<&Node>) -> (Option<String>, Vec<(String, String)>) {
+    let zone = n
+        .and_then(|n| n.metadata.labels.as_ref())
+        .and_then(|l| l.get(ZONE_LABEL))
+        .cloned();
+    let addrs = n
+        .and_then(|n| n.status.as_ref())
+        .and_then(|s| s.addresses.as_ref())
+        .map(|v| {
+            v.iter()
+                .map(|a| (a.type_.clone(), a.address.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    (zone, addrs)
+}
+
+impl Store {
+    /// An empty store.
+    pub fn new() -> Store {
+        Store::default()
+    }
+
+    /// True once Services and EndpointSlices have each completed a first list: nothing may be
+    /// programmed before.
+    pub fn synced(&self) -> bool {
+        self.synced.contains(&Kind::Service) && self.synced.contains(&Kind::EndpointSlice)
+    }
+
+    /// True once `kind` has completed a first list.
+    pub fn kind_synced(&self, kind: Kind) -> bool {
+        self.synced.contains(&kind)
+    }
+
+    /// A Service by name.
+    pub fn service(&self, name: &ServiceName) -> Option<&Service> {
+        self.services.get(name)
+    }
+
+    /// All service names.
+    pub fn service_names(&self) -> impl Iterator<Item = &ServiceName> {
+        self.services.keys()
+    }
+
+    /// Number of Services.
+    pub fn service_count(&self) -> usize {
+        self.services.len()
+    }
+
+    /// Number of EndpointSlices.
+    pub fn slice_count(&self) -> usize {
+        self.slices.len()
+    }
+
+    /// The EndpointSlices of a service (label `kubernetes.io/service-name`, same namespace).
+    pub fn slices_of(&self, name: &ServiceName) -> Vec<&EndpointSlice> {
+        self.by_service
+            .get(name)
+            .map(|keys| keys.iter().filter_map(|k| self.slices.get(k)).collect())
+            .unwrap_or_default()
+    }
+
+    /// This node's Node object, if seen.
+    pub fn node(&self) -> Option<&Node> {
+        self.node.as_ref()
+    }
+
+    /// Applies one event.
+    pub fn apply(&mut self, ev: SourceEvent) -> Changes {
+        match ev {
+            SourceEvent::Init(kind) => {
+                self.relisting.insert(kind, HashSet::new());
+                Changes::default()
+            }
+            SourceEvent::InitApply(obj) => {
+                let kind = kind_of(&obj);
+                let key = key_of(&obj);
+                if let Some(seen) = self.relisting.get_mut(&kind) {
+                    seen.insert(key);
+                }
+                self.upsert(obj)
+            }
+            SourceEvent::Apply(obj) => self.upsert(obj),
+            SourceEvent::Delete(obj) => {
+                let key = key_of(&obj);
+                self.remove(kind_of(&obj), &key)
+            }
+            SourceEvent::InitDone(kind) => {
+                let seen = self.relisting.remove(&kind);
+                let mut ch = Changes::default();
+                if let Some(seen) = seen {
+                    let gone: Vec<ObjKey> = match kind {
+                        Kind::Service => self
+                            .services
+                            .keys()
+                            .map(|n| (n.namespace.clone(), n.name.clone()))
+                            .filter(|k| !seen.contains(k))
+                            .collect(),
+                        Kind::EndpointSlice => self
+                            .slices
+                            .keys()
+                            .filter(|k| !seen.contains(*k))
+                            .cloned()
+                            .collect(),
+                        Kind::Node => {
+                            if seen.is_empty() && self.node.is_some() {
+                                vec![(String::new(), String::new())]
+                            } else {
+                                Vec::new()
+                            }
+                        }
+                    };
+                    for k in gone {
+                        ch.merge(self.remove(kind, &k));
+                    }
+                }
+                self.synced.insert(kind);
+                ch
+            }
+        }
+    }
+
+    fn upsert(&mut self, obj: Object) -> Changes {
+        let mut ch = Changes::default();
+        match obj {
+            Object::Service(svc) => {
+                let name = ServiceName::of(&svc);
+                if self.services.get(&name) != Some(&*svc) {
+                    self.services.insert(name.clone(), *svc);
+                    ch.dirty.insert(name);
+                }
+            }
+            Object::EndpointSlice(slice) => {
+                let key = obj_key(
+                    slice.metadata.namespace.as_ref(),
+                    slice.metadata.name.as_ref(),
+                );
+                let old = self.slices.get(&key);
+                if old == Some(&*slice) {
+                    return ch;
+                }
+                let old_svc = old.and_then(slice_service);
+                let new_svc = slice_service(&slice);
+                if let Some(o) = &old_svc {
+                    if Some(o) != new_svc.as_ref() {
+                        self.unlink(o, &key);
+                    }
+                    ch.dirty.insert(o.clone());
+                }
+                if let Some(n) = &new_svc {
+                    self.by_service
+                        .entry(n.clone())
+                        .or_default()
+                        .insert(key.clone());
+                    ch.dirty.insert(n.clone());
+                }
+                self.slices.insert(key, *slice);
+            }
+            Object::Node(node) => {
+                let before = node_facts(self.node.as_ref());
+                let after = node_facts(Some(&node));
+                self.node = Some(*node);
+                ch.node_changed = before != after;
+            }
+        }
+        ch
+    }
+
+    fn unlink(&mut self, svc: &ServiceName, key: &ObjKey) {
+        if let Some(set) = self.by_service.get_mut(svc) {
+            set.remove(key);
+            if set.is_empty() {
+                self.by_service.remove(svc);
+            }
+        }
+    }
+
+    fn remove(&mut self, kind: Kind, key: &ObjKey) -> Changes {
+        let mut ch = Changes::default();
+        match kind {
+            Kind::Service => {
+                let name = ServiceName::new(key.0.clone(), key.1.clone());
+                if self.services.remove(&name).is_some() {
+                    ch.dirty.insert(name);
+                }
+            }
+            Kind::EndpointSlice => {
+                if let Some(old) = self.slices.remove(key) {
+                    if let Some(svc) = slice_service(&old) {
+                        self.unlink(&svc, key);
+                        ch.dirty.insert(svc);
+                    }
+                }
+            }
+            Kind::Node => {
+                let before = node_facts(self.node.as_ref());
+                self.node = None;
+                ch.node_changed = before != node_facts(None);
+            }
+        }
+        ch
+    }
+}
+
+fn kind_of(obj: &Object) -> Kind {
+    match obj {
+        Object::Service(_) => Kind::Service,
+        Object::EndpointSlice(_) => Kind::EndpointSlice,
+        Object::Node(_) => Kind::Node,
+    }
+}
+
+fn key_of(obj: &Object) -> ObjKey {
+    match obj {
+        Object::Service(s) => {
+            let n = ServiceName::of(s);
+            (n.namespace, n.name)
+        }
+        Object::EndpointSlice(s) => {
+            obj_key(s.metadata.namespace.as_ref(), s.metadata.name.as_ref())
+        }
+        // One node only: its key is fixed.
+        Object::Node(_) => (String::new(), String::new()),
+    }
+}
