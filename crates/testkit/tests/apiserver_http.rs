@@ -1,0 +1,745 @@
+//! Raw-HTTP tests of the fake API server: list, watch streams, bookmarks, 410, selectors,
+//! pagination, REST writes, fault injection. A minimal HTTP/1.1 client decodes the chunked
+//! encoding by hand, so the wire format itself is under test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use testkit::apiserver::FakeApiServer;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+/// A response being read off the wire.
+struct Resp {
+    status: u16,
+    headers: Vec<(String, String)>,
+    reader: BufReader<TcpStream>,
+    buf: Vec<u8>,
+    done: bool,
+}
+
+/// How a watch stream ended.
+#[derive(Debug, PartialEq)]
+enum End {
+    /// Terminating zero-length chunk.
+    Clean,
+    /// Connection closed mid-body.
+    Aborted,
+}
+
+async fn request(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> Resp {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let body = body
+        .map(|b| serde_json::to_vec(b).unwrap())
+        .unwrap_or_default();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: fake\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(&body).await.unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line).await.unwrap();
+    let status: u16 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        reader.read_line(&mut line).await.unwrap();
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        let (k, v) = l.split_once(':').unwrap();
+        headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+    }
+    Resp {
+        status,
+        headers,
+        reader,
+        buf: Vec::new(),
+        done: false,
+    }
+}
+
+impl Resp {
+    fn header(&self, k: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(h, _)| h == k)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Read one chunk into the buffer; Ok(false) at the terminating chunk.
+    async fn read_chunk(&mut self) -> Result<bool, End> {
+        let mut size = String::new();
+        match self.reader.read_line(&mut size).await {
+            Ok(0) | Err(_) => return Err(End::Aborted),
+            Ok(_) => {}
+        }
+        let n = usize::from_str_radix(size.trim(), 16).map_err(|_| End::Aborted)?;
+        if n == 0 {
+            return Ok(false);
+        }
+        let mut data = vec![0u8; n + 2];
+        self.reader
+            .read_exact(&mut data)
+            .await
+            .map_err(|_| End::Aborted)?;
+        self.buf.extend_from_slice(&data[..n]);
+        Ok(true)
+    }
+
+    /// Next JSON line of a chunked (watch) body.
+    async fn next_event(&mut self) -> Result<Value, End> {
+        loop {
+            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=pos).collect();
+                return Ok(serde_json::from_slice(&line).unwrap());
+            }
+            if self.done {
+                return Err(End::Clean);
+            }
+            if !self.read_chunk().await? {
+                self.done = true;
+            }
+        }
+    }
+
+    /// Next non-BOOKMARK event.
+    async fn next_change(&mut self) -> Result<Value, End> {
+        loop {
+            let ev = self.next_event().await?;
+            if ev["type"] != "BOOKMARK" {
+                return Ok(ev);
+            }
+        }
+    }
+
+    /// The whole body as JSON.
+    async fn json(mut self) -> Value {
+        if self.header("transfer-encoding") == Some("chunked") {
+            while self.read_chunk().await.unwrap() {}
+            serde_json::from_slice(&self.buf).unwrap()
+        } else {
+            let n: usize = self.header("content-length").unwrap().parse().unwrap();
+            let mut data = vec![0u8; n];
+            self.reader.read_exact(&mut data).await.unwrap();
+            serde_json::from_slice(&data).unwrap()
+        }
+    }
+}
+
+async fn get_json(addr: SocketAddr, path: &str) -> (u16, Value) {
+    let r = request(addr, "GET", path, None).await;
+    let s = r.status;
+    (s, r.json().await)
+}
+
+fn svc(ns: &str, name: &str, labels: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": ns, "labels": labels},
+        "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 80, "protocol": "TCP"}]}
+    })
+}
+
+fn rv_of(v: &Value) -> u64 {
+    v["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+async fn server() -> FakeApiServer {
+    let s = FakeApiServer::start().await.unwrap();
+    // Tests that want bookmarks ask for them explicitly.
+    s.set_bookmark_interval(None);
+    s
+}
+
+#[tokio::test]
+async fn create_get_list_and_status_errors() {
+    let s = server().await;
+    let a = s.addr();
+    let r = request(
+        a,
+        "POST",
+        "/api/v1/namespaces/web/services",
+        Some(&svc("ignored", "front", json!({}))),
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    let created = r.json().await;
+    assert_eq!(
+        created["metadata"]["namespace"], "web",
+        "namespace comes from the path"
+    );
+    assert!(!created["metadata"]["uid"].as_str().unwrap().is_empty());
+    assert!(created["metadata"]["creationTimestamp"]
+        .as_str()
+        .unwrap()
+        .ends_with('Z'));
+    let rv = rv_of(&created);
+    assert_eq!(rv, s.resource_version());
+
+    let (code, got) = get_json(a, "/api/v1/namespaces/web/services/front").await;
+    assert_eq!(code, 200);
+    assert_eq!(got, created);
+
+    let (code, list) = get_json(a, "/api/v1/services").await;
+    assert_eq!(code, 200);
+    assert_eq!(list["kind"], "ServiceList");
+    assert_eq!(list["metadata"]["resourceVersion"], rv.to_string());
+    assert_eq!(list["items"].as_array().unwrap().len(), 1);
+    assert!(
+        list["items"][0].get("kind").is_none(),
+        "list items carry no kind, like the real server"
+    );
+
+    // Duplicate create → 409 AlreadyExists Status.
+    let r = request(
+        a,
+        "POST",
+        "/api/v1/namespaces/web/services",
+        Some(&svc("web", "front", json!({}))),
+    )
+    .await;
+    assert_eq!(r.status, 409);
+    let st = r.json().await;
+    assert_eq!(
+        (
+            st["kind"].as_str(),
+            st["reason"].as_str(),
+            st["code"].as_u64()
+        ),
+        (Some("Status"), Some("AlreadyExists"), Some(409))
+    );
+
+    // Missing object → 404 NotFound; unknown resource → 404; bad selector → 400.
+    let (code, st) = get_json(a, "/api/v1/namespaces/web/services/nope").await;
+    assert_eq!((code, st["reason"].as_str()), (404, Some("NotFound")));
+    let (code, _) = get_json(a, "/api/v1/pods").await;
+    assert_eq!(code, 404);
+    let (code, st) = get_json(a, "/api/v1/services?labelSelector=a%20in%20(b").await;
+    assert_eq!((code, st["reason"].as_str()), (400, Some("BadRequest")));
+
+    // Stale update → 409 Conflict; fresh update bumps rv; delete returns last state.
+    let mut stale = created.clone();
+    stale["metadata"]["resourceVersion"] = json!("1");
+    let r = request(
+        a,
+        "PUT",
+        "/api/v1/namespaces/web/services/front",
+        Some(&stale),
+    )
+    .await;
+    assert_eq!(r.status, 409);
+    let mut upd = created.clone();
+    upd["spec"]["ports"][0]["port"] = json!(8080);
+    let r = request(
+        a,
+        "PUT",
+        "/api/v1/namespaces/web/services/front",
+        Some(&upd),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let updated = r.json().await;
+    assert!(rv_of(&updated) > rv);
+    assert_eq!(updated["metadata"]["uid"], created["metadata"]["uid"]);
+    let r = request(
+        a,
+        "PATCH",
+        "/api/v1/namespaces/web/services/front",
+        Some(&json!({"metadata": {"labels": {"x": "y"}}})),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json().await["metadata"]["labels"]["x"], "y");
+    let r = request(a, "DELETE", "/api/v1/namespaces/web/services/front", None).await;
+    assert_eq!(r.status, 200);
+    let (code, _) = get_json(a, "/api/v1/namespaces/web/services/front").await;
+    assert_eq!(code, 404);
+    assert!(s.count_requests(|r| r.method == "DELETE" && r.status == 200) == 1);
+}
+
+#[tokio::test]
+async fn label_selectors_filter_lists() {
+    let s = server().await;
+    let a = s.addr();
+    for (name, labels) in [
+        ("plain", json!({"app": "a"})),
+        ("headless", json!({"service.kubernetes.io/headless": ""})),
+        (
+            "other-proxy",
+            json!({"service.kubernetes.io/service-proxy-name": "foo"}),
+        ),
+        ("tiered", json!({"tier": "db", "app": "b"})),
+    ] {
+        let r = request(
+            a,
+            "POST",
+            "/api/v1/namespaces/default/services",
+            Some(&svc("default", name, labels)),
+        )
+        .await;
+        assert_eq!(r.status, 201);
+    }
+    let names = |v: &Value| -> Vec<String> {
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let sel = "%21service.kubernetes.io%2Fservice-proxy-name%2C%21service.kubernetes.io%2Fheadless";
+    let (_, l) = get_json(a, &format!("/api/v1/services?labelSelector={sel}")).await;
+    assert_eq!(names(&l), ["plain", "tiered"]);
+    let (_, l) = get_json(
+        a,
+        "/api/v1/services?labelSelector=app%20in%20(a%2Cb)%2Ctier%21%3Ddb",
+    )
+    .await;
+    assert_eq!(names(&l), ["plain"]);
+    let (_, l) = get_json(a, "/api/v1/namespaces/default/services?labelSelector=tier").await;
+    assert_eq!(names(&l), ["tiered"]);
+    let (_, l) = get_json(a, "/api/v1/namespaces/other/services").await;
+    assert_eq!(names(&l), Vec::<String>::new());
+    let (_, l) = get_json(a, "/api/v1/services?fieldSelector=metadata.name%3Dheadless").await;
+    assert_eq!(names(&l), ["headless"]);
+}
+
+#[tokio::test]
+async fn pagination_is_a_consistent_snapshot_and_expires_on_compaction() {
+    let s = server().await;
+    let a = s.addr();
+    for i in 0..7 {
+        s.create(
+            &serde_json::from_value::<Service>(svc("default", &format!("s{i}"), json!({})))
+                .unwrap(),
+        )
+        .unwrap();
+    }
+    let (code, p1) = get_json(a, "/api/v1/services?limit=3").await;
+    assert_eq!(code, 200);
+    assert_eq!(p1["items"].as_array().unwrap().len(), 3);
+    assert_eq!(p1["metadata"]["remainingItemCount"], 4);
+    let snapshot_rv = p1["metadata"]["resourceVersion"].clone();
+    // Writes between pages do not show up in later pages: the list is a snapshot.
+    s.create(&serde_json::from_value::<Service>(svc("default", "s9-late", json!({}))).unwrap())
+        .unwrap();
+    s.delete::<Service>("default", "s5").unwrap();
+    let mut names: Vec<String> = p1["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap().into())
+        .collect();
+    let mut token = p1["metadata"]["continue"].as_str().unwrap().to_string();
+    loop {
+        let (code, p) = get_json(a, &format!("/api/v1/services?limit=3&continue={token}")).await;
+        assert_eq!(code, 200);
+        assert_eq!(p["metadata"]["resourceVersion"], snapshot_rv);
+        names.extend(
+            p["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["metadata"]["name"].as_str().unwrap().to_string()),
+        );
+        match p["metadata"]["continue"].as_str() {
+            Some(t) => token = t.to_string(),
+            None => break,
+        }
+    }
+    assert_eq!(names, ["s0", "s1", "s2", "s3", "s4", "s5", "s6"]);
+    // A fresh list sees the new state.
+    let (_, now) = get_json(a, "/api/v1/services").await;
+    assert_eq!(now["items"].as_array().unwrap().len(), 7);
+    // After compaction the old continue token is 410 Expired.
+    let (_, p1) = get_json(a, "/api/v1/services?limit=2").await;
+    s.create(&serde_json::from_value::<Service>(svc("default", "s10", json!({}))).unwrap())
+        .unwrap();
+    s.compact();
+    let token = p1["metadata"]["continue"].as_str().unwrap();
+    let (code, st) = get_json(a, &format!("/api/v1/services?limit=2&continue={token}")).await;
+    assert_eq!(
+        (code, st["reason"].as_str(), st["code"].as_u64()),
+        (410, Some("Expired"), Some(410))
+    );
+    // resourceVersion=0 is served from the "cache": limit ignored.
+    let (_, all) = get_json(a, "/api/v1/services?limit=2&resourceVersion=0").await;
+    assert_eq!(all["items"].as_array().unwrap().len(), 8);
+}
+
+#[tokio::test]
+async fn watch_streams_changes_with_label_transitions_and_bookmarks() {
+    let s = server().await;
+    let a = s.addr();
+    s.create(&serde_json::from_value::<Service>(svc("default", "before", json!({}))).unwrap())
+        .unwrap();
+    let (_, list) = get_json(a, "/api/v1/services").await;
+    let rv = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let sel = "%21service.kubernetes.io%2Fheadless";
+    let mut w = request(a, "GET", &format!("/api/v1/services?watch=1&allowWatchBookmarks=true&labelSelector={sel}&resourceVersion={rv}"), None).await;
+    assert_eq!(w.status, 200);
+    assert_eq!(w.header("transfer-encoding"), Some("chunked"));
+
+    let created = s
+        .create(&serde_json::from_value::<Service>(svc("default", "x", json!({}))).unwrap())
+        .unwrap();
+    let ev = w.next_change().await.unwrap();
+    assert_eq!(
+        (
+            ev["type"].as_str(),
+            ev["object"]["metadata"]["name"].as_str()
+        ),
+        (Some("ADDED"), Some("x"))
+    );
+    assert_eq!(ev["object"]["kind"], "Service");
+    let rv1 = rv_of(&ev["object"]);
+
+    let mut m = created.clone();
+    m.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 81;
+    s.update(&m).unwrap();
+    let ev = w.next_change().await.unwrap();
+    assert_eq!(ev["type"], "MODIFIED");
+    assert!(rv_of(&ev["object"]) > rv1);
+
+    // Becoming headless leaves the selector: DELETED; losing the label again: ADDED.
+    let mut h = s.get::<Service>("default", "x").unwrap();
+    h.metadata.labels =
+        Some([("service.kubernetes.io/headless".to_string(), String::new())].into());
+    let h = s.update(&h).unwrap();
+    assert_eq!(w.next_change().await.unwrap()["type"], "DELETED");
+    let mut back = h.clone();
+    back.metadata.labels = None;
+    s.update(&back).unwrap();
+    assert_eq!(w.next_change().await.unwrap()["type"], "ADDED");
+
+    // A bookmark carries kind, apiVersion and the current resourceVersion only.
+    s.send_bookmarks();
+    let bm = w.next_event().await.unwrap();
+    assert_eq!(bm["type"], "BOOKMARK");
+    assert_eq!(bm["object"]["kind"], "Service");
+    assert_eq!(bm["object"]["apiVersion"], "v1");
+    assert_eq!(rv_of(&bm["object"]), s.resource_version());
+    assert!(bm["object"].get("spec").is_none());
+
+    s.delete::<Service>("default", "x").unwrap();
+    let ev = w.next_change().await.unwrap();
+    assert_eq!(ev["type"], "DELETED");
+    assert_eq!(
+        rv_of(&ev["object"]),
+        s.resource_version(),
+        "DELETED carries the deletion rv"
+    );
+    assert_eq!(s.open_watches(), 1);
+    assert_eq!(s.close_watches(), 1);
+    assert_eq!(w.next_event().await, Err(End::Clean));
+}
+
+#[tokio::test]
+async fn watch_without_bookmarks_gets_none() {
+    let s = server().await;
+    let mut w = request(
+        s.addr(),
+        "GET",
+        "/api/v1/services?watch=true&resourceVersion=1",
+        None,
+    )
+    .await;
+    s.send_bookmarks();
+    s.create(&serde_json::from_value::<Service>(svc("default", "y", json!({}))).unwrap())
+        .unwrap();
+    assert_eq!(w.next_event().await.unwrap()["type"], "ADDED");
+}
+
+#[tokio::test]
+async fn watch_replays_history_and_410s_when_compacted() {
+    let s = server().await;
+    let a = s.addr();
+    let start = s.resource_version();
+    s.create(&serde_json::from_value::<Service>(svc("default", "a", json!({}))).unwrap())
+        .unwrap();
+    s.delete::<Service>("default", "a").unwrap();
+    // Resume from before the changes: both are replayed in order.
+    let mut w = request(
+        a,
+        "GET",
+        &format!("/api/v1/services?watch=1&resourceVersion={start}"),
+        None,
+    )
+    .await;
+    assert_eq!(w.next_event().await.unwrap()["type"], "ADDED");
+    assert_eq!(w.next_event().await.unwrap()["type"], "DELETED");
+    drop(w);
+
+    s.compact();
+    let mut w = request(
+        a,
+        "GET",
+        &format!("/api/v1/services?watch=1&resourceVersion={start}"),
+        None,
+    )
+    .await;
+    assert_eq!(
+        w.status, 200,
+        "like the real server, the 410 arrives as a watch event"
+    );
+    let ev = w.next_event().await.unwrap();
+    assert_eq!(ev["type"], "ERROR");
+    assert_eq!(ev["object"]["kind"], "Status");
+    assert_eq!(ev["object"]["code"], 410);
+    assert_eq!(ev["object"]["reason"], "Expired");
+    assert!(ev["object"]["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("too old resource version"));
+    assert_eq!(w.next_event().await, Err(End::Clean));
+
+    // Resuming from the compaction point itself is fine.
+    let now = s.resource_version();
+    let mut w = request(
+        a,
+        "GET",
+        &format!("/api/v1/services?watch=1&resourceVersion={now}"),
+        None,
+    )
+    .await;
+    s.create(&serde_json::from_value::<Service>(svc("default", "b", json!({}))).unwrap())
+        .unwrap();
+    assert_eq!(w.next_event().await.unwrap()["type"], "ADDED");
+
+    // expire_watches sends a 410 ERROR to open watches.
+    assert_eq!(s.expire_watches(), 1);
+    assert_eq!(w.next_event().await.unwrap()["object"]["code"], 410);
+    assert_eq!(w.next_event().await, Err(End::Clean));
+}
+
+#[tokio::test]
+async fn watch_initial_events_and_streaming_list() {
+    let s = server().await;
+    let a = s.addr();
+    for n in ["a", "b"] {
+        s.create(&serde_json::from_value::<Service>(svc("default", n, json!({}))).unwrap())
+            .unwrap();
+    }
+    // No resourceVersion: synthetic ADDED for the current state.
+    let mut w = request(a, "GET", "/api/v1/services?watch=1", None).await;
+    assert_eq!(
+        w.next_event().await.unwrap()["object"]["metadata"]["name"],
+        "a"
+    );
+    assert_eq!(
+        w.next_event().await.unwrap()["object"]["metadata"]["name"],
+        "b"
+    );
+    // Streaming list: ADDED..., then a bookmark annotated initial-events-end.
+    let mut w = request(a, "GET", "/api/v1/services?watch=true&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&resourceVersion=0", None).await;
+    assert_eq!(w.next_event().await.unwrap()["type"], "ADDED");
+    assert_eq!(w.next_event().await.unwrap()["type"], "ADDED");
+    let bm = w.next_event().await.unwrap();
+    assert_eq!(bm["type"], "BOOKMARK");
+    assert_eq!(
+        bm["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
+    assert_eq!(rv_of(&bm["object"]), s.resource_version());
+    // sendInitialEvents without bookmarks is invalid.
+    let r = request(
+        a,
+        "GET",
+        "/api/v1/services?watch=true&sendInitialEvents=true",
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 422);
+}
+
+#[tokio::test]
+async fn drop_close_and_timeout_end_watches_differently() {
+    let s = server().await;
+    let a = s.addr();
+    let mut w1 = request(a, "GET", "/api/v1/services?watch=1&resourceVersion=1", None).await;
+    let mut w2 = request(
+        a,
+        "GET",
+        "/apis/discovery.k8s.io/v1/endpointslices?watch=1&resourceVersion=1",
+        None,
+    )
+    .await;
+    let mut w3 = request(
+        a,
+        "GET",
+        "/api/v1/nodes?watch=1&resourceVersion=1&timeoutSeconds=1",
+        None,
+    )
+    .await;
+    while s.open_watches() < 3 {
+        tokio::task::yield_now().await;
+    }
+    // Dropping aborts the connections mid-body (no terminating chunk).
+    assert_eq!(s.drop_watches(), 3);
+    assert_eq!(w1.next_event().await, Err(End::Aborted));
+    assert_eq!(w2.next_event().await, Err(End::Aborted));
+    assert_eq!(w3.next_event().await, Err(End::Aborted));
+    // timeoutSeconds ends the stream cleanly.
+    let mut w4 = request(
+        a,
+        "GET",
+        "/api/v1/nodes?watch=1&resourceVersion=1&timeoutSeconds=1",
+        None,
+    )
+    .await;
+    assert_eq!(w4.next_event().await, Err(End::Clean));
+    assert_eq!(s.open_watches(), 0);
+}
+
+#[tokio::test]
+async fn nodes_by_name_and_field_selector_watch() {
+    let s = server().await;
+    let a = s.addr();
+    for n in ["node-a", "node-b"] {
+        s.create(
+            &serde_json::from_value::<Node>(
+                json!({"metadata": {"name": n, "labels": {"topology.kubernetes.io/zone": "z1"}}}),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+    }
+    let (code, n) = get_json(a, "/api/v1/nodes/node-a").await;
+    assert_eq!(code, 200);
+    assert!(n["metadata"].get("namespace").is_none());
+    let (code, _) = get_json(a, "/api/v1/namespaces/default/nodes/node-a").await;
+    assert_eq!(code, 404);
+    let (_, l) = get_json(a, "/api/v1/nodes?fieldSelector=metadata.name%3Dnode-b").await;
+    assert_eq!(l["items"].as_array().unwrap().len(), 1);
+    let rv = l["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut w = request(
+        a,
+        "GET",
+        &format!("/api/v1/nodes?watch=1&fieldSelector=metadata.name%3Dnode-b&resourceVersion={rv}"),
+        None,
+    )
+    .await;
+    let mut na = s.get::<Node>("", "node-a").unwrap();
+    na.metadata.labels = None;
+    s.update(&na).unwrap();
+    let mut nb = s.get::<Node>("", "node-b").unwrap();
+    nb.metadata.labels =
+        Some([("topology.kubernetes.io/zone".to_string(), "z2".to_string())].into());
+    s.update(&nb).unwrap();
+    let ev = w.next_event().await.unwrap();
+    assert_eq!(
+        (
+            ev["type"].as_str(),
+            ev["object"]["metadata"]["name"].as_str()
+        ),
+        (Some("MODIFIED"), Some("node-b"))
+    );
+    // Deletion with a finalizer: MODIFIED with deletionTimestamp, then DELETED when cleared.
+    nb = s.get::<Node>("", "node-b").unwrap();
+    nb.metadata.finalizers = Some(vec!["test/keep".into()]);
+    s.update(&nb).unwrap();
+    assert_eq!(w.next_event().await.unwrap()["type"], "MODIFIED");
+    s.delete::<Node>("", "node-b").unwrap();
+    let ev = w.next_event().await.unwrap();
+    assert_eq!(ev["type"], "MODIFIED");
+    assert!(ev["object"]["metadata"]["deletionTimestamp"].is_string());
+    let mut nb = s.get::<Node>("", "node-b").unwrap();
+    nb.metadata.finalizers = None;
+    s.update(&nb).unwrap();
+    assert_eq!(w.next_event().await.unwrap()["type"], "DELETED");
+    assert!(s.get::<Node>("", "node-b").is_none());
+}
+
+#[tokio::test]
+async fn pause_refuses_connections_until_resume() {
+    let s = server().await;
+    let a = s.addr();
+    let mut w = request(a, "GET", "/api/v1/services?watch=1&resourceVersion=1", None).await;
+    s.pause();
+    assert!(s.is_paused());
+    assert!(w.next_event().await.is_err());
+    let err = TcpStream::connect(a).await.unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
+    s.create(
+        &serde_json::from_value::<Service>(svc("default", "during-pause", json!({}))).unwrap(),
+    )
+    .unwrap();
+    s.resume().unwrap();
+    let (code, l) = get_json(a, "/api/v1/services").await;
+    assert_eq!(code, 200);
+    assert_eq!(l["items"][0]["metadata"]["name"], "during-pause");
+}
+
+#[tokio::test]
+async fn events_are_recorded() {
+    let s = server().await;
+    let a = s.addr();
+    let ev = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "e1"}, "reason": "Synced", "note": "hello", "eventTime": "2024-01-01T00:00:00.000000Z"});
+    let r = request(
+        a,
+        "POST",
+        "/apis/events.k8s.io/v1/namespaces/default/events",
+        Some(&ev),
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    let r = request(
+        a,
+        "PATCH",
+        "/apis/events.k8s.io/v1/namespaces/default/events/e1",
+        Some(&json!({"series": {"count": 2}})),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let r = request(
+        a,
+        "POST",
+        "/api/v1/namespaces/kube-system/events",
+        Some(&json!({"metadata": {"name": "e2"}, "reason": "Old"})),
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    let evs = s.events();
+    assert_eq!(evs.len(), 2);
+    assert_eq!(evs[0]["series"]["count"], 2);
+    assert_eq!(evs[0]["note"], "hello");
+    assert_eq!(evs[1]["metadata"]["namespace"], "kube-system");
+}
+
+#[tokio::test]
+async fn typed_api_and_fixtures() {
+    let s = server().await;
+    let dir =
+        std::env::temp_dir().join(format!("testkit-apiserver-fixtures-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("objs.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: s1, namespace: ns1}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 53, protocol: UDP}]}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s1-abc, namespace: ns1, labels: {kubernetes.io/service-name: s1}}\naddressType: IPv4\nendpoints: [{addresses: [10.244.0.5]}]\n---\napiVersion: v1\nkind: Node\nmetadata: {name: n1}\n",
+    )
+    .unwrap();
+    assert_eq!(s.load_dir(&dir).unwrap(), 3);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let slices = s.list::<k8s_openapi::api::discovery::v1::EndpointSlice>();
+    assert_eq!(slices.len(), 1);
+    assert_eq!(slices[0].endpoints[0].addresses, ["10.244.0.5"]);
+    let svc = s.get::<Service>("ns1", "s1").unwrap();
+    assert_eq!(svc.spec.unwrap().ports.unwrap()[0].port, 53);
+    assert!(s.get::<Node>("ignored", "n1").is_some());
+    let kc = s.kubeconfig();
+    assert!(kc.contains(&format!("server: {}", s.url())));
+}
