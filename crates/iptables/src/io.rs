@@ -1,0 +1,428 @@
+//! IO: run iptables-restore / iptables-save (optionally inside a network namespace), applying a
+//! rule set only when its text changed and keeping the jumps from built-in chains unique.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+
+use ipset::Family;
+
+use crate::backend::{parse_version, pick_backend, random_fully_supported, Backend};
+use crate::rules::{RuleSet, Table};
+use crate::{Error, Result};
+
+/// How programs are started: directly, or inside `ip netns exec NAME`.
+#[derive(Debug, Clone, Default)]
+pub struct Runner {
+    /// Run inside this named network namespace.
+    pub netns: Option<String>,
+}
+
+impl Runner {
+    /// Run in the current namespace.
+    pub fn new() -> Runner {
+        Runner::default()
+    }
+
+    /// Run inside a named network namespace.
+    pub fn in_netns(name: impl Into<String>) -> Runner {
+        Runner {
+            netns: Some(name.into()),
+        }
+    }
+
+    /// Run `prog args` with optional stdin; returns (success, stdout, stderr, shown command).
+    fn run(
+        &self,
+        prog: &str,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> Result<(bool, String, String, String)> {
+        let mut shown = String::new();
+        let mut cmd = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns.as_str(), prog]);
+                shown.push_str(&format!("ip netns exec {ns} "));
+                c
+            }
+            None => Command::new(prog),
+        };
+        cmd.args(args);
+        shown.push_str(prog);
+        for a in args {
+            shown.push(' ');
+            shown.push_str(a);
+        }
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
+        let mut child = cmd.spawn().map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Error::MissingBinary {
+                    binary: if self.netns.is_some() { "ip" } else { prog }.to_string(),
+                    source: e,
+                }
+            } else {
+                Error::Io {
+                    command: shown.clone(),
+                    source: e,
+                }
+            }
+        })?;
+        if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            // EPIPE means the program exited early; its stderr says why.
+            let _ = pipe.write_all(text.as_bytes());
+        }
+        let out = child.wait_with_output().map_err(|e| Error::Io {
+            command: shown.clone(),
+            source: e,
+        })?;
+        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        if !out.status.success() && stderr.contains("exec of") && stderr.contains("No such file") {
+            return Err(Error::MissingBinary {
+                binary: prog.to_string(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, stderr),
+            });
+        }
+        Ok((
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr,
+            shown,
+        ))
+    }
+}
+
+/// What [`Iptables::apply`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApplyOutcome {
+    /// Tables restored (their text changed, or a forced resync).
+    pub restored: Vec<Table>,
+    /// Tables skipped because their text had not changed.
+    pub unchanged: Vec<Table>,
+    /// Jump rules inserted into built-in chains.
+    pub jumps_added: usize,
+    /// Duplicate jump rules removed.
+    pub jumps_removed: usize,
+    /// Processes spawned by this call.
+    pub processes: u64,
+}
+
+/// The iptables applier for one family on one backend.
+#[derive(Debug)]
+pub struct Iptables {
+    runner: Runner,
+    backend: Backend,
+    family: Family,
+    last: BTreeMap<Table, String>,
+    jumps_checked: BTreeSet<Table>,
+    spawned: u64,
+}
+
+fn kernel_support_problem(stderr: &str) -> Option<String> {
+    let s = stderr.to_ascii_lowercase();
+    if s.contains("do you need to insmod")
+        || s.contains("can't initialize")
+        || s.contains("couldn't load match")
+        || s.contains("couldn't load target")
+        || s.contains("protocol not supported")
+    {
+        Some(stderr.trim().to_string())
+    } else {
+        None
+    }
+}
+
+/// Find `line N failed` in iptables-restore's error output.
+fn failed_line(stderr: &str) -> Option<usize> {
+    let pos = stderr.find("line ")?;
+    let rest = &stderr[pos + 5..];
+    let n: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    if rest[n.len()..].trim_start().starts_with("failed") {
+        n.parse().ok()
+    } else {
+        None
+    }
+}
+
+impl Iptables {
+    /// An applier for a known backend.
+    pub fn new(backend: Backend, family: Family, runner: Runner) -> Iptables {
+        Iptables {
+            runner,
+            backend,
+            family,
+            last: BTreeMap::new(),
+            jumps_checked: BTreeSet::new(),
+            spawned: 0,
+        }
+    }
+
+    /// Detect the backend like kubelet does (which backend already holds Kubernetes chains,
+    /// else what `iptables --version` says) and return an applier for it.
+    pub fn detect(family: Family, runner: Runner) -> Result<Iptables> {
+        let prefix = match family {
+            Family::V4 => "iptables",
+            Family::V6 => "ip6tables",
+        };
+        let mut spawned = 0;
+        let mut save = |b: Backend| -> Option<String> {
+            let mut all = String::new();
+            for t in ["mangle", "nat", "filter"] {
+                spawned += 1;
+                match runner.run(&b.save_program(family), &["-t", t], None) {
+                    Ok((true, out, _, _)) => all.push_str(&out),
+                    _ => return if all.is_empty() { None } else { Some(all) },
+                }
+            }
+            Some(all)
+        };
+        let legacy = save(Backend::Legacy);
+        let nft = save(Backend::Nft);
+        spawned += 1;
+        let default = match runner.run(prefix, &["--version"], None) {
+            Ok((true, out, _, _)) => parse_version(&out).and_then(|(_, b)| b),
+            _ => None,
+        };
+        if legacy.is_none() && nft.is_none() {
+            return Err(Error::MissingBinary {
+                binary: format!(
+                    "{} / {}",
+                    Backend::Nft.save_program(family),
+                    Backend::Legacy.save_program(family)
+                ),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "neither backend's save program ran",
+                ),
+            });
+        }
+        let backend = pick_backend(legacy.as_deref(), nft.as_deref(), default);
+        tracing::info!(?backend, ?family, "iptables backend selected");
+        let mut ipt = Iptables::new(backend, family, runner);
+        ipt.spawned = spawned;
+        Ok(ipt)
+    }
+
+    /// The backend in use.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// The family.
+    pub fn family(&self) -> Family {
+        self.family
+    }
+
+    /// Processes spawned so far (tests use this to prove an unchanged apply runs nothing).
+    pub fn processes_spawned(&self) -> u64 {
+        self.spawned
+    }
+
+    fn run(
+        &mut self,
+        prog: &str,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> Result<(bool, String, String, String)> {
+        self.spawned += 1;
+        self.runner.run(prog, args, stdin)
+    }
+
+    /// The iptables version of this backend (e.g. (1, 8, 9)).
+    pub fn version(&mut self) -> Result<(u32, u32, u32)> {
+        let prog = self.backend.program(self.family);
+        let (ok, out, err, shown) = self.run(&prog, &["--version"], None)?;
+        if !ok {
+            return Err(Error::CommandFailed {
+                command: shown,
+                stderr: err,
+            });
+        }
+        parse_version(&out)
+            .map(|(v, _)| v)
+            .ok_or_else(|| Error::Parse(format!("{shown}: {out:?}")))
+    }
+
+    /// Whether MASQUERADE `--random-fully` is supported (iptables ≥ 1.6.2).
+    pub fn supports_random_fully(&mut self) -> Result<bool> {
+        Ok(random_fully_supported(self.version()?))
+    }
+
+    /// `iptables-save -t TABLE`.
+    pub fn save(&mut self, table: Table) -> Result<String> {
+        let prog = self.backend.save_program(self.family);
+        let (ok, out, err, shown) = self.run(&prog, &["-t", table.as_str()], None)?;
+        if !ok {
+            if let Some(k) = kernel_support_problem(&err) {
+                return Err(Error::KernelSupport(format!("{shown}: {k}")));
+            }
+            return Err(Error::CommandFailed {
+                command: shown,
+                stderr: err,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Run one `iptables-restore --noflush --wait` with `text` (a full `*table … COMMIT`
+    /// payload), unconditionally. The generic entry point other proxy modes use.
+    pub fn apply_restore(&mut self, table: Table, text: &str) -> Result<()> {
+        let prog = self.backend.restore_program(self.family);
+        let (ok, _, err, shown) = self.run(&prog, &["--noflush", "--wait"], Some(text))?;
+        if ok {
+            return Ok(());
+        }
+        if let Some(k) = kernel_support_problem(&err) {
+            return Err(Error::KernelSupport(format!(
+                "{shown} (table {table}): {k}"
+            )));
+        }
+        let line = failed_line(&err).map(|n| {
+            (
+                n,
+                text.lines()
+                    .nth(n.saturating_sub(1))
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        });
+        Err(Error::RestoreFailed {
+            command: shown,
+            table,
+            line,
+            stderr: err,
+        })
+    }
+
+    /// Forget what was applied: the next [`Iptables::apply`] restores every table and re-checks
+    /// the jumps (drift repair).
+    pub fn force_resync(&mut self) {
+        self.last.clear();
+        self.jumps_checked.clear();
+    }
+
+    /// Apply a rule set: one restore per table whose text changed since the last successful
+    /// apply (none when nothing changed). The first time (and after [`Iptables::force_resync`])
+    /// the table is read once to add missing jumps and remove duplicate ones in the same restore.
+    pub fn apply(&mut self, rules: &RuleSet) -> Result<ApplyOutcome> {
+        let start = self.spawned;
+        let mut outcome = ApplyOutcome::default();
+        for &table in rules.tables.keys() {
+            let Some(text) = rules.restore_text(table) else {
+                continue;
+            };
+            let check_jumps = !self.jumps_checked.contains(&table);
+            if !check_jumps && self.last.get(&table) == Some(&text) {
+                outcome.unchanged.push(table);
+                continue;
+            }
+            let mut full = text.clone();
+            let mut added = 0;
+            let mut removed = 0;
+            if check_jumps {
+                let saved = self.save(table)?;
+                let mut extra = String::new();
+                for j in rules.jumps.iter().filter(|j| j.table == table) {
+                    let want = j.save_line();
+                    let n = saved.lines().filter(|l| l.trim_end() == want).count();
+                    if n == 0 {
+                        extra.push_str(&format!("-I {} {}\n", j.from, j.spec()));
+                        added += 1;
+                    }
+                    for _ in 1..n {
+                        extra.push_str(&format!("-D {} {}\n", j.from, j.spec()));
+                        removed += 1;
+                    }
+                }
+                if let Some(body) = full.strip_suffix("COMMIT\n") {
+                    full = format!("{body}{extra}COMMIT\n");
+                }
+            }
+            self.apply_restore(table, &full)?;
+            self.last.insert(table, text);
+            self.jumps_checked.insert(table);
+            outcome.restored.push(table);
+            outcome.jumps_added += added;
+            outcome.jumps_removed += removed;
+        }
+        outcome.processes = self.spawned - start;
+        Ok(outcome)
+    }
+
+    /// Remove the rule set's jumps and chains (for `--cleanup` and mode handover): per table one
+    /// read and, if anything of ours is there, one restore.
+    pub fn cleanup(&mut self, rules: &RuleSet) -> Result<()> {
+        for (&table, (chains, _)) in &rules.tables {
+            let saved = self.save(table)?;
+            let present: Vec<&String> = chains
+                .iter()
+                .filter(|c| saved.lines().any(|l| l.starts_with(&format!(":{c} "))))
+                .collect();
+            let mut text = format!("*{table}\n");
+            for c in &present {
+                text.push_str(&format!(":{c} - [0:0]\n"));
+            }
+            let mut any = !present.is_empty();
+            for j in rules.jumps.iter().filter(|j| j.table == table) {
+                let want = j.save_line();
+                for _ in saved.lines().filter(|l| l.trim_end() == want) {
+                    text.push_str(&format!("-D {} {}\n", j.from, j.spec()));
+                    any = true;
+                }
+            }
+            for c in &present {
+                text.push_str(&format!("-X {c}\n"));
+            }
+            text.push_str("COMMIT\n");
+            if any {
+                self.apply_restore(table, &text)?;
+            }
+        }
+        self.force_resync();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_failed_line() {
+        assert_eq!(failed_line("iptables-restore: line 4 failed"), Some(4));
+        assert_eq!(
+            failed_line(
+                "iptables-nft-restore: line 12 failed: No chain/target/match by that name."
+            ),
+            Some(12)
+        );
+        assert_eq!(failed_line("Bad argument `x'"), None);
+    }
+
+    #[test]
+    fn recognises_kernel_support_messages() {
+        assert!(kernel_support_problem(
+            "iptables-restore v1.8.9 (legacy): can't initialize iptables table `nat': Table does not exist (do you need to insmod?)"
+        )
+        .is_some());
+        assert!(
+            kernel_support_problem("Couldn't load match `set':No such file or directory").is_some()
+        );
+        assert!(kernel_support_problem("line 3 failed").is_none());
+    }
+
+    #[test]
+    fn missing_binary_is_a_clear_error() {
+        let r = Runner::new();
+        let err = r
+            .run("/nonexistent/iptables-kube-ipvs-test-restore", &[], None)
+            .unwrap_err();
+        assert!(matches!(err, Error::MissingBinary { .. }), "{err}");
+        assert!(err.to_string().contains("iptables-kube-ipvs-test-restore"));
+    }
+}

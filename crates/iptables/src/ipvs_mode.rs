@@ -1,0 +1,697 @@
+//! The IPVS-mode rule set, mirroring upstream kube-proxy's IPVS proxier (chains, order, comments
+//! and set matches), rendered from a pure input.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use ipset::{Family, IpsetState, Protocol, SetKind};
+
+use crate::rules::{quote, Jump, RuleSet, Table};
+use crate::{Error, Result};
+
+const SERVICES: &str = "KUBE-SERVICES";
+const POSTROUTING: &str = "KUBE-POSTROUTING";
+const NODE_PORT: &str = "KUBE-NODE-PORT";
+const LOAD_BALANCER: &str = "KUBE-LOAD-BALANCER";
+const MARK_MASQ: &str = "KUBE-MARK-MASQ";
+const FORWARD: &str = "KUBE-FORWARD";
+const PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
+const SOURCE_RANGES_FIREWALL: &str = "KUBE-SOURCE-RANGES-FIREWALL";
+const IPVS_FILTER: &str = "KUBE-IPVS-FILTER";
+const IPVS_OUT_FILTER: &str = "KUBE-IPVS-OUT-FILTER";
+
+/// The chains IPVS mode owns, per table, in upstream's order.
+pub fn chains() -> Vec<(Table, &'static str)> {
+    vec![
+        (Table::Nat, SERVICES),
+        (Table::Nat, POSTROUTING),
+        (Table::Nat, NODE_PORT),
+        (Table::Nat, LOAD_BALANCER),
+        (Table::Nat, MARK_MASQ),
+        (Table::Filter, FORWARD),
+        (Table::Filter, NODE_PORT),
+        (Table::Filter, PROXY_FIREWALL),
+        (Table::Filter, SOURCE_RANGES_FIREWALL),
+        (Table::Filter, IPVS_FILTER),
+        (Table::Filter, IPVS_OUT_FILTER),
+    ]
+}
+
+/// The jumps from built-in chains IPVS mode needs, with upstream's comments.
+pub fn jumps() -> Vec<Jump> {
+    vec![
+        Jump::new(Table::Nat, "OUTPUT", SERVICES, "kubernetes service portals"),
+        Jump::new(
+            Table::Nat,
+            "PREROUTING",
+            SERVICES,
+            "kubernetes service portals",
+        ),
+        Jump::new(
+            Table::Nat,
+            "POSTROUTING",
+            POSTROUTING,
+            "kubernetes postrouting rules",
+        ),
+        Jump::new(
+            Table::Filter,
+            "FORWARD",
+            FORWARD,
+            "kubernetes forwarding rules",
+        ),
+        Jump::new(
+            Table::Filter,
+            "INPUT",
+            NODE_PORT,
+            "kubernetes health check rules",
+        ),
+        Jump::new(
+            Table::Filter,
+            "INPUT",
+            PROXY_FIREWALL,
+            "kube-proxy firewall rules",
+        ),
+        Jump::new(
+            Table::Filter,
+            "FORWARD",
+            PROXY_FIREWALL,
+            "kube-proxy firewall rules",
+        ),
+        Jump::new(
+            Table::Filter,
+            "INPUT",
+            IPVS_FILTER,
+            "kubernetes ipvs access filter",
+        ),
+        Jump::new(
+            Table::Filter,
+            "OUTPUT",
+            IPVS_OUT_FILTER,
+            "kubernetes ipvs access filter",
+        ),
+    ]
+}
+
+/// How traffic from this node's pods is recognised (upstream's `--detect-local-mode`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum LocalDetect {
+    /// No detection: node-originated traffic with a VIP source is masqueraded instead.
+    #[default]
+    None,
+    /// ClusterCIDR / NodeCIDR: traffic from these networks is local. Only CIDRs of the input's
+    /// family are used; like upstream, one CIDR per family (the first) is matched.
+    Cidrs(Vec<IpNet>),
+    /// BridgeInterface: traffic entering through this bridge is local.
+    BridgeInterface(String),
+    /// InterfaceNamePrefix: traffic entering through interfaces with this prefix is local.
+    InterfaceNamePrefix(String),
+}
+
+/// A load-balancer address that must not be reachable from the node itself through IPVS
+/// (upstream's KUBE-IPVS-OUT-FILTER rule, k/k#119656; needs the xt_ipvs match).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct NoNodeAccess {
+    /// LB IP.
+    pub ip: IpAddr,
+    /// Protocol.
+    pub proto: Protocol,
+    /// Port.
+    pub port: u16,
+}
+
+/// Everything the IPVS-mode rules depend on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpvsModeInput {
+    /// Address family (selects `iptables` vs `ip6tables` and the set names).
+    pub family: Family,
+    /// Bit of the masquerade mark (default 14, i.e. 0x4000).
+    pub masquerade_bit: u32,
+    /// `--masquerade-all`.
+    pub masquerade_all: bool,
+    /// Local-traffic detection.
+    pub local_detect: LocalDetect,
+    /// Add `--random-fully` to MASQUERADE (iptables ≥ 1.6.2).
+    pub random_fully: bool,
+    /// Sets that currently have members; like upstream, rules matching an empty set are left out.
+    pub non_empty_sets: BTreeSet<SetKind>,
+    /// LB addresses the node itself must not reach.
+    pub no_node_access: Vec<NoNodeAccess>,
+}
+
+impl IpvsModeInput {
+    /// Defaults: bit 14, no masquerade-all, no local detection, `--random-fully`, all sets empty.
+    pub fn new(family: Family) -> IpvsModeInput {
+        IpvsModeInput {
+            family,
+            masquerade_bit: 14,
+            masquerade_all: false,
+            local_detect: LocalDetect::None,
+            random_fully: true,
+            non_empty_sets: BTreeSet::new(),
+            no_node_access: Vec::new(),
+        }
+    }
+
+    /// Fill `non_empty_sets` from a desired ipset state of this family.
+    pub fn set_non_empty_from(&mut self, state: &IpsetState) {
+        self.non_empty_sets = SetKind::ALL
+            .into_iter()
+            .filter(|k| {
+                state
+                    .get(&k.name(self.family))
+                    .is_some_and(|s| !s.entries.is_empty())
+            })
+            .collect();
+    }
+
+    fn mark(&self) -> Result<String> {
+        if self.masquerade_bit > 31 {
+            return Err(Error::InvalidInput(format!(
+                "masquerade bit {} not in [0, 31]",
+                self.masquerade_bit
+            )));
+        }
+        Ok(format!("{:#x}", 1u64 << self.masquerade_bit))
+    }
+
+    /// `! -s CIDR` / `! -i IFACE` for "not from a local pod", if detection is configured.
+    fn if_not_local(&self) -> Result<Option<String>> {
+        Ok(match &self.local_detect {
+            LocalDetect::None => None,
+            LocalDetect::Cidrs(cidrs) => {
+                let mine: Vec<&IpNet> = cidrs
+                    .iter()
+                    .filter(|c| Family::of(&c.addr()) == self.family)
+                    .collect();
+                match mine.first() {
+                    Some(c) => {
+                        if mine.len() > 1 {
+                            tracing::warn!(used = %c, ignored = mine.len() - 1,
+                                "several cluster CIDRs of one family; only the first is matched");
+                        }
+                        Some(format!("! -s {}", c.trunc()))
+                    }
+                    None => None,
+                }
+            }
+            LocalDetect::BridgeInterface(i) => Some(format!("! -i {}", iface(i)?)),
+            LocalDetect::InterfaceNamePrefix(p) => Some(format!("! -i {}+", iface(p)?)),
+        })
+    }
+}
+
+fn iface(s: &str) -> Result<&str> {
+    if s.is_empty()
+        || s.len() > 15
+        || !s
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err(Error::InvalidInput(format!("bad interface name {s:?}")));
+    }
+    Ok(s)
+}
+
+/// (set, table, from chain, target, match directions, protocol) of a set-driven rule.
+type SetRule = (
+    SetKind,
+    Table,
+    &'static str,
+    &'static str,
+    &'static str,
+    Option<&'static str>,
+);
+
+/// Render the IPVS-mode rules (nat and filter tables, plus the jumps into them).
+pub fn render_ipvs_mode(input: &IpvsModeInput) -> Result<RuleSet> {
+    let fam = input.family;
+    let mark = input.mark()?;
+    let set = |k: SetKind| k.name(fam);
+    let has = |k: SetKind| input.non_empty_sets.contains(&k);
+    let cmt = |k: SetKind| format!("-m comment --comment {}", quote(k.comment()));
+
+    let mut rs = RuleSet::default();
+    for (t, c) in chains() {
+        rs.chain(t, c);
+    }
+    rs.jumps = jumps();
+    let nat = |rs: &mut RuleSet, l: String| rs.rule(Table::Nat, l);
+    let filter = |rs: &mut RuleSet, l: String| rs.rule(Table::Filter, l);
+
+    // Connections to localhost leave KUBE-SERVICES early.
+    let lo = match fam {
+        Family::V4 => "127.0.0.0/8",
+        Family::V6 => "::1/128",
+    };
+    nat(&mut rs, format!("-A {SERVICES} -s {lo} -j RETURN"));
+
+    // Set-driven jumps (upstream's ipsetWithIptablesChain, same order).
+    let set_rules: [SetRule; 12] = [
+        (
+            SetKind::LoopBack,
+            Table::Nat,
+            POSTROUTING,
+            "MASQUERADE",
+            "dst,dst,src",
+            None,
+        ),
+        (
+            SetKind::LoadBalancer,
+            Table::Nat,
+            SERVICES,
+            LOAD_BALANCER,
+            "dst,dst",
+            None,
+        ),
+        (
+            SetKind::LoadBalancerLocal,
+            Table::Nat,
+            LOAD_BALANCER,
+            "RETURN",
+            "dst,dst",
+            None,
+        ),
+        (
+            SetKind::NodePortLocalTcp,
+            Table::Nat,
+            NODE_PORT,
+            "RETURN",
+            "dst",
+            Some("tcp"),
+        ),
+        (
+            SetKind::NodePortTcp,
+            Table::Nat,
+            NODE_PORT,
+            MARK_MASQ,
+            "dst",
+            Some("tcp"),
+        ),
+        (
+            SetKind::NodePortLocalUdp,
+            Table::Nat,
+            NODE_PORT,
+            "RETURN",
+            "dst",
+            Some("udp"),
+        ),
+        (
+            SetKind::NodePortUdp,
+            Table::Nat,
+            NODE_PORT,
+            MARK_MASQ,
+            "dst",
+            Some("udp"),
+        ),
+        (
+            SetKind::NodePortLocalSctp,
+            Table::Nat,
+            NODE_PORT,
+            "RETURN",
+            "dst,dst",
+            Some("sctp"),
+        ),
+        (
+            SetKind::NodePortSctp,
+            Table::Nat,
+            NODE_PORT,
+            MARK_MASQ,
+            "dst,dst",
+            Some("sctp"),
+        ),
+        (
+            SetKind::LoadBalancerFw,
+            Table::Filter,
+            PROXY_FIREWALL,
+            SOURCE_RANGES_FIREWALL,
+            "dst,dst",
+            None,
+        ),
+        (
+            SetKind::LoadBalancerSourceCidr,
+            Table::Filter,
+            SOURCE_RANGES_FIREWALL,
+            "RETURN",
+            "dst,dst,src",
+            None,
+        ),
+        (
+            SetKind::LoadBalancerSourceIp,
+            Table::Filter,
+            SOURCE_RANGES_FIREWALL,
+            "RETURN",
+            "dst,dst,src",
+            None,
+        ),
+    ];
+    for (k, table, from, to, matcher, proto) in set_rules {
+        if !has(k) {
+            continue;
+        }
+        let p = proto.map(|p| format!(" -p {p}")).unwrap_or_default();
+        rs.rule(
+            table,
+            format!(
+                "-A {from}{p} {} -m set --match-set {} {matcher} -j {to}",
+                cmt(k),
+                set(k)
+            ),
+        );
+    }
+
+    // Cluster IPs: masquerade what needs it.
+    if has(SetKind::ClusterIp) {
+        let base = format!(
+            "-A {SERVICES} {} -m set --match-set {}",
+            cmt(SetKind::ClusterIp),
+            set(SetKind::ClusterIp)
+        );
+        let line = if input.masquerade_all {
+            format!("{base} dst,dst -j {MARK_MASQ}")
+        } else if let Some(not_local) = input.if_not_local()? {
+            format!("{base} dst,dst {not_local} -j {MARK_MASQ}")
+        } else {
+            // No way to tell pod traffic apart: masquerade node-originated traffic whose source
+            // is a VIP (the kernel picks a kube-ipvs0 address as source to reach a VIP).
+            format!("{base} src,dst -j {MARK_MASQ}")
+        };
+        nat(&mut rs, line);
+    }
+
+    // External IPs.
+    let external_accepts = |rs: &mut RuleSet, args: &str| {
+        rs.rule(
+            Table::Nat,
+            format!("{args} -m physdev ! --physdev-is-in -m addrtype ! --src-type LOCAL -j ACCEPT"),
+        );
+        rs.rule(
+            Table::Nat,
+            format!("{args} -m addrtype --dst-type LOCAL -j ACCEPT"),
+        );
+    };
+    if has(SetKind::ExternalIp) {
+        let args = format!(
+            "-A {SERVICES} {} -m set --match-set {} dst,dst",
+            cmt(SetKind::ExternalIp),
+            set(SetKind::ExternalIp)
+        );
+        nat(&mut rs, format!("{args} -j {MARK_MASQ}"));
+        external_accepts(&mut rs, &args);
+    }
+    if has(SetKind::ExternalIpLocal) {
+        let args = format!(
+            "-A {SERVICES} {} -m set --match-set {} dst,dst",
+            cmt(SetKind::ExternalIpLocal),
+            set(SetKind::ExternalIpLocal)
+        );
+        external_accepts(&mut rs, &args);
+    }
+
+    nat(
+        &mut rs,
+        format!("-A {SERVICES} -m addrtype --dst-type LOCAL -j {NODE_PORT}"),
+    );
+    nat(&mut rs, format!("-A {LOAD_BALANCER} -j {MARK_MASQ}"));
+    filter(&mut rs, format!("-A {SOURCE_RANGES_FIREWALL} -j DROP"));
+
+    for n in &input.no_node_access {
+        if Family::of(&n.ip) != fam {
+            continue;
+        }
+        filter(
+            &mut rs,
+            format!(
+                "-A {IPVS_OUT_FILTER} -s {ip} -m ipvs --vaddr {ip} --vproto {} --vport {} -j DROP",
+                n.proto.as_str(),
+                n.port,
+                ip = n.ip
+            ),
+        );
+    }
+
+    // Accept everything for IPVS VIPs at the end of KUBE-SERVICES.
+    for k in [SetKind::ClusterIp, SetKind::LoadBalancer] {
+        if has(k) {
+            nat(
+                &mut rs,
+                format!(
+                    "-A {SERVICES} -m set --match-set {} dst,dst -j ACCEPT",
+                    set(k)
+                ),
+            );
+        }
+    }
+
+    filter(
+        &mut rs,
+        format!(
+            "-A {FORWARD} -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {mark}/{mark} -j ACCEPT"
+        ),
+    );
+    filter(
+        &mut rs,
+        format!(
+            "-A {FORWARD} -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"
+        ),
+    );
+    filter(
+        &mut rs,
+        format!(
+            "-A {NODE_PORT} {} -m set --match-set {} dst -j ACCEPT",
+            cmt(SetKind::HealthCheckNodePort),
+            set(SetKind::HealthCheckNodePort)
+        ),
+    );
+
+    // Reject new connections to VIPs on ports that are not service ports (k/k#72236).
+    for (k, m) in [
+        (SetKind::LoadBalancer, "dst,dst"),
+        (SetKind::ClusterIp, "dst,dst"),
+        (SetKind::ExternalIp, "dst,dst"),
+        (SetKind::ExternalIpLocal, "dst,dst"),
+        (SetKind::HealthCheckNodePort, "dst"),
+    ] {
+        filter(
+            &mut rs,
+            format!(
+                "-A {IPVS_FILTER} -m set --match-set {} {m} -j RETURN",
+                set(k)
+            ),
+        );
+    }
+    filter(
+        &mut rs,
+        format!(
+            "-A {IPVS_FILTER} -m conntrack --ctstate NEW -m set --match-set {} dst -j REJECT",
+            set(SetKind::IpvsIps)
+        ),
+    );
+
+    // Masquerade marked packets once, clearing the mark.
+    nat(
+        &mut rs,
+        format!("-A {POSTROUTING} -m mark ! --mark {mark}/{mark} -j RETURN"),
+    );
+    nat(
+        &mut rs,
+        format!("-A {POSTROUTING} -j MARK --xor-mark {mark}"),
+    );
+    let rf = if input.random_fully {
+        " --random-fully"
+    } else {
+        ""
+    };
+    nat(
+        &mut rs,
+        format!(
+            "-A {POSTROUTING} -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE{rf}"
+        ),
+    );
+    nat(&mut rs, format!("-A {MARK_MASQ} -j MARK --or-mark {mark}"));
+    Ok(rs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(s: &str) -> Vec<&str> {
+        s.lines().collect()
+    }
+
+    #[test]
+    fn empty_sets_give_the_base_rules() {
+        let rs = render_ipvs_mode(&IpvsModeInput::new(Family::V4)).unwrap();
+        let nat = rs.nat();
+        assert_eq!(
+            lines(&nat),
+            vec![
+                "*nat",
+                ":KUBE-SERVICES - [0:0]",
+                ":KUBE-POSTROUTING - [0:0]",
+                ":KUBE-NODE-PORT - [0:0]",
+                ":KUBE-LOAD-BALANCER - [0:0]",
+                ":KUBE-MARK-MASQ - [0:0]",
+                "-A KUBE-SERVICES -s 127.0.0.0/8 -j RETURN",
+                "-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT",
+                "-A KUBE-LOAD-BALANCER -j KUBE-MARK-MASQ",
+                "-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN",
+                "-A KUBE-POSTROUTING -j MARK --xor-mark 0x4000",
+                "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully",
+                "-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000",
+                "COMMIT",
+            ]
+        );
+        let filter = rs.filter();
+        assert!(filter.starts_with("*filter\n:KUBE-FORWARD - [0:0]\n:KUBE-NODE-PORT - [0:0]\n"));
+        for chain in [
+            "KUBE-PROXY-FIREWALL",
+            "KUBE-SOURCE-RANGES-FIREWALL",
+            "KUBE-IPVS-FILTER",
+            "KUBE-IPVS-OUT-FILTER",
+        ] {
+            assert!(filter.contains(&format!(":{chain} - [0:0]\n")), "{chain}");
+        }
+        assert!(filter.contains(
+            "-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst -j REJECT\n"
+        ));
+        assert!(filter.contains("-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark 0x4000/0x4000 -j ACCEPT\n"));
+        assert!(filter.contains("-A KUBE-NODE-PORT -m comment --comment \"Kubernetes health check node port\" -m set --match-set KUBE-HEALTH-CHECK-NODE-PORT dst -j ACCEPT\n"));
+        assert!(filter.ends_with("COMMIT\n"));
+        assert!(!nat.contains("KUBE-CLUSTER-IP"));
+        assert_eq!(rs.jumps.len(), 9);
+        assert!(rs.jumps.contains(&Jump::new(
+            Table::Nat,
+            "PREROUTING",
+            "KUBE-SERVICES",
+            "kubernetes service portals"
+        )));
+    }
+
+    #[test]
+    fn masquerade_decision_follows_upstream() {
+        let mut input = IpvsModeInput::new(Family::V4);
+        input.non_empty_sets.insert(SetKind::ClusterIp);
+        let c = "-A KUBE-SERVICES -m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set KUBE-CLUSTER-IP";
+        let nat = render_ipvs_mode(&input).unwrap().nat();
+        assert!(
+            nat.contains(&format!("{c} src,dst -j KUBE-MARK-MASQ\n")),
+            "{nat}"
+        );
+        assert!(
+            nat.contains("-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT\n")
+        );
+
+        input.local_detect = LocalDetect::Cidrs(vec![
+            "fd00::/48".parse().unwrap(),
+            "10.244.7.0/16".parse().unwrap(),
+        ]);
+        let nat = render_ipvs_mode(&input).unwrap().nat();
+        assert!(
+            nat.contains(&format!(
+                "{c} dst,dst ! -s 10.244.0.0/16 -j KUBE-MARK-MASQ\n"
+            )),
+            "{nat}"
+        );
+
+        input.local_detect = LocalDetect::InterfaceNamePrefix("veth".into());
+        let nat = render_ipvs_mode(&input).unwrap().nat();
+        assert!(
+            nat.contains(&format!("{c} dst,dst ! -i veth+ -j KUBE-MARK-MASQ\n")),
+            "{nat}"
+        );
+
+        input.masquerade_all = true;
+        let nat = render_ipvs_mode(&input).unwrap().nat();
+        assert!(
+            nat.contains(&format!("{c} dst,dst -j KUBE-MARK-MASQ\n")),
+            "{nat}"
+        );
+    }
+
+    #[test]
+    fn mark_bit_and_random_fully() {
+        let mut input = IpvsModeInput::new(Family::V4);
+        input.masquerade_bit = 0;
+        input.random_fully = false;
+        let nat = render_ipvs_mode(&input).unwrap().nat();
+        assert!(nat.contains("-A KUBE-MARK-MASQ -j MARK --or-mark 0x1\n"));
+        assert!(nat.contains("-j MASQUERADE\n"));
+        assert!(!nat.contains("random-fully"));
+        input.masquerade_bit = 31;
+        assert!(render_ipvs_mode(&input)
+            .unwrap()
+            .nat()
+            .contains("--or-mark 0x80000000\n"));
+        input.masquerade_bit = 32;
+        assert!(render_ipvs_mode(&input).is_err());
+        input.masquerade_bit = 14;
+        input.local_detect = LocalDetect::BridgeInterface("bad name!".into());
+        input.non_empty_sets.insert(SetKind::ClusterIp);
+        assert!(render_ipvs_mode(&input).is_err());
+    }
+
+    #[test]
+    fn set_rules_appear_only_for_non_empty_sets_in_upstream_order() {
+        let mut input = IpvsModeInput::new(Family::V6);
+        input.non_empty_sets = SetKind::ALL.into_iter().collect();
+        input.no_node_access.push(NoNodeAccess {
+            ip: "fd00::5".parse().unwrap(),
+            proto: Protocol::Tcp,
+            port: 443,
+        });
+        input.no_node_access.push(NoNodeAccess {
+            ip: "192.0.2.5".parse().unwrap(),
+            proto: Protocol::Tcp,
+            port: 443,
+        });
+        let rs = render_ipvs_mode(&input).unwrap();
+        let nat = rs.nat();
+        let filter = rs.filter();
+        assert!(nat.contains("-A KUBE-SERVICES -s ::1/128 -j RETURN\n"));
+        let pos = |hay: &str, needle: &str| {
+            hay.find(needle)
+                .unwrap_or_else(|| panic!("{needle} missing in\n{hay}"))
+        };
+        // ETP=Local node ports return before the masquerade rule
+        assert!(
+            pos(&nat, "-A KUBE-NODE-PORT -p tcp -m comment --comment \"Kubernetes nodeport TCP port with externalTrafficPolicy=local\" -m set --match-set KUBE-6-NODE-PORT-LOCAL-TCP dst -j RETURN")
+                < pos(&nat, "-A KUBE-NODE-PORT -p tcp -m comment --comment \"Kubernetes nodeport TCP port for masquerade purpose\" -m set --match-set KUBE-6-NODE-PORT-TCP dst -j KUBE-MARK-MASQ")
+        );
+        pos(&nat, "-A KUBE-NODE-PORT -p sctp -m comment --comment \"Kubernetes nodeport SCTP port for masquerade purpose with type 'hash ip:port'\" -m set --match-set KUBE-6-NODE-PORT-SCTP-HASH dst,dst -j KUBE-MARK-MASQ");
+        // hairpin masquerade comes before the RETURN of unmarked packets
+        assert!(
+            pos(&nat, "-A KUBE-POSTROUTING -m comment --comment \"Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose\" -m set --match-set KUBE-6-LOOP-BACK dst,dst,src -j MASQUERADE")
+                < pos(&nat, "-A KUBE-POSTROUTING -m mark ! --mark")
+        );
+        pos(&nat, "-m set --match-set KUBE-6-EXTERNAL-IP dst,dst -m physdev ! --physdev-is-in -m addrtype ! --src-type LOCAL -j ACCEPT");
+        pos(&filter, "-A KUBE-PROXY-FIREWALL -m comment --comment \"Kubernetes service load balancer ip + port for load balancer with sourceRange\" -m set --match-set KUBE-6-LOAD-BALANCER-FW dst,dst -j KUBE-SOURCE-RANGES-FIREWALL");
+        assert!(
+            pos(
+                &filter,
+                "--match-set KUBE-6-LOAD-BALANCER-SOURCE-CID dst,dst,src -j RETURN"
+            ) < pos(&filter, "-A KUBE-SOURCE-RANGES-FIREWALL -j DROP")
+        );
+        pos(&filter, "-A KUBE-IPVS-OUT-FILTER -s fd00::5 -m ipvs --vaddr fd00::5 --vproto tcp --vport 443 -j DROP");
+        assert!(!filter.contains("192.0.2.5"), "other family is left out");
+    }
+
+    #[test]
+    fn non_empty_sets_come_from_ipset_state() {
+        let mut st = IpsetState::kube(Family::V4);
+        st.add(
+            SetKind::NodePortUdp,
+            Family::V4,
+            ipset::Entry::Port(30053),
+            "x",
+        )
+        .unwrap();
+        let mut input = IpvsModeInput::new(Family::V4);
+        input.set_non_empty_from(&st);
+        assert_eq!(
+            input.non_empty_sets,
+            [SetKind::NodePortUdp].into_iter().collect()
+        );
+    }
+}
