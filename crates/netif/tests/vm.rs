@@ -1,0 +1,169 @@
+//! VM tests (a kernel with dummy links): kube-ipvs0 creation, address diff with request
+//! counting, recreation after `ip link del kube-ipvs0`, and node-address tracking on a dummy
+//! node link. Each test works in its own network namespace; cross-checked with `ip`.
+
+// Test-only helpers outside #[test] fns may panic on failure.
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use common::NetNs;
+use netif::{diff_addresses, Netif, NodeAddressSet, NodeAddresses, DUMMY_LINK};
+use tokio::sync::watch;
+
+fn ips(items: &[&str]) -> BTreeSet<IpAddr> {
+    items.iter().map(|s| s.parse().unwrap()).collect()
+}
+
+async fn wait_for(
+    rx: &mut watch::Receiver<NodeAddressSet>,
+    what: &str,
+    pred: impl Fn(&NodeAddressSet) -> bool,
+) -> NodeAddressSet {
+    loop {
+        if pred(&rx.borrow_and_update()) {
+            return rx.borrow().clone();
+        }
+        match tokio::time::timeout(Duration::from_secs(1), rx.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => panic!("tracker stopped while waiting for {what}"),
+            Err(_) => panic!(
+                "no change within 1 s while waiting for {what}: {:?}",
+                rx.borrow()
+            ),
+        }
+    }
+}
+
+#[test]
+#[ignore = "vm"]
+fn vm_dummy_link_created_diffed_and_recreated() {
+    let ns = NetNs::new("vmdummy");
+    ns.run(|ns| async move {
+        let tracker = NodeAddresses::start().await.unwrap();
+        let mut rx = tracker.subscribe();
+        assert_eq!(tracker.current().dummy_index(), None);
+
+        let n = Netif::new().await.unwrap();
+        let st = n.ensure_dummy().await.unwrap();
+        assert!(st.created);
+        assert_eq!(st.index, ns.ifindex(DUMMY_LINK));
+        let link = ns.ip(&["-d", "-o", "link", "show", "dev", DUMMY_LINK]);
+        assert!(link.contains("dummy"), "{link}");
+        // Left down, like kube-proxy.
+        assert!(link.contains("state DOWN"), "{link}");
+        assert!(!link.contains(",UP"), "{link}");
+        let s = wait_for(&mut rx, "kube-ipvs0 created", |s| s.dummy_index().is_some()).await;
+        assert_eq!(s.dummy_index(), Some(st.index));
+
+        // Existing link: a lookup, no creation.
+        let before = n.requests_sent();
+        let again = n.ensure_dummy().await.unwrap();
+        assert_eq!(
+            again,
+            netif::LinkState {
+                index: st.index,
+                created: false
+            }
+        );
+        assert_eq!(n.requests_sent() - before, 1);
+
+        let desired = ips(&["10.96.0.1", "10.96.0.10", "fd00:10:96::1"]);
+        let current = n.addresses().await.unwrap();
+        assert!(current.is_empty(), "{current:?}");
+        let before = n.requests_sent();
+        let res = n.apply(&diff_addresses(&desired, &current)).await;
+        assert_eq!(n.requests_sent() - before, 3);
+        assert!(res.iter().all(|(_, r)| r.is_ok()), "{res:?}");
+        assert_eq!(
+            ns.addrs(DUMMY_LINK),
+            vec!["10.96.0.1/32", "10.96.0.10/32", "fd00:10:96::1/128"]
+        );
+        let v6 = ns.ip(&["-6", "addr", "show", "dev", DUMMY_LINK]);
+        assert!(!v6.contains("tentative"), "{v6}");
+        // The kernel treats the VIPs as local (what IPVS needs).
+        let local = ns.ip(&["route", "show", "table", "local"]);
+        assert!(local.contains("local 10.96.0.1 dev kube-ipvs0"), "{local}");
+        assert!(local.contains("local 10.96.0.10 dev kube-ipvs0"), "{local}");
+        let s = wait_for(&mut rx, "VIPs on kube-ipvs0", |s| {
+            s.dummy_addresses() == desired
+        })
+        .await;
+        assert!(s.node_ips().is_disjoint(&desired), "VIPs are not node IPs");
+
+        // Unchanged: zero requests.
+        let current = n.addresses().await.unwrap();
+        assert_eq!(current, desired);
+        let before = n.requests_sent();
+        assert!(n
+            .apply(&diff_addresses(&desired, &current))
+            .await
+            .is_empty());
+        assert_eq!(n.requests_sent(), before);
+
+        // Deleted behind our back: the tracker says so, the controller recreates and re-binds.
+        ns.ip(&["link", "del", DUMMY_LINK]);
+        let s = wait_for(&mut rx, "kube-ipvs0 deletion", |s| s.dummy_deletions() == 1).await;
+        assert_eq!(s.dummy_index(), None);
+        let st2 = n.ensure_dummy().await.unwrap();
+        assert!(st2.created);
+        assert_eq!(st2.index, ns.ifindex(DUMMY_LINK));
+        let current = n.addresses().await.unwrap();
+        assert!(current.is_empty());
+        let before = n.requests_sent();
+        let res = n.apply(&diff_addresses(&desired, &current)).await;
+        assert_eq!(n.requests_sent() - before, 3);
+        assert!(res.iter().all(|(_, r)| r.is_ok()), "{res:?}");
+        assert_eq!(
+            ns.addrs(DUMMY_LINK),
+            vec!["10.96.0.1/32", "10.96.0.10/32", "fd00:10:96::1/128"]
+        );
+        let s = wait_for(&mut rx, "kube-ipvs0 back with VIPs", |s| {
+            s.dummy_index() == Some(st2.index) && s.dummy_addresses() == desired
+        })
+        .await;
+        assert_eq!(s.dummy_deletions(), 1);
+        assert_eq!(s.full_dumps(), 1, "all through events");
+
+        // Cleanup deletes it; a second cleanup finds nothing.
+        assert!(n.delete_dummy().await.unwrap());
+        assert!(ns.try_ip(&["link", "show", "dev", DUMMY_LINK]).is_err());
+        assert!(!n.delete_dummy().await.unwrap());
+        wait_for(&mut rx, "kube-ipvs0 deleted by cleanup", |s| {
+            s.dummy_deletions() == 2
+        })
+        .await;
+    });
+}
+
+#[test]
+#[ignore = "vm"]
+fn vm_tracker_sees_ip_addr_add_on_a_node_link() {
+    let ns = NetNs::new("vmtrack");
+    ns.ip(&["link", "add", "node0", "type", "dummy"]);
+    ns.ip(&["link", "set", "node0", "up"]);
+    ns.ip(&["addr", "add", "192.168.0.10/24", "dev", "node0"]);
+    ns.ip(&["link", "add", DUMMY_LINK, "type", "dummy"]);
+    ns.ip(&["addr", "add", "10.96.0.1/32", "dev", DUMMY_LINK]);
+    ns.run(|ns| async move {
+        let tracker = NodeAddresses::start().await.unwrap();
+        let mut rx = tracker.subscribe();
+        let s = tracker.current();
+        assert_eq!(s.node_ips(), ips(&["192.168.0.10"]));
+        assert!(s.is_local(&"192.168.0.10".parse().unwrap()));
+        assert!(!s.is_local(&"10.96.0.1".parse().unwrap()));
+
+        ns.ip(&["addr", "add", "192.168.0.11/24", "dev", "node0"]);
+        let s = wait_for(&mut rx, "192.168.0.11 on node0", |s| {
+            s.node_ips().contains(&"192.168.0.11".parse().unwrap())
+        })
+        .await;
+        let f = netif::NodePortAddresses::from_config(&["192.168.0.11/32"], &[]).unwrap();
+        assert_eq!(s.node_port_addresses(&f), ips(&["192.168.0.11"]));
+        assert_eq!(s.full_dumps(), 1);
+    });
+}
