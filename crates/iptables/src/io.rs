@@ -137,13 +137,28 @@ fn kernel_support_problem(stderr: &str) -> Option<String> {
     }
 }
 
-/// Find `line N failed` in iptables-restore's error output.
+/// Find the failing line in iptables-restore's error output (`line N failed` when COMMIT fails,
+/// `Error occurred at line: N` when a rule cannot be parsed).
 fn failed_line(stderr: &str) -> Option<usize> {
+    let digits = |s: &str| -> Option<usize> {
+        let n: String = s
+            .trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_digit())
+            .collect();
+        n.parse().ok()
+    };
+    if let Some(pos) = stderr.find("Error occurred at line:") {
+        return digits(&stderr[pos + "Error occurred at line:".len()..]);
+    }
     let pos = stderr.find("line ")?;
     let rest = &stderr[pos + 5..];
-    let n: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
-    if rest[n.len()..].trim_start().starts_with("failed") {
-        n.parse().ok()
+    let n = digits(rest)?;
+    let after = rest
+        .trim_start()
+        .trim_start_matches(|c: char| c.is_ascii_digit());
+    if after.trim_start().starts_with("failed") {
+        Some(n)
     } else {
         None
     }
@@ -402,6 +417,10 @@ mod tests {
             Some(12)
         );
         assert_eq!(failed_line("Bad argument `x'"), None);
+        assert_eq!(
+            failed_line("iptables-restore v1.8.9 (legacy): Set NO-SUCH-SET doesn't exist.\n\nError occurred at line: 4\nTry `iptables-restore -h'"),
+            Some(4)
+        );
     }
 
     #[test]

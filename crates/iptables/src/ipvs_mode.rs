@@ -362,15 +362,17 @@ pub fn render_ipvs_mode(input: &IpvsModeInput) -> Result<RuleSet> {
 
     // Cluster IPs: masquerade what needs it.
     if has(SetKind::ClusterIp) {
-        let base = format!(
-            "-A {SERVICES} {} -m set --match-set {}",
+        // (`! -s`/`! -i` go first, where iptables-save prints them.)
+        let rest = format!(
+            "{} -m set --match-set {}",
             cmt(SetKind::ClusterIp),
             set(SetKind::ClusterIp)
         );
+        let base = format!("-A {SERVICES} {rest}");
         let line = if input.masquerade_all {
             format!("{base} dst,dst -j {MARK_MASQ}")
         } else if let Some(not_local) = input.if_not_local()? {
-            format!("{base} dst,dst {not_local} -j {MARK_MASQ}")
+            format!("-A {SERVICES} {not_local} {rest} dst,dst -j {MARK_MASQ}")
         } else {
             // No way to tell pod traffic apart: masquerade node-originated traffic whose source
             // is a VIP (the kernel picks a kube-ipvs0 address as source to reach a VIP).
@@ -573,7 +575,8 @@ mod tests {
     fn masquerade_decision_follows_upstream() {
         let mut input = IpvsModeInput::new(Family::V4);
         input.non_empty_sets.insert(SetKind::ClusterIp);
-        let c = "-A KUBE-SERVICES -m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set KUBE-CLUSTER-IP";
+        let m = "-m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set KUBE-CLUSTER-IP";
+        let c = format!("-A KUBE-SERVICES {m}");
         let nat = render_ipvs_mode(&input).unwrap().nat();
         assert!(
             nat.contains(&format!("{c} src,dst -j KUBE-MARK-MASQ\n")),
@@ -590,7 +593,7 @@ mod tests {
         let nat = render_ipvs_mode(&input).unwrap().nat();
         assert!(
             nat.contains(&format!(
-                "{c} dst,dst ! -s 10.244.0.0/16 -j KUBE-MARK-MASQ\n"
+                "-A KUBE-SERVICES ! -s 10.244.0.0/16 {m} dst,dst -j KUBE-MARK-MASQ\n"
             )),
             "{nat}"
         );
@@ -598,7 +601,9 @@ mod tests {
         input.local_detect = LocalDetect::InterfaceNamePrefix("veth".into());
         let nat = render_ipvs_mode(&input).unwrap().nat();
         assert!(
-            nat.contains(&format!("{c} dst,dst ! -i veth+ -j KUBE-MARK-MASQ\n")),
+            nat.contains(&format!(
+                "-A KUBE-SERVICES ! -i veth+ {m} dst,dst -j KUBE-MARK-MASQ\n"
+            )),
             "{nat}"
         );
 

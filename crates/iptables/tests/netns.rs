@@ -1,0 +1,346 @@
+//! iptables against the real kernel in fresh network namespaces (`netns_*`, root), on both
+//! backends; every check is cross-checked with `iptables-save` / `ip6tables-save`.
+
+// Helpers shared by the tests below are test code too.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use ipset::{diff, Entry, Ipset, IpsetState, Protocol, SetKind};
+use iptables::{
+    render_ipvs_mode, Backend, Error, Family, Iptables, IpvsModeInput, LocalDetect, RuleSet,
+    Runner, Table,
+};
+
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Netns {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let name = format!(
+            "iptables-{}-{tag}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        assert!(Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .unwrap()
+            .success());
+        Netns(name)
+    }
+
+    fn sh(&self, script: &str) -> String {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.0, "sh", "-c", script])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{script}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn runner(&self) -> Runner {
+        Runner::in_netns(&self.0)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+fn prog(backend: Backend, family: Family) -> String {
+    backend.save_program(family)
+}
+
+/// Rules of one chain as iptables-save prints them.
+fn chain_rules(save: &str, chain: &str) -> Vec<String> {
+    let p = format!("-A {chain} ");
+    // (iptables-save escapes a single quote inside a comment as \')
+    save.lines()
+        .filter(|l| l.starts_with(&p))
+        .map(|l| l.replace("\\'", "'"))
+        .collect()
+}
+
+/// The 17 sets with one member each (so every set-driven rule is rendered).
+fn sets_with_members(ns: &Netns, family: Family) -> IpsetState {
+    let mut st = IpsetState::kube(family);
+    let (a, b): (std::net::IpAddr, std::net::IpAddr) = match family {
+        Family::V4 => ("10.96.0.1".parse().unwrap(), "10.244.0.2".parse().unwrap()),
+        Family::V6 => ("fd00::1".parse().unwrap(), "fd01::2".parse().unwrap()),
+    };
+    for k in SetKind::ALL {
+        let e = match k.set_type() {
+            ipset::SetType::HashIp => Entry::Ip(a),
+            ipset::SetType::HashIpPort => Entry::ip_port(a, Protocol::Tcp, 80),
+            ipset::SetType::HashIpPortIp => Entry::ip_port_ip(a, Protocol::Tcp, 80, b),
+            ipset::SetType::HashIpPortNet => {
+                Entry::ip_port_net(a, Protocol::Tcp, 80, ipnet::IpNet::from(b))
+            }
+            ipset::SetType::BitmapPort => Entry::Port(30080),
+        };
+        st.add(k, family, e, "test").unwrap();
+    }
+    let ipset = Ipset::new(ipset::Runner::in_netns(&ns.0));
+    let rep = ipset
+        .apply(&diff(
+            &st,
+            &ipset.read(&SetKind::all_names(family)).unwrap(),
+        ))
+        .unwrap();
+    assert!(rep.rejected.is_empty(), "{:?}", rep.rejected);
+    st
+}
+
+fn full_input(ns: &Netns, family: Family) -> (IpvsModeInput, RuleSet) {
+    let st = sets_with_members(ns, family);
+    let mut input = IpvsModeInput::new(family);
+    input.set_non_empty_from(&st);
+    input.local_detect = LocalDetect::Cidrs(vec![match family {
+        Family::V4 => "10.244.0.0/16".parse().unwrap(),
+        Family::V6 => "fd01::/48".parse().unwrap(),
+    }]);
+    assert_eq!(input.non_empty_sets.len(), 17);
+    let rs = render_ipvs_mode(&input).unwrap();
+    (input, rs)
+}
+
+fn rules_applied_and_second_apply_is_free(backend: Backend, family: Family) {
+    let ns = Netns::new("apply");
+    // someone else's rules, which must survive everything we do
+    let foreign_cmd = match family {
+        Family::V4 => "iptables",
+        Family::V6 => "ip6tables",
+    };
+    let b = match backend {
+        Backend::Nft => "nft",
+        Backend::Legacy => "legacy",
+    };
+    ns.sh(&format!(
+        "{foreign_cmd}-{b} -w -A INPUT -p tcp --dport 22 -j ACCEPT && \
+         {foreign_cmd}-{b} -w -t nat -N OTHER-CHAIN && \
+         {foreign_cmd}-{b} -w -t nat -A OTHER-CHAIN -j RETURN"
+    ));
+    let (mut input, rs) = full_input(&ns, family);
+    let mut ipt = Iptables::new(backend, family, ns.runner());
+    let out = ipt.apply(&rs).unwrap();
+    assert_eq!(out.restored, vec![Table::Nat, Table::Filter]);
+    assert_eq!(out.jumps_added, 9);
+    assert_eq!(out.processes, 4, "one save + one restore per table");
+
+    let save = |t: &str| ns.sh(&format!("{} -t {t}", prog(backend, family)));
+    let nat = save("nat");
+    let filter = save("filter");
+    for (t, c) in iptables::ipvs_chains() {
+        let text = if t == Table::Nat { &nat } else { &filter };
+        assert!(
+            text.contains(&format!("\n:{c} - [")),
+            "{t} {c} missing:\n{text}"
+        );
+    }
+    // jumps exactly once each, with upstream's comments
+    for j in iptables::ipvs_jumps() {
+        let text = if j.table == Table::Nat { &nat } else { &filter };
+        let n = text.lines().filter(|l| *l == j.save_line()).count();
+        assert_eq!(n, 1, "{}:\n{text}", j.save_line());
+    }
+    // every rendered rule is in the kernel: the per-chain counts match, and the lines iptables
+    // prints unchanged are there verbatim
+    for (t, (chains, rules)) in &rs.tables {
+        let text = if *t == Table::Nat { &nat } else { &filter };
+        for c in chains {
+            let want: Vec<&String> = rules
+                .iter()
+                .filter(|r| r.starts_with(&format!("-A {c} ")))
+                .collect();
+            let have = chain_rules(text, c);
+            assert_eq!(want.len(), have.len(), "{t} {c}:\n{text}");
+            for w in want {
+                if !w.contains("-j MARK") && !w.contains("-j REJECT") {
+                    assert!(have.contains(w), "{w} not in:\n{have:#?}");
+                }
+            }
+        }
+    }
+    let masq = chain_rules(&nat, "KUBE-POSTROUTING");
+    assert!(
+        masq.iter()
+            .any(|l| l.ends_with("-j MASQUERADE --random-fully")),
+        "{masq:?}"
+    );
+    assert!(chain_rules(&nat, "KUBE-MARK-MASQ")[0].contains("--set-xmark 0x4000/0x4000"));
+    let cluster_masq = match family {
+        Family::V4 => "! -s 10.244.0.0/16 -m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ",
+        Family::V6 => "! -s fd01::/48 -m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set KUBE-6-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ",
+    };
+    assert!(nat.contains(cluster_masq), "{nat}");
+    // foreign rules untouched
+    assert!(
+        filter.contains("-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT"),
+        "{filter}"
+    );
+    assert!(nat.contains("-A OTHER-CHAIN -j RETURN"));
+
+    // A second apply of the same rules runs no process at all.
+    let before = ipt.processes_spawned();
+    let out = ipt.apply(&render_ipvs_mode(&input).unwrap()).unwrap();
+    assert_eq!(ipt.processes_spawned(), before);
+    assert_eq!(out.processes, 0);
+    assert_eq!(out.unchanged, vec![Table::Nat, Table::Filter]);
+
+    // A change touching only nat restores only nat, and does not duplicate jumps.
+    input.masquerade_all = true;
+    let out = ipt.apply(&render_ipvs_mode(&input).unwrap()).unwrap();
+    assert_eq!(out.restored, vec![Table::Nat]);
+    assert_eq!(out.processes, 1);
+    let nat2 = save("nat");
+    assert!(!nat2.contains(cluster_masq));
+    assert_eq!(
+        chain_rules(&nat2, "PREROUTING")
+            .iter()
+            .filter(|l| l.contains("KUBE-SERVICES"))
+            .count(),
+        1
+    );
+
+    // Drift: someone flushes KUBE-SERVICES and deletes a jump; a forced resync repairs both.
+    ns.sh(&format!(
+        "{foreign_cmd}-{b} -w -t nat -F KUBE-SERVICES && \
+         {foreign_cmd}-{b} -w -t nat -D PREROUTING -m comment --comment 'kubernetes service portals' -j KUBE-SERVICES"
+    ));
+    ipt.force_resync();
+    let out = ipt.apply(&render_ipvs_mode(&input).unwrap()).unwrap();
+    assert_eq!(out.jumps_added, 1);
+    let nat3 = save("nat");
+    assert_eq!(nat3.matches("-j KUBE-SERVICES").count(), 2, "{nat3}");
+    assert_eq!(
+        chain_rules(&nat3, "KUBE-SERVICES"),
+        chain_rules(&nat2, "KUBE-SERVICES")
+    );
+
+    // Cleanup removes every chain and jump of ours, and nothing else.
+    ipt.cleanup(&rs).unwrap();
+    let nat = save("nat");
+    let filter = save("filter");
+    assert!(
+        !nat.contains("KUBE-") && !filter.contains("KUBE-"),
+        "{nat}\n{filter}"
+    );
+    assert!(filter.contains("-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT"));
+    assert!(nat.contains("-A OTHER-CHAIN -j RETURN"));
+}
+
+#[test]
+#[ignore = "netns"]
+fn netns_ipvs_rules_nft_v4() {
+    rules_applied_and_second_apply_is_free(Backend::Nft, Family::V4);
+}
+
+#[test]
+#[ignore = "netns"]
+fn netns_ipvs_rules_legacy_v4() {
+    rules_applied_and_second_apply_is_free(Backend::Legacy, Family::V4);
+}
+
+#[test]
+#[ignore = "netns"]
+fn netns_ipvs_rules_nft_v6() {
+    rules_applied_and_second_apply_is_free(Backend::Nft, Family::V6);
+}
+
+#[test]
+#[ignore = "netns"]
+fn netns_ipvs_rules_legacy_v6() {
+    rules_applied_and_second_apply_is_free(Backend::Legacy, Family::V6);
+}
+
+#[test]
+#[ignore = "netns"]
+fn netns_duplicate_jumps_are_removed() {
+    let ns = Netns::new("dup");
+    let (_, rs) = full_input(&ns, Family::V4);
+    ns.sh(
+        "iptables-nft -w -t nat -N KUBE-SERVICES && \
+         for i in 1 2 3; do iptables-nft -w -t nat -A OUTPUT -m comment --comment 'kubernetes service portals' -j KUBE-SERVICES; done",
+    );
+    let mut ipt = Iptables::new(Backend::Nft, Family::V4, ns.runner());
+    let out = ipt.apply(&rs).unwrap();
+    assert_eq!(out.jumps_removed, 2);
+    assert_eq!(out.jumps_added, 8);
+    let nat = ns.sh("iptables-nft-save -t nat");
+    assert_eq!(
+        nat.lines()
+            .filter(|l| l.starts_with("-A OUTPUT") && l.ends_with("-j KUBE-SERVICES"))
+            .count(),
+        1,
+        "{nat}"
+    );
+}
+
+#[test]
+#[ignore = "netns"]
+fn netns_rejected_rule_names_the_line() {
+    let ns = Netns::new("bad");
+    let mut ipt = Iptables::new(Backend::Nft, Family::V4, ns.runner());
+    let text = "*filter\n:KUBE-TEST - [0:0]\n-A KUBE-TEST -j ACCEPT\n-A KUBE-TEST -m set --match-set NO-SUCH-SET dst -j ACCEPT\nCOMMIT\n";
+    let err = ipt.apply_restore(Table::Filter, text).unwrap_err();
+    match &err {
+        Error::RestoreFailed { line, table, .. } => {
+            assert_eq!(*table, Table::Filter);
+            assert_eq!(
+                line.as_ref().map(|(n, l)| (*n, l.as_str())),
+                Some((
+                    4,
+                    "-A KUBE-TEST -m set --match-set NO-SUCH-SET dst -j ACCEPT"
+                ))
+            );
+        }
+        e => panic!("unexpected {e}"),
+    }
+    // the failed restore changed nothing
+    assert!(!ns.sh("iptables-nft-save -t filter").contains("KUBE-TEST"));
+}
+
+#[test]
+#[ignore = "netns"]
+fn netns_backend_detection_follows_kubelet_chains() {
+    for (b, expect) in [("legacy", Backend::Legacy), ("nft", Backend::Nft)] {
+        let ns = Netns::new("detect");
+        ns.sh(&format!("iptables-{b} -w -t mangle -N KUBE-IPTABLES-HINT"));
+        let ipt = Iptables::detect(Family::V4, ns.runner()).unwrap();
+        assert_eq!(ipt.backend(), expect, "hint in {b}");
+    }
+    // No Kubernetes chains anywhere: what `iptables --version` says.
+    let ns = Netns::new("detect");
+    let v = ns.sh("iptables --version");
+    let want = if v.contains("nf_tables") {
+        Backend::Nft
+    } else {
+        Backend::Legacy
+    };
+    assert_eq!(
+        Iptables::detect(Family::V4, ns.runner()).unwrap().backend(),
+        want
+    );
+}
+
+#[test]
+#[ignore = "netns"]
+fn netns_random_fully_detected() {
+    let ns = Netns::new("rf");
+    let mut ipt = Iptables::new(Backend::Nft, Family::V4, ns.runner());
+    let v = ipt.version().unwrap();
+    let printed = ns.sh("iptables-nft --version");
+    assert!(
+        printed.contains(&format!("v{}.{}.{}", v.0, v.1, v.2)),
+        "{printed}"
+    );
+    assert_eq!(ipt.supports_random_fully().unwrap(), v >= (1, 6, 2));
+}
