@@ -28,7 +28,7 @@ fn main() -> ExitCode {
         eprintln!("ipvs-restore: reading stdin: {e}");
         return ExitCode::from(2);
     }
-    let parsed = match ipvs_netlink::savefmt::parse_commands(&text) {
+    let parsed = match ipvs_netlink::savefmt::parse_commands_with_lines(&text) {
         Ok(ops) => ops,
         Err(e) => {
             eprintln!("ipvs-restore: {e}; nothing applied");
@@ -36,10 +36,15 @@ fn main() -> ExitCode {
         }
     };
     let mut ops = Vec::with_capacity(parsed.len() + 1);
+    let mut lines = Vec::with_capacity(parsed.len() + 1);
     if flush {
         ops.push(Op::Flush);
+        lines.push(0);
     }
-    ops.extend(parsed);
+    for (line, op) in parsed {
+        ops.push(op);
+        lines.push(line);
+    }
     let mut client = match ipvs_netlink::Client::new() {
         Ok(c) => c,
         Err(e) => {
@@ -52,10 +57,9 @@ fn main() -> ExitCode {
     for (i, r) in results.iter().enumerate() {
         if let Err(e) = r {
             failed += 1;
-            let what = if flush && i == 0 {
-                "--flush".to_owned()
-            } else {
-                format!("operation {}", if flush { i } else { i + 1 })
+            let what = match lines[i] {
+                0 => "--flush".to_owned(),
+                n => format!("line {n}"),
             };
             eprintln!("ipvs-restore: {what}: {e}");
         }

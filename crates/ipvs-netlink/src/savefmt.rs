@@ -824,6 +824,14 @@ fn line_dest(l: &Line, key: &ServiceKey, line: usize) -> Result<Destination, Par
 /// Parses `ipvsadm` command lines (the `ipvsadm --restore` input: -A, -E, -D, -a, -e, -d, -C,
 /// --set) into operations, in file order. Fails on the first bad line; nothing is returned then.
 pub fn parse_commands(text: &str) -> Result<Vec<Op>, ParseError> {
+    Ok(parse_commands_with_lines(text)?
+        .into_iter()
+        .map(|(_, op)| op)
+        .collect())
+}
+
+/// Like [`parse_commands`], with the 1-based line number of every operation.
+pub fn parse_commands_with_lines(text: &str) -> Result<Vec<(usize, Op)>, ParseError> {
     let mut ops = Vec::new();
     for (line, toks) in lines(text) {
         let l = parse_tokens(&toks, line)?;
@@ -855,7 +863,7 @@ pub fn parse_commands(text: &str) -> Result<Vec<Op>, ParseError> {
                 udp: l.set_args[2],
             }),
         };
-        ops.push(op);
+        ops.push((line, op));
     }
     Ok(ops)
 }

@@ -14,3 +14,6 @@ pub use ipvs::{
 };
 pub use netlink::{messages, put_get_family, put_request, Header, Reply};
 pub use nla::{Attr, AttrIter, AttrWriter};
+
+#[cfg(test)]
+mod tests;
