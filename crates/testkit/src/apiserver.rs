@@ -352,11 +352,15 @@ impl FakeApiServer {
 
     /// Simulate the server going away: close the listening socket (new connections are refused)
     /// and drop every open connection. Objects can still be changed in-process meanwhile.
-    pub fn pause(&self) {
-        if let Some(task) = lock(&self.accept).take() {
-            task.abort();
-        }
+    /// Returns once the socket is closed.
+    pub async fn pause(&self) {
+        let task = lock(&self.accept).take();
         self.shared.lock().close_watches();
+        if let Some(task) = task {
+            task.abort();
+            // The listener (and every connection) is dropped when the aborted task finishes.
+            let _ = task.await;
+        }
     }
 
     /// Whether the server is paused.

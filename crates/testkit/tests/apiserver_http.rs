@@ -670,7 +670,7 @@ async fn pause_refuses_connections_until_resume() {
     let s = server().await;
     let a = s.addr();
     let mut w = request(a, "GET", "/api/v1/services?watch=1&resourceVersion=1", None).await;
-    s.pause();
+    s.pause().await;
     assert!(s.is_paused());
     assert!(w.next_event().await.is_err());
     let err = TcpStream::connect(a).await.unwrap_err();

@@ -9,6 +9,7 @@
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
+pub mod kube;
 pub mod static_dir;
 
 /// The kinds of object the proxy watches.

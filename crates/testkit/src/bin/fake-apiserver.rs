@@ -76,7 +76,7 @@ async fn reset_history(State(s): State<Srv>, Query(q): Query<HashMap<String, u64
     Json(json!({"resourceVersion": s.resource_version()}))
 }
 async fn pause(State(s): State<Srv>, Query(q): Query<HashMap<String, u64>>) -> Json<Value> {
-    s.pause();
+    s.pause().await;
     if let Some(secs) = q.get("seconds").copied() {
         let s = s.clone();
         tokio::spawn(async move {
