@@ -48,7 +48,19 @@ impl<W: Write> CpioWriter<W> {
         self.next_ino += 1;
         let nlink = if mode & S_IFDIR == S_IFDIR { 2 } else { 1 };
         let fields = [
-            ino, mode, 0, 0, nlink, 0, size, 0, 0, rdev.0, rdev.1, namesize as u32, 0,
+            ino,
+            mode,
+            0,
+            0,
+            nlink,
+            0,
+            size,
+            0,
+            0,
+            rdev.0,
+            rdev.1,
+            namesize as u32,
+            0,
         ];
         let mut h = String::with_capacity(110);
         h.push_str("070701");
@@ -142,7 +154,10 @@ mod tests {
             "b/f.txt"
         );
         use std::os::unix::fs::PermissionsExt;
-        let mode = fs::metadata(dir.join("a/b/f.txt")).unwrap().permissions().mode();
+        let mode = fs::metadata(dir.join("a/b/f.txt"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o640);
         assert_eq!(fs::read(dir.join("a/link")).unwrap(), body);
         fs::remove_dir_all(&dir).unwrap();

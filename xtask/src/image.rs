@@ -78,7 +78,7 @@ pub fn ldd(p: &Path) -> Vec<PathBuf> {
         .filter_map(|l| {
             let l = l.trim();
             let path = match l.split_once("=>") {
-                Some((_, rhs)) => rhs.trim().split_whitespace().next()?,
+                Some((_, rhs)) => rhs.split_whitespace().next()?,
                 None => l.split_whitespace().next()?,
             };
             path.starts_with('/').then(|| PathBuf::from(path))
@@ -215,7 +215,10 @@ impl Tree {
                 self.insert(&d, Node::Symlink(t.to_string_lossy().into_owned()));
             } else if meta.is_dir() {
                 self.insert(&d, Node::Dir(meta.permissions().mode() & 0o7777));
-                for e in fs::read_dir(&s).ctx(|| format!("listing {}", s.display()))?.flatten() {
+                for e in fs::read_dir(&s)
+                    .ctx(|| format!("listing {}", s.display()))?
+                    .flatten()
+                {
                     let name = e.file_name().to_string_lossy().into_owned();
                     stack.push((e.path(), format!("{d}/{name}")));
                 }
@@ -229,7 +232,12 @@ impl Tree {
 
     /// Copy one host file to guest path `dest`; ELF files get their libraries (unless the base
     /// has them) and, when `strip_cache` is given, a debug-stripped copy is used.
-    pub fn add_file_as(&mut self, src: &Path, dest: &str, strip_cache: Option<&Path>) -> Result<()> {
+    pub fn add_file_as(
+        &mut self,
+        src: &Path,
+        dest: &str,
+        strip_cache: Option<&Path>,
+    ) -> Result<()> {
         let meta = fs::metadata(src).ctx(|| format!("reading {}", src.display()))?;
         if meta.is_dir() {
             return self.add_dir_as(src, dest);
@@ -280,7 +288,8 @@ impl Tree {
     pub fn write_cpio(&self, out: &Path) -> Result<u64> {
         let f = fs::File::create(out).ctx(|| format!("creating {}", out.display()))?;
         let mut w = CpioWriter::new(BufWriter::with_capacity(1 << 20, f));
-        let io = |r: std::io::Result<()>, k: &str| r.ctx(|| format!("writing {k} to {}", out.display()));
+        let io =
+            |r: std::io::Result<()>, k: &str| r.ctx(|| format!("writing {k} to {}", out.display()));
         let mut total = 0;
         for (k, n) in &self.nodes {
             match n {
@@ -291,7 +300,10 @@ impl Tree {
                 }
                 Node::File { src, mode } => {
                     let mut f = fs::File::open(src).ctx(|| format!("opening {}", src.display()))?;
-                    let len = f.metadata().ctx(|| format!("stat {}", src.display()))?.len();
+                    let len = f
+                        .metadata()
+                        .ctx(|| format!("stat {}", src.display()))?
+                        .len();
                     total += len;
                     io(w.file(k, *mode, len, &mut f), k)?;
                 }
@@ -315,7 +327,10 @@ fn stripped(src: &Path, meta: &fs::Metadata, dir: &Path) -> Result<PathBuf> {
     }
     let mut h = DefaultHasher::new();
     (src, meta.len(), meta.mtime(), meta.mtime_nsec()).hash(&mut h);
-    let name = src.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = src
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let out = dir.join(format!("{name}-{:016x}", h.finish()));
     if out.exists() {
         return Ok(out);
@@ -346,7 +361,14 @@ const MODULE_PREFIXES: &[&str] = &[
 ];
 /// Single modules (by name) the guest gets, with dependencies.
 const MODULE_NAMES: &[&str] = &[
-    "dummy", "veth", "macvlan", "ipvlan", "tun", "virtio_net", "virtio_pci", "8021q",
+    "dummy",
+    "veth",
+    "macvlan",
+    "ipvlan",
+    "tun",
+    "virtio_net",
+    "virtio_pci",
+    "8021q",
 ];
 
 fn module_name(rel: &str) -> &str {
@@ -364,7 +386,8 @@ pub fn stage_modules(kernel: &Kernel, cache: &Path) -> Result<PathBuf> {
         return Ok(dir);
     }
     let dep_file = kernel.modules.join("modules.dep");
-    let deps_text = fs::read_to_string(&dep_file).ctx(|| format!("reading {}", dep_file.display()))?;
+    let deps_text =
+        fs::read_to_string(&dep_file).ctx(|| format!("reading {}", dep_file.display()))?;
     let mut deps: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for line in deps_text.lines() {
         if let Some((m, d)) = line.split_once(':') {
@@ -375,7 +398,8 @@ pub fn stage_modules(kernel: &Kernel, cache: &Path) -> Result<PathBuf> {
         .keys()
         .copied()
         .filter(|m| {
-            MODULE_PREFIXES.iter().any(|p| m.starts_with(p)) || MODULE_NAMES.contains(&module_name(m))
+            MODULE_PREFIXES.iter().any(|p| m.starts_with(p))
+                || MODULE_NAMES.contains(&module_name(m))
         })
         .collect();
     let mut chosen: BTreeSet<&str> = BTreeSet::new();
@@ -394,16 +418,29 @@ pub fn stage_modules(kernel: &Kernel, cache: &Path) -> Result<PathBuf> {
         }
         fs::copy(kernel.modules.join(m), &dst).ctx(|| format!("copying module {m}"))?;
     }
-    for f in ["modules.builtin", "modules.builtin.modinfo", "modules.order"] {
+    for f in [
+        "modules.builtin",
+        "modules.builtin.modinfo",
+        "modules.order",
+    ] {
         let src = kernel.modules.join(f);
         if src.exists() {
             fs::copy(&src, root.join(f)).ctx(|| format!("copying {f}"))?;
         }
     }
-    host::output(Command::new("depmod").arg("-b").arg(&tmp).arg(&kernel.release))?;
-    fs::write(tmp.join(".complete"), format!("{} modules\n", chosen.len())).ctx(|| "marking modules")?;
+    host::output(
+        Command::new("depmod")
+            .arg("-b")
+            .arg(&tmp)
+            .arg(&kernel.release),
+    )?;
+    fs::write(tmp.join(".complete"), format!("{} modules\n", chosen.len()))
+        .ctx(|| "marking modules")?;
     if fs::rename(&tmp, &dir).is_err() && !dir.join(".complete").exists() {
-        return Err(Error::Kernel(format!("cannot move modules into {}", dir.display())));
+        return Err(Error::Kernel(format!(
+            "cannot move modules into {}",
+            dir.display()
+        )));
     }
     let _ = fs::remove_dir_all(&tmp);
     Ok(dir)
@@ -453,7 +490,9 @@ pub struct Base {
 
 fn required(tree: &mut Tree, name: &str) -> Result<()> {
     let p = host::which(name).ok_or_else(|| {
-        Error::Usage(format!("host tool `{name}` not found (needed in the VM image)"))
+        Error::Usage(format!(
+            "host tool `{name}` not found (needed in the VM image)"
+        ))
     })?;
     tree.add_host(&p)
 }
@@ -462,7 +501,17 @@ fn required(tree: &mut Tree, name: &str) -> Result<()> {
 pub fn ensure_base(kernel: &Kernel, cache: &Path) -> Result<Base> {
     let modules = stage_modules(kernel, cache)?;
     let mut t = Tree::new();
-    for d in ["dev", "proc", "sys", "run", "root", "etc", "mnt", "var", "usr/local/bin"] {
+    for d in [
+        "dev",
+        "proc",
+        "sys",
+        "run",
+        "root",
+        "etc",
+        "mnt",
+        "var",
+        "usr/local/bin",
+    ] {
         t.insert(d, Node::Dir(0o755));
     }
     t.insert("tmp", Node::Dir(0o1777));
@@ -473,17 +522,47 @@ pub fn ensure_base(kernel: &Kernel, cache: &Path) -> Result<Base> {
     t.add_host(Path::new("/usr/bin/dash"))?;
     t.insert("usr/bin/sh", Node::Symlink("dash".into()));
     for tool in [
-        "ip", "ss", "ipvsadm", "ipset", "conntrack", "kmod", "modprobe", "depmod", "lsmod",
-        "insmod", "rmmod", "iptables", "iptables-save", "iptables-restore", "ip6tables",
-        "ip6tables-save", "ip6tables-restore", "iptables-legacy", "iptables-legacy-save",
-        "iptables-legacy-restore", "ip6tables-legacy", "ip6tables-legacy-save",
-        "ip6tables-legacy-restore", "iptables-nft", "iptables-nft-save", "iptables-nft-restore",
-        "ip6tables-nft", "ip6tables-nft-save", "ip6tables-nft-restore", "xtables-legacy-multi",
+        "ip",
+        "ss",
+        "ipvsadm",
+        "ipset",
+        "conntrack",
+        "kmod",
+        "modprobe",
+        "depmod",
+        "lsmod",
+        "insmod",
+        "rmmod",
+        "iptables",
+        "iptables-save",
+        "iptables-restore",
+        "ip6tables",
+        "ip6tables-save",
+        "ip6tables-restore",
+        "iptables-legacy",
+        "iptables-legacy-save",
+        "iptables-legacy-restore",
+        "ip6tables-legacy",
+        "ip6tables-legacy-save",
+        "ip6tables-legacy-restore",
+        "iptables-nft",
+        "iptables-nft-save",
+        "iptables-nft-restore",
+        "ip6tables-nft",
+        "ip6tables-nft-save",
+        "ip6tables-nft-restore",
+        "xtables-legacy-multi",
         "xtables-nft-multi",
     ] {
         required(&mut t, tool)?;
     }
-    for optional in ["nft", "ipvsadm-save", "ipvsadm-restore", "ipset-translate", "ethtool"] {
+    for optional in [
+        "nft",
+        "ipvsadm-save",
+        "ipvsadm-restore",
+        "ipset-translate",
+        "ethtool",
+    ] {
         if let Some(p) = host::which(optional) {
             t.add_host(&p)?;
         }
@@ -492,16 +571,28 @@ pub fn ensure_base(kernel: &Kernel, cache: &Path) -> Result<Base> {
     if xt.is_dir() {
         t.add_host(xt)?;
     }
-    for f in ["/etc/protocols", "/etc/services", "/etc/ethertypes", "/etc/ld.so.cache", "/etc/iproute2"] {
+    for f in [
+        "/etc/protocols",
+        "/etc/services",
+        "/etc/ethertypes",
+        "/etc/ld.so.cache",
+        "/etc/iproute2",
+    ] {
         if Path::new(f).exists() {
             t.add_host(Path::new(f))?;
         }
     }
-    let data = |s: &str| Node::Data { bytes: s.as_bytes().to_vec(), mode: 0o644 };
+    let data = |s: &str| Node::Data {
+        bytes: s.as_bytes().to_vec(),
+        mode: 0o644,
+    };
     t.insert("etc/passwd", data("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"));
     t.insert("etc/group", data("root:x:0:\nnogroup:x:65534:\n"));
     t.insert("etc/hosts", data("127.0.0.1\tlocalhost\n::1\tlocalhost\n"));
-    t.insert("etc/nsswitch.conf", data("passwd: files\ngroup: files\nhosts: files\nservices: files\nprotocols: files\n"));
+    t.insert(
+        "etc/nsswitch.conf",
+        data("passwd: files\ngroup: files\nhosts: files\nservices: files\nprotocols: files\n"),
+    );
     // busybox applets fill the gaps (nc, wget, httpd, timeout, sleep, ...); real tools win.
     let list = host::output(Command::new("/bin/busybox").arg("--list-full"))?;
     for applet in list.lines().map(str::trim).filter(|l| !l.is_empty()) {
@@ -513,7 +604,13 @@ pub fn ensure_base(kernel: &Kernel, cache: &Path) -> Result<Base> {
         &modules.join("lib/modules").join(&kernel.release),
         &format!("lib/modules/{}", kernel.release),
     )?;
-    t.insert("init", Node::Data { bytes: INIT.as_bytes().to_vec(), mode: 0o755 });
+    t.insert(
+        "init",
+        Node::Data {
+            bytes: INIT.as_bytes().to_vec(),
+            mode: 0o755,
+        },
+    );
 
     let fp = t.fingerprint(&kernel.release);
     let path = cache.join(format!("base-{fp}.cpio"));
@@ -524,8 +621,9 @@ pub fn ensure_base(kernel: &Kernel, cache: &Path) -> Result<Base> {
         let bytes = t.write_cpio(&tmp)?;
         fs::rename(&tmp, &path).ctx(|| format!("renaming into {}", path.display()))?;
         eprintln!(
-            "xtask: built base image {} ({} entries, {:.1} MB) in {:.1} s",
+            "xtask: built base image {} for {} ({} entries, {:.1} MB) in {:.1} s",
             path.display(),
+            kernel.package,
             keys.len(),
             bytes as f64 / 1e6,
             started.elapsed().as_secs_f64()
@@ -551,8 +649,14 @@ mod tests {
     #[test]
     fn ldd_finds_libc_of_a_dynamic_binary() {
         let libs = ldd(Path::new("/usr/sbin/ipset"));
-        assert!(libs.iter().any(|l| l.to_string_lossy().contains("libc.so")), "{libs:?}");
-        assert!(ldd(Path::new("/bin/busybox")).is_empty(), "busybox is static");
+        assert!(
+            libs.iter().any(|l| l.to_string_lossy().contains("libc.so")),
+            "{libs:?}"
+        );
+        assert!(
+            ldd(Path::new("/bin/busybox")).is_empty(),
+            "busybox is static"
+        );
     }
 
     #[test]
@@ -561,12 +665,18 @@ mod tests {
         t.add_host(Path::new("/usr/sbin/iptables")).unwrap();
         let real = fs::canonicalize("/usr/sbin/iptables").unwrap();
         assert!(t.nodes.contains_key(&key_of(&real)));
-        assert!(matches!(t.nodes.get("usr/sbin/iptables"), Some(Node::Symlink(_))));
+        assert!(matches!(
+            t.nodes.get("usr/sbin/iptables"),
+            Some(Node::Symlink(_))
+        ));
     }
 
     #[test]
     fn module_names() {
         assert_eq!(module_name("kernel/drivers/net/dummy.ko"), "dummy");
-        assert_eq!(module_name("kernel/net/netfilter/ipvs/ip_vs_rr.ko.xz"), "ip_vs_rr");
+        assert_eq!(
+            module_name("kernel/net/netfilter/ipvs/ip_vs_rr.ko.xz"),
+            "ip_vs_rr"
+        );
     }
 }

@@ -52,7 +52,11 @@ fn resolve_package() -> Option<String> {
         .and_then(|o| parse_depends(&String::from_utf8_lossy(&o.stdout)));
     dep.or_else(|| {
         Command::new("apt-cache")
-            .args(["search", "--names-only", "^linux-image-6.1.0-[0-9]+-cloud-amd64$"])
+            .args([
+                "search",
+                "--names-only",
+                "^linux-image-6.1.0-[0-9]+-cloud-amd64$",
+            ])
             .output()
             .ok()
             .and_then(|o| parse_search(&String::from_utf8_lossy(&o.stdout)))
@@ -78,7 +82,9 @@ fn load(dir: &Path, package: &str) -> Result<Kernel> {
             });
         }
     }
-    Err(Error::Kernel(format!("{package}: no boot/vmlinuz-* in the package")))
+    Err(Error::Kernel(format!(
+        "{package}: no boot/vmlinuz-* in the package"
+    )))
 }
 
 fn cached(kdir: &Path) -> Vec<(PathBuf, String)> {
@@ -136,8 +142,12 @@ fn fetch(kdir: &Path, package: &str, dir: &Path) -> Result<()> {
     let root = tmp.join("root");
     fs::create_dir_all(&dl).ctx(|| format!("creating {}", dl.display()))?;
     eprintln!("xtask: downloading kernel package {package}");
-    host::output(Command::new("apt-get").args(["download", "-qq", package]).current_dir(&dl))
-        .map_err(|e| Error::Kernel(format!("apt-get download {package}: {e}")))?;
+    host::output(
+        Command::new("apt-get")
+            .args(["download", "-qq", package])
+            .current_dir(&dl),
+    )
+    .map_err(|e| Error::Kernel(format!("apt-get download {package}: {e}")))?;
     let deb = fs::read_dir(&dl)
         .ctx(|| format!("reading {}", dl.display()))?
         .flatten()
@@ -157,7 +167,10 @@ fn fetch(kdir: &Path, package: &str, dir: &Path) -> Result<()> {
     fs::write(root.join(".complete"), package).ctx(|| "marking kernel complete")?;
     let _ = fs::remove_dir_all(&dl);
     if fs::rename(&root, dir).is_err() && !dir.join(".complete").exists() {
-        return Err(Error::Kernel(format!("cannot move kernel into {}", dir.display())));
+        return Err(Error::Kernel(format!(
+            "cannot move kernel into {}",
+            dir.display()
+        )));
     }
     let _ = fs::remove_dir_all(&tmp);
     Ok(())

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 const USAGE: &str = "\
 usage:
-  cargo xtask vm [--mem M] [--cpus N] [--file SRC[:DEST]]... [--env K=V]... [--cwd DIR]
+  cargo xtask vm [--mem M] [--cpus N] [--file SRC[:DEST]]... [--env K=V]... [--cwd DIR (default: current dir)]
                  [--timeout SECS] [--net-fwd HOSTPORT] -- CMD...
   cargo xtask test [--stage fmt|clippy|unit|netns|vm]... [--timeout SECS]
   cargo xtask e2e [--filter SUBSTRING] [--timeout SECS]
@@ -54,7 +54,9 @@ fn dispatch(args: &[String]) -> Result<u8> {
             println!("{USAGE}");
             Ok(0)
         }
-        other => Err(Error::Usage(format!("unknown subcommand `{other}`\n{USAGE}"))),
+        other => Err(Error::Usage(format!(
+            "unknown subcommand `{other}`\n{USAGE}"
+        ))),
     }
 }
 
@@ -81,14 +83,15 @@ fn parse_file(spec: &str) -> Result<(PathBuf, String)> {
         Some((s, d)) => (s, Some(d.to_string())),
         None => (spec, None),
     };
-    let abs = std::path::absolute(src)
-        .map_err(|e| Error::Usage(format!("--file {src}: {e}")))?;
+    let abs = std::path::absolute(src).map_err(|e| Error::Usage(format!("--file {src}: {e}")))?;
     if !abs.exists() {
         return Err(Error::Usage(format!("--file {src}: no such file")));
     }
     let dest = dest.unwrap_or_else(|| abs.to_string_lossy().into_owned());
     if !dest.starts_with('/') {
-        return Err(Error::Usage(format!("--file DEST must be absolute: {dest}")));
+        return Err(Error::Usage(format!(
+            "--file DEST must be absolute: {dest}"
+        )));
     }
     Ok((abs, dest))
 }
@@ -141,16 +144,27 @@ fn vm_cmd(args: &[String]) -> Result<u8> {
                         .map_err(|_| Error::Usage("--net-fwd PORT".into()))?,
                 )
             }
-            other => return Err(Error::Usage(format!("unknown vm option `{other}`\n{USAGE}"))),
+            other => {
+                return Err(Error::Usage(format!(
+                    "unknown vm option `{other}`\n{USAGE}"
+                )))
+            }
         }
     }
     if argv.is_empty() {
-        return Err(Error::Usage(format!("vm needs a command after `--`\n{USAGE}")));
+        return Err(Error::Usage(format!(
+            "vm needs a command after `--`\n{USAGE}"
+        )));
     }
     for k in ["RUST_BACKTRACE", "RUST_LOG"] {
         if let Ok(v) = std::env::var(k) {
             cfg.env.push((k.to_string(), v));
         }
+    }
+    if cfg.cwd.is_none() {
+        cfg.cwd = std::env::current_dir()
+            .ok()
+            .map(|d| d.to_string_lossy().into_owned());
     }
     cfg.script = vm::argv_script(&argv);
     let out = vm::run(&cfg)?;

@@ -124,9 +124,21 @@ pub fn run(cfg: &VmConfig) -> Result<VmOutcome> {
     }
     script.push_str(&cfg.script);
     tree.insert("root", Node::Dir(0o700));
-    tree.insert("xtask/cmd", Node::Data { bytes: script.into_bytes(), mode: 0o755 });
+    tree.insert(
+        "xtask/cmd",
+        Node::Data {
+            bytes: script.into_bytes(),
+            mode: 0o755,
+        },
+    );
     if cfg.net_fwd.is_some() {
-        tree.insert("xtask/net", Node::Data { bytes: Vec::new(), mode: 0o644 });
+        tree.insert(
+            "xtask/net",
+            Node::Data {
+                bytes: Vec::new(),
+                mode: 0o644,
+            },
+        );
     }
     let overlay = dir.0.join("overlay.cpio");
     tree.write_cpio(&overlay)?;
@@ -143,7 +155,13 @@ pub fn run(cfg: &VmConfig) -> Result<VmOutcome> {
     boot(cfg, &kernel.vmlinuz, &initrd, &dir.0, prepare)
 }
 
-fn boot(cfg: &VmConfig, vmlinuz: &Path, initrd: &Path, dir: &Path, prepare: Duration) -> Result<VmOutcome> {
+fn boot(
+    cfg: &VmConfig,
+    vmlinuz: &Path,
+    initrd: &Path,
+    dir: &Path,
+    prepare: Duration,
+) -> Result<VmOutcome> {
     let qemu = host::which("qemu-system-x86_64")
         .ok_or_else(|| Error::Qemu("qemu-system-x86_64 not found".into()))?;
     let names = ["console", "stdout", "stderr", "status"];
@@ -153,7 +171,13 @@ fn boot(cfg: &VmConfig, vmlinuz: &Path, initrd: &Path, dir: &Path, prepare: Dura
     let qlog = fs::File::create(dir.join("qemu.log")).ctx(|| "creating qemu.log")?;
     let qlog2 = qlog.try_clone().ctx(|| "cloning qemu.log")?;
     let mut cmd = Command::new(qemu);
-    cmd.args(["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]);
+    cmd.args([
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-no-reboot",
+    ]);
     if has_hw_virt() {
         cmd.args(["-accel", "kvm", "-cpu", "host"]);
     } else {
@@ -181,7 +205,9 @@ fn boot(cfg: &VmConfig, vmlinuz: &Path, initrd: &Path, dir: &Path, prepare: Dura
     }
     cmd.stdin(Stdio::null()).stdout(qlog).stderr(qlog2);
     let start = Instant::now();
-    let mut child = cmd.spawn().map_err(|e| Error::Qemu(format!("cannot start: {e}")))?;
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Error::Qemu(format!("cannot start: {e}")))?;
 
     let open = |n: &str| fs::File::open(dir.join(n)).ctx(|| format!("opening {n}"));
     let (mut out_f, mut err_f, mut st_f) = (open("stdout")?, open("stderr")?, open("status")?);
@@ -190,25 +216,26 @@ fn boot(cfg: &VmConfig, vmlinuz: &Path, initrd: &Path, dir: &Path, prepare: Dura
     let mut boot_time = None;
     let mut rc_seen_at: Option<Instant> = None;
     let mut buf = Vec::new();
-    let mut pump = |f: &mut fs::File, to_stdout: bool, capture: Option<&mut Vec<u8>>| -> Result<()> {
-        buf.clear();
-        f.read_to_end(&mut buf).ctx(|| "reading guest output")?;
-        if !buf.is_empty() {
-            if cfg.echo {
-                if to_stdout {
-                    let mut o = std::io::stdout().lock();
-                    let _ = o.write_all(&buf);
-                    let _ = o.flush();
-                } else {
-                    let _ = std::io::stderr().write_all(&buf);
+    let mut pump =
+        |f: &mut fs::File, to_stdout: bool, capture: Option<&mut Vec<u8>>| -> Result<()> {
+            buf.clear();
+            f.read_to_end(&mut buf).ctx(|| "reading guest output")?;
+            if !buf.is_empty() {
+                if cfg.echo {
+                    if to_stdout {
+                        let mut o = std::io::stdout().lock();
+                        let _ = o.write_all(&buf);
+                        let _ = o.flush();
+                    } else {
+                        let _ = std::io::stderr().write_all(&buf);
+                    }
+                }
+                if let Some(c) = capture {
+                    c.extend_from_slice(&buf);
                 }
             }
-            if let Some(c) = capture {
-                c.extend_from_slice(&buf);
-            }
-        }
-        Ok(())
-    };
+            Ok(())
+        };
     let exit = loop {
         let exited = child.try_wait().ctx(|| "waiting for qemu")?;
         pump(&mut out_f, true, Some(&mut stdout))?;
@@ -307,7 +334,10 @@ mod tests {
             .arg(argv_script(&argv))
             .output()
             .unwrap();
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "a b|it's|$HOME||x\"y|*|");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "a b|it's|$HOME||x\"y|*|"
+        );
     }
 
     #[test]
