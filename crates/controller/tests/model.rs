@@ -1,5 +1,6 @@
 //! Table-driven tests of the model and per-service desired state: every Kubernetes feature the
 //! proxy implements, rendered as readable lines (virtual servers, addresses, ipset entries).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers
 
 mod fixtures;
 

@@ -1,5 +1,6 @@
 //! Desired state and diff: incremental deltas with reference counts, op counts at scale
 //! (1,000 services), startup adoption and drift, ordering within a batch.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers
 
 mod fixtures;
 
