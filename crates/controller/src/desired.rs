@@ -694,3 +694,23 @@ pub fn owned_by_proxy(cfg: &ProxyConfig) -> impl Fn(&ServiceKey) -> bool + '_ {
         ServiceKey::Fwmark { .. } => false,
     }
 }
+
+/// Lookups the proxier needs for failure isolation and node changes.
+impl Desired {
+    /// Names of the services with a desired state.
+    pub fn service_names(&self) -> impl Iterator<Item = &ServiceName> {
+        self.services.keys()
+    }
+
+    /// The service whose virtual server `key` is applied (the winning claimant).
+    pub fn owner_of(&self, key: &ServiceKey) -> Option<&ServiceName> {
+        self.claims.get(key)?.first()
+    }
+
+    /// The desired virtual servers for `keys` only (absent keys are not desired).
+    pub fn ipvs_table_for(&self, keys: &BTreeSet<ServiceKey>) -> IpvsTable {
+        keys.iter()
+            .filter_map(|k| self.effective(k).map(|vs| (*k, vs.clone())))
+            .collect()
+    }
+}

@@ -5,7 +5,9 @@
 
 pub mod desired;
 pub mod diff;
+pub mod kernel;
 pub mod model;
+pub mod proxier;
 pub mod source;
 pub mod store;
 pub mod sysctl;

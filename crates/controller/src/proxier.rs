@@ -1,0 +1,669 @@
+//! The proxier: keeps one address family of the node's kernel equal to the desired state.
+//!
+//! Two kinds of sync:
+//! - **incremental**: only the services marked dirty since the last sync are re-derived; the
+//!   [`Delta`] of those services is applied in the order written in [`crate::diff`]. No kernel
+//!   read, no dump: work is proportional to the change.
+//! - **full** (startup and every `syncPeriod`): one read of each subsystem (one IPVS dump, the
+//!   kube-ipvs0 addresses, one `ipset save`), a diff against the whole desired state, and only
+//!   the differences are written. At startup this adopts what a previous run (or kube-proxy)
+//!   left behind without a flush; later it repairs drift and counts the repairs.
+//!
+//! Failures are isolated: an IPVS operation that fails marks its virtual server for a targeted
+//! re-check (read just that virtual server, diff, apply) with exponential backoff; nothing else
+//! is retried or blocked. A rejected ipset entry is reported with the service it came from.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use ipset::{EntryChange, IpsetDiff, SetKind};
+use ipvs_netlink::{Family, Op, ServiceKey};
+
+use crate::desired::{owned_by_proxy, service_desired, set_family, Delta, Desired, IpsetEntry};
+use crate::diff::{diff_ipvs, diff_set, IpvsOps, IpvsTable};
+use crate::kernel::{Kernel, KernelError};
+use crate::model::{NodeInfo, ProxyConfig, Rejections, ServiceName};
+use crate::store::{Changes, Store};
+
+/// iptables settings that do not come from services.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RulesConfig {
+    /// Bit of the masquerade mark (`masqueradeBit`, default 14).
+    pub masquerade_bit: u32,
+    /// Local-traffic detection.
+    pub local_detect: iptables::LocalDetect,
+    /// `--random-fully` on MASQUERADE.
+    pub random_fully: bool,
+}
+
+impl Default for RulesConfig {
+    fn default() -> Self {
+        RulesConfig {
+            masquerade_bit: 14,
+            local_detect: iptables::LocalDetect::None,
+            random_fully: true,
+        }
+    }
+}
+
+/// Which kind of sync ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncKind {
+    /// Only changed services.
+    Incremental,
+    /// Full read, diff and repair.
+    Full,
+}
+
+/// What one sync did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncReport {
+    /// Incremental or full.
+    pub kind: SyncKind,
+    /// Services re-derived.
+    pub services_derived: usize,
+    /// IPVS operations sent.
+    pub ipvs_ops: usize,
+    /// IPVS operations that failed.
+    pub ipvs_failures: usize,
+    /// Addresses bound or unbound.
+    pub address_ops: usize,
+    /// ipset members added or deleted (plus sets created).
+    pub ipset_changes: usize,
+    /// An iptables-restore ran.
+    pub iptables_restored: bool,
+    /// Full sync after the first: differences found between the kernel and the applied
+    /// state (drift), per subsystem.
+    pub drift: BTreeMap<&'static str, usize>,
+    /// Errors (one line each, naming the object or subsystem).
+    pub errors: Vec<String>,
+    /// Wall time.
+    pub duration: Duration,
+}
+
+impl SyncReport {
+    fn new(kind: SyncKind) -> SyncReport {
+        SyncReport {
+            kind,
+            services_derived: 0,
+            ipvs_ops: 0,
+            ipvs_failures: 0,
+            address_ops: 0,
+            ipset_changes: 0,
+            iptables_restored: false,
+            drift: BTreeMap::new(),
+            errors: Vec::new(),
+            duration: Duration::ZERO,
+        }
+    }
+
+    /// True when the sync had no error.
+    pub fn ok(&self) -> bool {
+        self.errors.is_empty()
+    }
+}
+
+/// The proxier of one address family.
+#[derive(Debug)]
+pub struct Proxier {
+    cfg: ProxyConfig,
+    rules: RulesConfig,
+    node_name: String,
+    desired: Desired,
+    dirty: BTreeSet<ServiceName>,
+    node_dirty: bool,
+    zone: Option<String>,
+    applied_once: bool,
+    full_requested: bool,
+    repair: BTreeSet<ServiceKey>,
+    repair_attempts: u32,
+    repair_at: Option<Instant>,
+    recheck_addresses: bool,
+    set_counts: BTreeMap<SetKind, usize>,
+    rejections: Rejections,
+}
+
+impl Proxier {
+    /// A proxier for `cfg.family` on node `node_name`.
+    pub fn new(cfg: ProxyConfig, rules: RulesConfig, node_name: impl Into<String>) -> Proxier {
+        let desired = Desired::new(&cfg);
+        Proxier {
+            cfg,
+            rules,
+            node_name: node_name.into(),
+            desired,
+            dirty: BTreeSet::new(),
+            node_dirty: false,
+            zone: None,
+            applied_once: false,
+            full_requested: true,
+            repair: BTreeSet::new(),
+            repair_attempts: 0,
+            repair_at: None,
+            recheck_addresses: false,
+            set_counts: BTreeMap::new(),
+            rejections: Rejections::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ProxyConfig {
+        &self.cfg
+    }
+
+    /// The address family.
+    pub fn family(&self) -> Family {
+        self.cfg.family
+    }
+
+    /// The desired state as of the last sync.
+    pub fn desired(&self) -> &Desired {
+        &self.desired
+    }
+
+    /// Objects currently skipped as invalid, and the total ever counted.
+    pub fn rejections(&self) -> &Rejections {
+        &self.rejections
+    }
+
+    /// Records changes from the store (services to re-derive, node changes).
+    pub fn note(&mut self, changes: &Changes) {
+        self.dirty.extend(changes.dirty.iter().cloned());
+        self.node_dirty |= changes.node_changed;
+    }
+
+    /// Node addresses changed (from netif): NodePort-dependent services need re-deriving.
+    pub fn note_node_addresses(&mut self) {
+        self.node_dirty = true;
+    }
+
+    /// Asks for a full sync (drift check) at the next [`Proxier::sync`].
+    pub fn request_full(&mut self) {
+        self.full_requested = true;
+    }
+
+    /// True when a sync has work to do now.
+    pub fn pending(&self, now: Instant) -> bool {
+        self.full_requested
+            || !self.dirty.is_empty()
+            || self.node_dirty
+            || self.recheck_addresses
+            || (!self.repair.is_empty() && self.repair_at.is_none_or(|t| now >= t))
+    }
+
+    /// When the next retry of failed operations is due, if any.
+    pub fn retry_due(&self) -> Option<Instant> {
+        if self.repair.is_empty() {
+            None
+        } else {
+            self.repair_at
+        }
+    }
+
+    /// Runs one sync: full when requested (and always the first time), else incremental.
+    pub fn sync(
+        &mut self,
+        store: &Store,
+        node_addresses: &BTreeSet<IpAddr>,
+        kernel: &mut dyn Kernel,
+    ) -> SyncReport {
+        let start = Instant::now();
+        let mut report = if self.full_requested || !self.applied_once {
+            self.full_sync(store, node_addresses, kernel)
+        } else {
+            self.incremental_sync(store, node_addresses, kernel)
+        };
+        if !self.repair.is_empty() && self.repair_at.is_none_or(|t| Instant::now() >= t) {
+            self.retry_repairs(kernel, &mut report);
+        }
+        report.duration = start.elapsed();
+        report
+    }
+
+    fn node_info(&self, store: &Store, node_addresses: &BTreeSet<IpAddr>) -> NodeInfo {
+        NodeInfo::from_node(&self.node_name, store.node(), node_addresses.clone())
+    }
+
+    /// Derives the given services; invalid ones keep their last good state.
+    fn derive(
+        &mut self,
+        store: &Store,
+        node: &NodeInfo,
+        names: impl IntoIterator<Item = ServiceName>,
+        report: &mut SyncReport,
+    ) -> Vec<(ServiceName, Option<crate::desired::ServiceDesired>)> {
+        let mut changes = Vec::new();
+        for name in names {
+            report.services_derived += 1;
+            let key = format!("service {name}");
+            let Some(svc) = store.service(&name) else {
+                self.rejections.clear(&key);
+                changes.push((name, None));
+                continue;
+            };
+            let slices = store.slices_of(&name);
+            match service_desired(svc, &slices, &self.cfg, node) {
+                Ok(d) => {
+                    self.rejections.clear(&key);
+                    for (slice, why) in &d.rejected_slices {
+                        self.rejections
+                            .reject(&format!("endpointslice {}/{slice}", name.namespace), why);
+                    }
+                    changes.push((name, d.desired));
+                }
+                Err(why) => {
+                    // Logged once per reason by `reject`; the last good state stays applied.
+                    self.rejections.reject(&key, &why);
+                }
+            }
+        }
+        changes
+    }
+
+    fn dirty_names(&mut self, store: &Store, node: &NodeInfo) -> BTreeSet<ServiceName> {
+        let mut names = std::mem::take(&mut self.dirty);
+        if std::mem::take(&mut self.node_dirty) {
+            if node.zone != self.zone {
+                self.zone = node.zone.clone();
+                names.extend(store.service_names().cloned());
+                names.extend(self.desired_names());
+            } else {
+                names.extend(self.desired.node_dependent_services());
+            }
+        }
+        names
+    }
+
+    fn desired_names(&self) -> Vec<ServiceName> {
+        self.desired.service_names().cloned().collect()
+    }
+
+    fn incremental_sync(
+        &mut self,
+        store: &Store,
+        node_addresses: &BTreeSet<IpAddr>,
+        kernel: &mut dyn Kernel,
+    ) -> SyncReport {
+        let mut report = SyncReport::new(SyncKind::Incremental);
+        let node = self.node_info(store, node_addresses);
+        let names = self.dirty_names(store, &node);
+        let changes = self.derive(store, &node, names, &mut report);
+        let delta = self.desired.update_services(changes);
+        if std::mem::take(&mut self.recheck_addresses) {
+            self.repair_addresses(kernel, &mut report);
+        }
+        self.apply_delta(delta, kernel, &mut report);
+        report
+    }
+
+    fn full_sync(
+        &mut self,
+        store: &Store,
+        node_addresses: &BTreeSet<IpAddr>,
+        kernel: &mut dyn Kernel,
+    ) -> SyncReport {
+        let mut report = SyncReport::new(SyncKind::Full);
+        self.full_requested = false;
+        let node = self.node_info(store, node_addresses);
+        self.zone = node.zone.clone();
+        let mut names = std::mem::take(&mut self.dirty);
+        self.node_dirty = false;
+        if !self.applied_once {
+            names.extend(store.service_names().cloned());
+        } else {
+            names.extend(self.desired.node_dependent_services());
+        }
+        let changes = self.derive(store, &node, names, &mut report);
+        let _ = self.desired.update_services(changes);
+        self.set_counts = count_sets(&self.desired);
+        let drift_counted = self.applied_once;
+
+        // One read per subsystem.
+        if let Err(e) = kernel.ensure_link() {
+            report.errors.push(e.to_string());
+        }
+        let owned_sets: Vec<String> = SetKind::ALL
+            .iter()
+            .map(|k| k.name(set_family(self.cfg.family)))
+            .collect();
+        let actual_sets = match kernel.read_ipsets(&owned_sets) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                report.errors.push(e.to_string());
+                None
+            }
+        };
+        let actual_ipvs = match kernel.read_ipvs() {
+            Ok(t) => Some(t),
+            Err(e) => {
+                report.errors.push(e.to_string());
+                None
+            }
+        };
+        let actual_addrs = match kernel.read_addresses() {
+            Ok(a) => Some(a),
+            Err(e) => {
+                report.errors.push(e.to_string());
+                None
+            }
+        };
+
+        // Compute the differences.
+        let set_diff = actual_sets
+            .as_ref()
+            .map(|actual| ipset::diff(&self.desired.ipset_state(), actual));
+        let ipvs_ops = actual_ipvs.as_ref().map(|actual| {
+            let owned = owned_by_proxy(&self.cfg);
+            diff_ipvs(&self.desired.ipvs_table(), actual, &owned)
+        });
+        let (addr_add, addr_del) = match &actual_addrs {
+            Some(actual) => {
+                let fam = self.cfg.family;
+                let mine: BTreeSet<IpAddr> = actual
+                    .iter()
+                    .filter(|a| Family::of(a) == fam)
+                    .copied()
+                    .collect();
+                let cfg = &self.cfg;
+                diff_set(&self.desired.addresses(), &mine, &|a: &IpAddr| {
+                    !cfg.excluded(a)
+                })
+            }
+            None => (Vec::new(), Vec::new()),
+        };
+        if drift_counted {
+            let n_ipvs = ipvs_ops.as_ref().map_or(0, IpvsOps::len);
+            let n_sets = set_diff.as_ref().map_or(0, IpsetDiff::len);
+            let n_addr = addr_add.len() + addr_del.len();
+            for (k, n) in [("ipvs", n_ipvs), ("ipset", n_sets), ("address", n_addr)] {
+                if n > 0 {
+                    tracing::warn!(subsystem = k, differences = n, "repairing drift");
+                    report.drift.insert(k, n);
+                }
+            }
+        }
+
+        // Apply in the order of the contract in `crate::diff`.
+        let (set_grow, set_shrink) = match set_diff {
+            Some(d) => split_set_diff(d),
+            None => (IpsetDiff::default(), IpsetDiff::default()),
+        };
+        self.apply_sets(&set_grow, kernel, &mut report);
+        self.apply_rules(kernel, true, None, &mut report);
+        let ops = ipvs_ops.unwrap_or_default();
+        self.apply_ipvs(&ops.apply, kernel, &mut report);
+        self.apply_addrs(&addr_add, &[], kernel, &mut report);
+        self.apply_addrs(&[], &addr_del, kernel, &mut report);
+        self.apply_ipvs(&ops.remove, kernel, &mut report);
+        self.apply_sets(&set_shrink, kernel, &mut report);
+        self.applied_once = true;
+        report
+    }
+
+    fn apply_delta(&mut self, delta: Delta, kernel: &mut dyn Kernel, report: &mut SyncReport) {
+        if delta.is_empty() {
+            return;
+        }
+        let before: BTreeSet<SetKind> = non_empty(&self.set_counts);
+        for e in &delta.ipset_add {
+            *self.set_counts.entry(e.set).or_default() += 1;
+        }
+        for e in &delta.ipset_del {
+            if let Some(n) = self.set_counts.get_mut(&e.set) {
+                *n = n.saturating_sub(1);
+            }
+        }
+        let after: BTreeSet<SetKind> = non_empty(&self.set_counts);
+        let fam = set_family(self.cfg.family);
+        let grow = IpsetDiff {
+            adds: entry_changes(&delta.ipset_add, fam),
+            ..IpsetDiff::default()
+        };
+        let shrink = IpsetDiff {
+            dels: entry_changes(&delta.ipset_del, fam),
+            ..IpsetDiff::default()
+        };
+        let rules_change = delta.iptables_changed || before != after;
+        self.apply_sets(&grow, kernel, report);
+        if rules_change {
+            // Rules for sets that gain members go in now; rules for sets that become empty
+            // stay until their members are gone (step 6).
+            let union: BTreeSet<SetKind> = before.union(&after).copied().collect();
+            self.apply_rules(kernel, false, Some(union), report);
+        }
+        self.apply_ipvs(&delta.ipvs.apply, kernel, report);
+        self.apply_addrs(&delta.addresses_add, &[], kernel, report);
+        self.apply_addrs(&[], &delta.addresses_del, kernel, report);
+        self.apply_ipvs(&delta.ipvs.remove, kernel, report);
+        self.apply_sets(&shrink, kernel, report);
+        if rules_change {
+            self.apply_rules(kernel, false, None, report);
+        }
+    }
+
+    fn apply_sets(&mut self, diff: &IpsetDiff, kernel: &mut dyn Kernel, report: &mut SyncReport) {
+        if diff.is_empty() {
+            return;
+        }
+        report.ipset_changes += diff.len();
+        match kernel.apply_ipsets(diff) {
+            Ok(rejected) => {
+                for r in rejected {
+                    tracing::warn!(error = %r, "ipset entry rejected");
+                    report.errors.push(r);
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "ipset apply failed");
+                report.errors.push(e.to_string());
+                self.full_requested = true;
+            }
+        }
+    }
+
+    /// The iptables rules for the current desired state; `sets` overrides which sets count
+    /// as non-empty.
+    pub fn rules(&self, sets: Option<BTreeSet<SetKind>>) -> Result<iptables::RuleSet, String> {
+        let inputs = self.desired.iptables();
+        let mut input = iptables::IpvsModeInput::new(set_family(self.cfg.family));
+        input.masquerade_bit = self.rules.masquerade_bit;
+        input.masquerade_all = inputs.masquerade_all;
+        input.random_fully = self.rules.random_fully;
+        input.local_detect = match &self.rules.local_detect {
+            iptables::LocalDetect::None if !inputs.cluster_cidrs.is_empty() => {
+                iptables::LocalDetect::Cidrs(inputs.cluster_cidrs.clone())
+            }
+            other => other.clone(),
+        };
+        input.non_empty_sets = sets.unwrap_or_else(|| non_empty(&self.set_counts));
+        iptables::render_ipvs_mode(&input).map_err(|e| e.to_string())
+    }
+
+    fn apply_rules(
+        &mut self,
+        kernel: &mut dyn Kernel,
+        force: bool,
+        sets: Option<BTreeSet<SetKind>>,
+        report: &mut SyncReport,
+    ) {
+        let rules = match self.rules(sets) {
+            Ok(r) => r,
+            Err(e) => {
+                report.errors.push(format!("iptables: {e}"));
+                return;
+            }
+        };
+        match kernel.apply_iptables(&rules, force) {
+            Ok(ran) => report.iptables_restored |= ran,
+            Err(e) => {
+                tracing::error!(error = %e, "iptables-restore failed");
+                report.errors.push(e.to_string());
+            }
+        }
+    }
+
+    fn apply_ipvs(&mut self, ops: &[Op], kernel: &mut dyn Kernel, report: &mut SyncReport) {
+        if ops.is_empty() {
+            return;
+        }
+        report.ipvs_ops += ops.len();
+        let results = kernel.apply_ipvs(ops);
+        for (op, res) in ops.iter().zip(results) {
+            if let Err(e) = res {
+                let key = op_key(op);
+                report.ipvs_failures += 1;
+                let owner = key
+                    .map(|k| self.desired.owner_of(&k).map(|n| n.to_string()))
+                    .unwrap_or_default()
+                    .unwrap_or_else(|| "-".to_string());
+                tracing::warn!(service = %owner, op = ?op, error = %e, "IPVS operation failed; will re-check");
+                report.errors.push(format!("{owner}: {e}"));
+                if let Some(k) = key {
+                    self.repair.insert(k);
+                }
+            }
+        }
+        if !self.repair.is_empty() && self.repair_at.is_none() {
+            self.schedule_repair();
+        }
+    }
+
+    fn apply_addrs(
+        &mut self,
+        add: &[IpAddr],
+        del: &[IpAddr],
+        kernel: &mut dyn Kernel,
+        report: &mut SyncReport,
+    ) {
+        if add.is_empty() && del.is_empty() {
+            return;
+        }
+        report.address_ops += add.len() + del.len();
+        for (ip, res) in kernel.apply_addresses(add, del) {
+            if let Err(e) = res {
+                tracing::warn!(address = %ip, error = %e, "kube-ipvs0 address change failed");
+                report.errors.push(format!("kube-ipvs0 {ip}: {e}"));
+                self.recheck_addresses = true;
+            }
+        }
+    }
+
+    fn repair_addresses(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
+        if let Err(e) = kernel.ensure_link() {
+            report.errors.push(e.to_string());
+            self.recheck_addresses = true;
+            return;
+        }
+        match kernel.read_addresses() {
+            Ok(actual) => {
+                let fam = self.cfg.family;
+                let mine: BTreeSet<IpAddr> = actual
+                    .into_iter()
+                    .filter(|a| Family::of(a) == fam)
+                    .collect();
+                let cfg = self.cfg.clone();
+                let (add, del) = diff_set(&self.desired.addresses(), &mine, &|a: &IpAddr| {
+                    !cfg.excluded(a)
+                });
+                self.apply_addrs(&add, &del, kernel, report);
+            }
+            Err(e) => {
+                report.errors.push(e.to_string());
+                self.recheck_addresses = true;
+            }
+        }
+    }
+
+    fn schedule_repair(&mut self) {
+        let secs = 1u64 << self.repair_attempts.min(6);
+        self.repair_at = Some(Instant::now() + Duration::from_secs(secs));
+    }
+
+    /// Re-reads the virtual servers whose operations failed and applies what still differs.
+    fn retry_repairs(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
+        let keys = std::mem::take(&mut self.repair);
+        self.repair_at = None;
+        let actual = match kernel.read_ipvs_keys(&keys) {
+            Ok(t) => t,
+            Err(e) => {
+                report.errors.push(e.to_string());
+                self.repair = keys;
+                self.repair_attempts += 1;
+                self.schedule_repair();
+                return;
+            }
+        };
+        let desired: IpvsTable = self.desired.ipvs_table_for(&keys).into_iter().collect();
+        let ops = {
+            let owned = owned_by_proxy(&self.cfg);
+            let only_keys = |k: &ServiceKey| keys.contains(k) && owned(k);
+            diff_ipvs(&desired, &actual, &only_keys)
+        };
+        let failures_before = report.ipvs_failures;
+        self.apply_ipvs(&ops.apply, kernel, report);
+        self.apply_ipvs(&ops.remove, kernel, report);
+        if report.ipvs_failures > failures_before {
+            self.repair_attempts += 1;
+            self.repair_at = None;
+            self.schedule_repair();
+        } else {
+            self.repair_attempts = 0;
+        }
+    }
+}
+
+fn count_sets(desired: &Desired) -> BTreeMap<SetKind, usize> {
+    let mut counts = BTreeMap::new();
+    for e in desired.ipset_entries() {
+        *counts.entry(e.set).or_default() += 1;
+    }
+    counts
+}
+
+fn non_empty(counts: &BTreeMap<SetKind, usize>) -> BTreeSet<SetKind> {
+    counts
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(k, _)| *k)
+        .collect()
+}
+
+fn entry_changes(entries: &[IpsetEntry], fam: ipset::Family) -> Vec<EntryChange> {
+    entries
+        .iter()
+        .map(|e| EntryChange {
+            set: e.set.name(fam),
+            entry: e.entry.clone(),
+            owner: String::new(),
+        })
+        .collect()
+}
+
+/// Splits a full ipset diff into what must happen before a VIP is bound (creates, adds) and
+/// after it is unbound (deletes, destroys).
+fn split_set_diff(d: IpsetDiff) -> (IpsetDiff, IpsetDiff) {
+    let grow = IpsetDiff {
+        creates: d.creates,
+        recreates: d.recreates,
+        adds: d.adds,
+        ..IpsetDiff::default()
+    };
+    let shrink = IpsetDiff {
+        dels: d.dels,
+        destroys: d.destroys,
+        ..IpsetDiff::default()
+    };
+    (grow, shrink)
+}
+
+fn op_key(op: &Op) -> Option<ServiceKey> {
+    match op {
+        Op::NewService(s) | Op::SetService(s) => Some(s.key),
+        Op::DelService(k) | Op::NewDest(k, _) | Op::SetDest(k, _) | Op::DelDest(k, ..) => Some(*k),
+        Op::Flush | Op::SetTimeouts(_) => None,
+    }
+}
+
+/// A kernel error, for callers outside this module.
+pub type Error = KernelError;

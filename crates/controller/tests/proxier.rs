@@ -1,0 +1,282 @@
+//! Proxier tests against the in-memory kernel: incrementality (requests per change), startup
+//! adoption without a flush, drift repair, and failure isolation.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod fixtures;
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use controller::kernel::{FakeKernel, Kernel};
+use controller::proxier::{Proxier, RulesConfig, SyncKind};
+use controller::source::{Kind, Object, SourceEvent};
+use controller::store::Store;
+use fixtures::*;
+use ipvs_netlink::{Protocol, ServiceKey};
+
+fn service_ev(i: usize) -> Object {
+    let ip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
+    Object::Service(Box::new(
+        svc("default", &format!("svc-{i}"), &ip)
+            .port("http", 80, "TCP")
+            .build(),
+    ))
+}
+
+fn slice_ev(i: usize, endpoints: usize, offset: usize) -> Object {
+    let mut s =
+        slice("default", &format!("svc-{i}"), &format!("svc-{i}-abc")).port("http", 8080, "TCP");
+    for e in 0..endpoints {
+        let n = i * 10 + e + offset;
+        s = s.ep(
+            &format!("10.244.{}.{}", n / 250, n % 250 + 1),
+            "node-b",
+            C::Ready,
+        );
+    }
+    Object::EndpointSlice(Box::new(s.build()))
+}
+
+fn vip(i: usize) -> IpAddr {
+    ip(&format!("10.96.{}.{}", i / 250, i % 250 + 1))
+}
+
+fn key(i: usize) -> ServiceKey {
+    ServiceKey::Inet {
+        protocol: Protocol::Tcp,
+        addr: vip(i),
+        port: 80,
+    }
+}
+
+/// A store holding `n` ClusterIP services with 10 endpoints each, synced.
+fn store_with(n: usize) -> Store {
+    let mut store = Store::new();
+    store.apply(SourceEvent::Init(Kind::Service));
+    for i in 0..n {
+        store.apply(SourceEvent::InitApply(service_ev(i)));
+    }
+    store.apply(SourceEvent::InitDone(Kind::Service));
+    store.apply(SourceEvent::Init(Kind::EndpointSlice));
+    for i in 0..n {
+        store.apply(SourceEvent::InitApply(slice_ev(i, 10, 0)));
+    }
+    store.apply(SourceEvent::InitDone(Kind::EndpointSlice));
+    assert!(store.synced());
+    store
+}
+
+fn node_addrs() -> BTreeSet<IpAddr> {
+    [ip("192.168.0.10")].into_iter().collect()
+}
+
+fn programmed(n: usize) -> (Store, Proxier, FakeKernel) {
+    let store = store_with(n);
+    let mut p = Proxier::new(cfg4(), RulesConfig::default(), NODE);
+    let mut k = FakeKernel::default();
+    let r = p.sync(&store, &node_addrs(), &mut k);
+    assert_eq!(r.kind, SyncKind::Full);
+    assert!(r.ok(), "{:?}", r.errors);
+    assert_eq!(k.ipvs.len(), n);
+    assert!(k.ipvs.values().all(|vs| vs.real_servers.len() == 10));
+    assert_eq!(k.addresses.len(), n);
+    (store, p, k)
+}
+
+#[test]
+fn first_sync_programs_everything_from_one_read_per_subsystem() {
+    let (_, _, k) = programmed(1000);
+    let c = k.counters();
+    assert_eq!(c.ipvs_reads, 1);
+    assert_eq!(c.address_reads, 1);
+    assert_eq!(c.ipvs_writes, 1000 * 11);
+    assert_eq!(c.address_writes, 1000);
+    // One read of the sets and one restore of their members.
+    assert_eq!(c.ipset_processes, 2);
+    let cluster = k.ipsets.get("KUBE-CLUSTER-IP").expect("set created");
+    assert_eq!(cluster.entries.len(), 1000);
+    assert!(k.iptables.contains_key("nat") && k.iptables.contains_key("filter"));
+}
+
+#[test]
+fn one_endpoint_change_is_a_few_requests_and_no_dump() {
+    let (mut store, mut p, mut k) = programmed(1000);
+    let before = k.counters();
+    // Replace one endpoint of service 500 (offset shifts the last address).
+    let mut changed = slice("default", "svc-500", "svc-500-abc").port("http", 8080, "TCP");
+    for e in 0..9 {
+        let n = 5000 + e;
+        changed = changed.ep(
+            &format!("10.244.{}.{}", n / 250, n % 250 + 1),
+            "node-b",
+            C::Ready,
+        );
+    }
+    changed = changed.ep("10.250.0.1", "node-b", C::Ready);
+    let ch = store.apply(SourceEvent::Apply(Object::EndpointSlice(Box::new(
+        changed.build(),
+    ))));
+    p.note(&ch);
+    let r = p.sync(&store, &node_addrs(), &mut k);
+    assert_eq!(r.kind, SyncKind::Incremental);
+    assert!(r.ok(), "{:?}", r.errors);
+    let after = k.counters();
+    let writes = after.ipvs_writes - before.ipvs_writes;
+    assert!(
+        writes <= 10,
+        "{writes} IPVS requests for one endpoint change"
+    );
+    assert_eq!(writes, 2, "one NewDest and one DelDest");
+    assert_eq!(after.ipvs_reads, before.ipvs_reads, "no dump");
+    assert_eq!(after.address_writes, before.address_writes);
+    assert_eq!(after.iptables_processes, before.iptables_processes);
+    assert_eq!(r.services_derived, 1);
+    let vs = &k.ipvs[&key(500)];
+    assert!(vs.real_servers.contains_key(&(ip("10.250.0.1"), 8080)));
+    assert_eq!(vs.real_servers.len(), 10);
+}
+
+#[test]
+fn adding_and_deleting_a_service_touches_only_that_service() {
+    let (mut store, mut p, mut k) = programmed(1000);
+    let before = k.counters();
+    let mut ch = store.apply(SourceEvent::Apply(service_ev(1000)));
+    ch.merge(store.apply(SourceEvent::Apply(slice_ev(1000, 10, 0))));
+    p.note(&ch);
+    let r = p.sync(&store, &node_addrs(), &mut k);
+    assert!(r.ok(), "{:?}", r.errors);
+    let mid = k.counters();
+    assert_eq!(
+        mid.ipvs_writes - before.ipvs_writes,
+        11,
+        "NewService + 10 NewDest"
+    );
+    assert_eq!(mid.address_writes - before.address_writes, 1);
+    assert_eq!(mid.ipvs_reads, before.ipvs_reads);
+    assert!(k.addresses.contains(&vip(1000)));
+
+    let ch = store.apply(SourceEvent::Delete(service_ev(7)));
+    p.note(&ch);
+    let r = p.sync(&store, &node_addrs(), &mut k);
+    assert!(r.ok(), "{:?}", r.errors);
+    let after = k.counters();
+    assert_eq!(after.ipvs_writes - mid.ipvs_writes, 1, "one DelService");
+    assert_eq!(after.address_writes - mid.address_writes, 1);
+    assert!(!k.ipvs.contains_key(&key(7)));
+    assert!(!k.addresses.contains(&vip(7)));
+    assert!(k.ipvs.contains_key(&key(8)));
+}
+
+#[test]
+fn resync_without_drift_reads_once_and_writes_nothing() {
+    let (store, mut p, mut k) = programmed(1000);
+    let before = k.counters();
+    p.request_full();
+    let r = p.sync(&store, &node_addrs(), &mut k);
+    assert_eq!(r.kind, SyncKind::Full);
+    assert!(r.ok(), "{:?}", r.errors);
+    assert!(r.drift.is_empty(), "{:?}", r.drift);
+    let after = k.counters();
+    assert_eq!(after.ipvs_reads - before.ipvs_reads, 1, "one dump");
+    assert_eq!(after.ipvs_writes, before.ipvs_writes, "no IPVS writes");
+    assert_eq!(after.address_writes, before.address_writes);
+}
+
+#[test]
+fn drift_is_repaired_and_counted() {
+    let (store, mut p, mut k) = programmed(100);
+    // Behind the proxier's back: flush IPVS, drop an address, empty a set.
+    k.ipvs.clear();
+    k.addresses.remove(&vip(3));
+    let before = k.counters();
+    p.request_full();
+    let r = p.sync(&store, &node_addrs(), &mut k);
+    assert!(r.ok(), "{:?}", r.errors);
+    assert_eq!(r.drift.get("ipvs"), Some(&1100));
+    assert_eq!(r.drift.get("address"), Some(&1));
+    assert_eq!(k.ipvs.len(), 100);
+    assert!(k.addresses.contains(&vip(3)));
+    assert_eq!(k.counters().ipvs_writes - before.ipvs_writes, 1100);
+}
+
+#[test]
+fn startup_adopts_matching_state_and_removes_only_stale_owned_services() {
+    let store = store_with(50);
+    // A kernel as a previous run left it: the same table, plus a stale service, plus a
+    // service in an excluded range, plus a real server left at weight 0.
+    let (_, _, mut k) = programmed(50);
+    let stale = ServiceKey::Inet {
+        protocol: Protocol::Tcp,
+        addr: ip("10.96.200.1"),
+        port: 80,
+    };
+    let excluded = ServiceKey::Inet {
+        protocol: Protocol::Tcp,
+        addr: ip("172.30.0.1"),
+        port: 80,
+    };
+    let template = k.ipvs[&key(0)].clone();
+    for kk in [stale, excluded] {
+        let mut vs = template.clone();
+        vs.service.key = kk;
+        k.ipvs.insert(kk, vs);
+    }
+    let (dk, d) = k.ipvs[&key(1)]
+        .real_servers
+        .iter()
+        .next()
+        .map(|(a, b)| (*a, b.clone()))
+        .unwrap();
+    let mut zero = d.clone();
+    zero.weight = 0;
+    k.ipvs
+        .get_mut(&key(1))
+        .unwrap()
+        .real_servers
+        .insert(dk, zero);
+    k.counters = Default::default();
+
+    let mut cfg = cfg4();
+    cfg.exclude_cidrs = vec!["172.30.0.0/16".parse().unwrap()];
+    let mut p = Proxier::new(cfg, RulesConfig::default(), NODE);
+    let r = p.sync(&store, &node_addrs(), &mut k);
+    assert!(r.ok(), "{:?}", r.errors);
+    let c = k.counters();
+    // Exactly: DelService(stale) + SetDest(weight back to 1); nothing re-created.
+    assert_eq!(c.ipvs_writes, 2);
+    assert_eq!(c.address_writes, 0);
+    assert!(!k.ipvs.contains_key(&stale));
+    assert!(
+        k.ipvs.contains_key(&excluded),
+        "excludeCIDRs are never deleted"
+    );
+    assert_eq!(k.ipvs[&key(1)].real_servers[&dk].weight, 1);
+}
+
+#[test]
+fn a_failing_service_does_not_block_others_and_is_retried() {
+    let store = store_with(20);
+    let mut k = FakeKernel::default();
+    k.fail_keys.insert(key(5));
+    let mut p = Proxier::new(cfg4(), RulesConfig::default(), NODE);
+    let r = p.sync(&store, &node_addrs(), &mut k);
+    assert!(!r.ok());
+    assert!(
+        r.errors.iter().any(|e| e.contains("default/svc-5")),
+        "{:?}",
+        r.errors
+    );
+    assert_eq!(k.ipvs.len(), 19, "every other service is programmed");
+    assert!(p.retry_due().is_some());
+    // The fault goes away; the retry re-checks just that virtual server.
+    k.fail_keys.clear();
+    let before = k.counters();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    assert!(p.pending(std::time::Instant::now()));
+    let r = p.sync(&store, &node_addrs(), &mut k);
+    assert!(r.ok(), "{:?}", r.errors);
+    assert_eq!(k.ipvs.len(), 20);
+    assert_eq!(k.ipvs[&key(5)].real_servers.len(), 10);
+    let after = k.counters();
+    assert_eq!(after.ipvs_writes - before.ipvs_writes, 11);
+}
