@@ -18,8 +18,8 @@ const USAGE: &str = "\
 usage:
   cargo xtask vm [--mem M] [--cpus N] [--file SRC[:DEST]]... [--env K=V]... [--cwd DIR (default: current dir)]
                  [--timeout SECS] [--net-fwd HOSTPORT] -- CMD...
-  cargo xtask test [--stage fmt|clippy|unit|netns|vm]... [--timeout SECS]
-  cargo xtask e2e [--filter SUBSTRING] [--timeout SECS]
+  cargo xtask test [--stage fmt|clippy|unit|netns|vm]... [-p PKG]... [--timeout SECS]
+  cargo xtask e2e [--filter SUBSTRING] [-p PKG]... [--timeout SECS]
   cargo xtask bench ...";
 
 fn main() -> ExitCode {

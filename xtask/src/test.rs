@@ -168,6 +168,16 @@ pub fn parse_artifacts(json: &str) -> (Vec<TestExe>, Vec<PathBuf>) {
     (tests, others)
 }
 
+/// `--workspace`, or `-p PKG...` when the user limited the run to some packages.
+fn scope(pkgs: &[String]) -> Vec<String> {
+    if pkgs.is_empty() {
+        return vec!["--workspace".into()];
+    }
+    pkgs.iter()
+        .flat_map(|p| ["-p".to_string(), p.clone()])
+        .collect()
+}
+
 fn cargo() -> Command {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     c.current_dir(host::workspace_root());
@@ -175,15 +185,24 @@ fn cargo() -> Command {
 }
 
 /// Build the test binaries and the workspace bins/examples; return them.
-fn build_all() -> Option<(Vec<TestExe>, Vec<PathBuf>)> {
+fn build_all(pkgs: &[String]) -> Option<(Vec<TestExe>, Vec<PathBuf>)> {
     let fmt = "--message-format=json-render-diagnostics";
-    let (ok, json) = run_quiet_json(cargo().args(["test", "--workspace", "--no-run", fmt]));
+    let (ok, json) = run_quiet_json(
+        cargo()
+            .arg("test")
+            .args(scope(pkgs))
+            .args(["--no-run", fmt]),
+    );
     if !ok {
         return None;
     }
     let (tests, mut bins) = parse_artifacts(&json);
-    let (ok, json) =
-        run_quiet_json(cargo().args(["build", "--workspace", "--bins", "--examples", fmt]));
+    let (ok, json) = run_quiet_json(
+        cargo()
+            .arg("build")
+            .args(scope(pkgs))
+            .args(["--bins", "--examples", fmt]),
+    );
     if !ok {
         return None;
     }
@@ -436,8 +455,8 @@ fn simple_stage(name: &'static str, cmd: &mut Command) -> StageResult {
     }
 }
 
-fn unit_stage() -> StageResult {
-    let (ok, text) = run_tee(cargo().args(["test", "--workspace"]));
+fn unit_stage(pkgs: &[String]) -> StageResult {
+    let (ok, text) = run_tee(cargo().arg("test").args(scope(pkgs)));
     let mut c = parse_results(&text);
     let mut extra = format!("{} ignored", c.ignored);
     if !ok && c.failed == 0 {
@@ -459,10 +478,11 @@ fn parse_timeout(it: &mut std::slice::Iter<'_, String>, a: &str) -> Result<Durat
         .map_err(|_| Error::Usage(format!("{a} SECS")))
 }
 
-/// `cargo xtask test [--stage NAME]... [--timeout SECS]`.
+/// `cargo xtask test [--stage NAME]... [-p PKG]... [--timeout SECS]`.
 pub fn test_cmd(args: &[String]) -> Result<u8> {
     let mut stages: Vec<&'static str> = Vec::new();
     let mut timeout = Duration::from_secs(20 * 60);
+    let mut pkgs: Vec<String> = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -474,13 +494,14 @@ pub fn test_cmd(args: &[String]) -> Result<u8> {
                 stages.push(st);
             }
             "--timeout" => timeout = parse_timeout(&mut it, a)?,
+            "-p" | "--package" => pkgs.push(crate::value(&mut it, a)?.clone()),
             other => return Err(Error::Usage(format!("unknown test option `{other}`"))),
         }
     }
     if stages.is_empty() {
         stages = STAGES.to_vec();
     }
-    run_stages(&stages, "", timeout)
+    run_stages(&stages, &pkgs, "", timeout)
 }
 
 /// `cargo xtask e2e [--filter S] [--timeout SECS]`: the vm stage, only `vm_*` tests containing S
@@ -488,18 +509,25 @@ pub fn test_cmd(args: &[String]) -> Result<u8> {
 pub fn e2e_cmd(args: &[String]) -> Result<u8> {
     let mut filter = "e2e".to_string();
     let mut timeout = Duration::from_secs(30 * 60);
+    let mut pkgs: Vec<String> = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--filter" => filter = crate::value(&mut it, a)?.clone(),
             "--timeout" => timeout = parse_timeout(&mut it, a)?,
+            "-p" | "--package" => pkgs.push(crate::value(&mut it, a)?.clone()),
             other => return Err(Error::Usage(format!("unknown e2e option `{other}`"))),
         }
     }
-    run_stages(&["vm"], &filter, timeout)
+    run_stages(&["vm"], &pkgs, &filter, timeout)
 }
 
-fn run_stages(stages: &[&'static str], filter: &str, timeout: Duration) -> Result<u8> {
+fn run_stages(
+    stages: &[&'static str],
+    pkgs: &[String],
+    filter: &str,
+    timeout: Duration,
+) -> Result<u8> {
     let started = Instant::now();
     if host::is_root() && stages.iter().any(|s| *s == "vm" || *s == "unit") {
         Apt::default().ensure_host_packages()?;
@@ -513,18 +541,16 @@ fn run_stages(stages: &[&'static str], filter: &str, timeout: Duration) -> Resul
             "fmt" => simple_stage("fmt", cargo().args(["fmt", "--all", "--", "--check"])),
             "clippy" => simple_stage(
                 "clippy",
-                cargo().args([
-                    "clippy",
-                    "--workspace",
+                cargo().arg("clippy").args(scope(pkgs)).args([
                     "--all-targets",
                     "--",
                     "-D",
                     "warnings",
                 ]),
             ),
-            "unit" => unit_stage(),
+            "unit" => unit_stage(pkgs),
             "netns" | "vm" => {
-                let b = built.get_or_insert_with(build_all);
+                let b = built.get_or_insert_with(|| build_all(pkgs));
                 match b {
                     None => {
                         let c = Counts {
