@@ -197,12 +197,13 @@ fn build_all(pkgs: &[String]) -> Option<(Vec<TestExe>, Vec<PathBuf>)> {
         return None;
     }
     let (tests, mut bins) = parse_artifacts(&json);
-    let (ok, json) = run_quiet_json(
-        cargo()
-            .arg("build")
-            .args(scope(pkgs))
-            .args(["--bins", "--examples", fmt]),
-    );
+    let (ok, json) =
+        run_quiet_json(
+            cargo()
+                .arg("build")
+                .args(scope(pkgs))
+                .args(["--bins", "--examples", fmt]),
+        );
     if !ok {
         return None;
     }
