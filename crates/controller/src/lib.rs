@@ -10,4 +10,5 @@ pub mod model;
 pub mod proxier;
 pub mod source;
 pub mod store;
+pub mod sync_loop;
 pub mod sysctl;

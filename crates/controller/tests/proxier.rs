@@ -280,3 +280,42 @@ fn a_failing_service_does_not_block_others_and_is_retried() {
     let after = k.counters();
     assert_eq!(after.ipvs_writes - before.ipvs_writes, 11);
 }
+
+#[test]
+fn loop_waits_for_both_lists_then_syncs_once() {
+    use controller::sync_loop::{run, Exit, FamilyProxier, Input, LoopConfig, NoObserver};
+    use std::time::Duration;
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Services listed, slices not yet: nothing may be programmed.
+    tx.send(Input::Source(SourceEvent::Init(Kind::Service))).unwrap();
+    tx.send(Input::Source(SourceEvent::InitApply(service_ev(1))))
+        .unwrap();
+    tx.send(Input::Source(SourceEvent::InitDone(Kind::Service)))
+        .unwrap();
+    let mut families = vec![FamilyProxier {
+        proxier: Proxier::new(cfg4(), RulesConfig::default(), NODE),
+        kernel: Box::new(FakeKernel::default()),
+    }];
+    let cfg = LoopConfig {
+        min_sync_period: Duration::from_millis(10),
+        sync_period: Duration::from_secs(30),
+        once: true,
+    };
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        tx.send(Input::Source(SourceEvent::Init(Kind::EndpointSlice)))
+            .unwrap();
+        tx.send(Input::Source(SourceEvent::InitApply(slice_ev(1, 3, 0))))
+            .unwrap();
+        tx.send(Input::Source(SourceEvent::InitDone(Kind::EndpointSlice)))
+            .unwrap();
+        tx
+    });
+    let mut store = Store::new();
+    let exit = run(&rx, &mut store, &mut families, node_addrs(), cfg, &NoObserver);
+    assert_eq!(exit, Exit::Once { ok: true });
+    let _tx = sender.join().unwrap();
+    let vs = families[0].proxier.desired().ipvs_table();
+    assert_eq!(vs.len(), 1);
+    assert_eq!(vs[&key(1)].real_servers.len(), 3);
+}

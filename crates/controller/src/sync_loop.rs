@@ -1,0 +1,195 @@
+//! The sync loop: source events in, bounded-frequency syncs out.
+//!
+//! Runs on a dedicated thread (the kernel calls block). Events from the sources and from the
+//! node-address tracker arrive on one channel and are applied to the [`Store`] at once; syncs
+//! happen when something is pending, at most once per `min_sync_period` (bursts coalesce), and
+//! a full drift check runs every `sync_period`. Nothing is programmed until Services and
+//! EndpointSlices have both been listed once.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use ipvs_netlink::Family;
+
+use crate::kernel::Kernel;
+use crate::proxier::{Proxier, SyncReport};
+use crate::source::SourceEvent;
+use crate::store::{Changes, Store};
+
+/// What the loop receives.
+#[derive(Debug)]
+pub enum Input {
+    /// A change from a source.
+    Source(SourceEvent),
+    /// The node's addresses (other than kube-ipvs0's) changed.
+    NodeAddresses(BTreeSet<IpAddr>),
+    /// kube-ipvs0 was deleted behind our back: repair now instead of at the next resync.
+    LinkDeleted,
+    /// Stop after the current step (SIGTERM): kernel state stays as it is.
+    Shutdown,
+}
+
+/// Timing of the loop.
+#[derive(Debug, Clone, Copy)]
+pub struct LoopConfig {
+    /// Minimum time between two syncs (`minSyncPeriod`).
+    pub min_sync_period: Duration,
+    /// Time between full drift checks (`syncPeriod`).
+    pub sync_period: Duration,
+    /// Return after the first successful full sync (`--once`).
+    pub once: bool,
+}
+
+/// Observes the loop (metrics, health).
+pub trait SyncObserver {
+    /// A change was queued (for `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds`).
+    fn queued(&self, _changes: &Changes) {}
+    /// A sync of one family finished.
+    fn synced(&self, _family: Family, _report: &SyncReport, _proxier: &Proxier) {}
+}
+
+/// An observer that does nothing.
+#[derive(Debug, Default)]
+pub struct NoObserver;
+
+impl SyncObserver for NoObserver {}
+
+/// One family's proxier and its kernel.
+pub struct FamilyProxier {
+    /// The proxier.
+    pub proxier: Proxier,
+    /// Its kernel.
+    pub kernel: Box<dyn Kernel + Send>,
+}
+
+impl std::fmt::Debug for FamilyProxier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FamilyProxier")
+            .field("family", &self.proxier.family())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why the loop returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// `Input::Shutdown` or every sender dropped.
+    Shutdown,
+    /// `once` was set and the first sync finished; `ok` tells whether it had no error.
+    Once {
+        /// The sync had no error.
+        ok: bool,
+    },
+}
+
+/// Runs until shutdown (or after the first sync with `once`).
+pub fn run(
+    rx: &Receiver<Input>,
+    store: &mut Store,
+    families: &mut [FamilyProxier],
+    mut node_addresses: BTreeSet<IpAddr>,
+    cfg: LoopConfig,
+    observer: &dyn SyncObserver,
+) -> Exit {
+    let mut last_sync: Option<Instant> = None;
+    let mut next_full = Instant::now() + cfg.sync_period;
+    loop {
+        let now = Instant::now();
+        let pending = store.synced() && families.iter().any(|f| f.proxier.pending(now));
+        let deadline = if pending {
+            last_sync.map_or(now, |t| t + cfg.min_sync_period)
+        } else {
+            let retry = families.iter().filter_map(|f| f.proxier.retry_due()).min();
+            retry.map_or(next_full, |r| r.min(next_full))
+        };
+        let first = if deadline <= now {
+            None
+        } else {
+            match rx.recv_timeout(deadline - now) {
+                Ok(m) => Some(m),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return Exit::Shutdown,
+            }
+        };
+        // Apply everything queued so far (a burst becomes one sync).
+        let mut batch: Vec<Input> = first.into_iter().collect();
+        while let Ok(m) = rx.try_recv() {
+            batch.push(m);
+        }
+        for m in batch {
+            match m {
+                Input::Source(ev) => {
+                    let ch = store.apply(ev);
+                    if !ch.is_empty() {
+                        observer.queued(&ch);
+                        for f in families.iter_mut() {
+                            f.proxier.note(&ch);
+                        }
+                    }
+                }
+                Input::NodeAddresses(addrs) => {
+                    if addrs != node_addresses {
+                        node_addresses = addrs;
+                        for f in families.iter_mut() {
+                            f.proxier.note_node_addresses();
+                        }
+                    }
+                }
+                Input::LinkDeleted => {
+                    tracing::warn!("kube-ipvs0 was deleted; repairing");
+                    for f in families.iter_mut() {
+                        f.proxier.request_full();
+                    }
+                }
+                Input::Shutdown => return Exit::Shutdown,
+            }
+        }
+        let now = Instant::now();
+        if now >= next_full {
+            next_full = now + cfg.sync_period;
+            for f in families.iter_mut() {
+                f.proxier.request_full();
+            }
+        }
+        if !store.synced() {
+            continue;
+        }
+        if last_sync.is_some_and(|t| now < t + cfg.min_sync_period) {
+            continue;
+        }
+        if !families.iter().any(|f| f.proxier.pending(now)) {
+            continue;
+        }
+        let mut all_ok = true;
+        for f in families.iter_mut() {
+            if !f.proxier.pending(now) {
+                continue;
+            }
+            let report = f.proxier.sync(store, &node_addresses, f.kernel.as_mut());
+            log_report(f.proxier.family(), &report);
+            all_ok &= report.ok();
+            observer.synced(f.proxier.family(), &report, &f.proxier);
+        }
+        last_sync = Some(Instant::now());
+        if cfg.once {
+            return Exit::Once { ok: all_ok };
+        }
+    }
+}
+
+fn log_report(family: Family, r: &SyncReport) {
+    tracing::info!(
+        family = ?family,
+        kind = ?r.kind,
+        services = r.services_derived,
+        ipvs_ops = r.ipvs_ops,
+        address_ops = r.address_ops,
+        ipset_changes = r.ipset_changes,
+        iptables_restored = r.iptables_restored,
+        errors = r.errors.len(),
+        elapsed_ms = r.duration.as_millis() as u64,
+        "sync done"
+    );
+}
