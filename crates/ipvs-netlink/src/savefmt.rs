@@ -755,6 +755,17 @@ fn line_service(l: &Line, line: usize) -> Result<Service, ParseError> {
 }
 
 fn line_dest(l: &Line, key: &ServiceKey, line: usize) -> Result<Destination, ParseError> {
+    line_dest_for(l, key, line, false)
+}
+
+/// Builds the real server of an -a/-e/-d line; ipvsadm applies the forwarding-method rules
+/// (port forcing, family and tunnel checks) only when adding or editing.
+fn line_dest_for(
+    l: &Line,
+    key: &ServiceKey,
+    line: usize,
+    delete: bool,
+) -> Result<Destination, ParseError> {
     let (addr, port) = l
         .real
         .ok_or_else(|| perr(line, "no real server given (-r)"))?;
@@ -764,6 +775,9 @@ fn line_dest(l: &Line, key: &ServiceKey, line: usize) -> Result<Destination, Par
         ServiceKey::Fwmark { .. } => 0,
     };
     let mut port = port.unwrap_or(vport);
+    if delete {
+        return Ok(Destination::new(addr, port));
+    }
     if matches!(key, ServiceKey::Inet { .. })
         && matches!(fwd, ForwardMethod::Tunnel | ForwardMethod::Route)
     {
@@ -853,7 +867,7 @@ pub fn parse_commands_with_lines(text: &str) -> Result<Vec<(usize, Op)>, ParseEr
             }
             Cmd::DelDest => {
                 let key = line_key(&l, line)?;
-                let d = line_dest(&l, &key, line)?;
+                let d = line_dest_for(&l, &key, line, true)?;
                 Op::DelDest(key, d.addr, d.port)
             }
             Cmd::Clear => Op::Flush,
