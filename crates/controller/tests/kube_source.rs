@@ -500,3 +500,42 @@ async fn stops_when_receiver_dropped() {
         .expect("source did not stop")
         .unwrap();
 }
+
+#[tokio::test]
+async fn kube_rs_event_recorder_reaches_the_server() {
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let s = seeded().await;
+    let (client, _dir) = client_for(&s, "events").await;
+    let recorder = Recorder::new(client, Reporter::from("kube-ipvs"));
+    let node = s.get::<Node>("", "node-a").unwrap();
+    let reference = k8s_openapi::api::core::v1::ObjectReference {
+        kind: Some("Node".into()),
+        name: node.metadata.name.clone(),
+        uid: node.metadata.uid.clone(),
+        ..Default::default()
+    };
+    let ev = Event {
+        type_: EventType::Warning,
+        reason: "SyncFailed".into(),
+        note: Some("ipset restore failed".into()),
+        action: "Sync".into(),
+        secondary: None,
+    };
+    recorder.publish(&ev, &reference).await.unwrap();
+    recorder.publish(&ev, &reference).await.unwrap();
+    let events = s.events();
+    assert_eq!(
+        events.len(),
+        1,
+        "the repeat is a PATCH of the same event: {events:#?}"
+    );
+    assert_eq!(events[0]["reason"], "SyncFailed");
+    assert_eq!(events[0]["series"]["count"], 2);
+    assert_eq!(events[0]["regarding"]["name"], "node-a");
+    assert_eq!(
+        s.count_requests(|r| r.method == "PATCH"
+            && r.path
+                .starts_with("/apis/events.k8s.io/v1/namespaces/default/events/")),
+        1
+    );
+}

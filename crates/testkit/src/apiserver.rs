@@ -11,6 +11,7 @@
 //! the kubeconfig from [`FakeApiServer::write_kubeconfig`].
 
 mod http;
+pub mod raw;
 mod selector;
 mod store;
 

@@ -6,135 +6,16 @@
 use k8s_openapi::api::core::v1::{Node, Service};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
+use testkit::apiserver::raw::{self, RawResponse, StreamEnd as End};
 use testkit::apiserver::FakeApiServer;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-/// A response being read off the wire.
-struct Resp {
-    status: u16,
-    headers: Vec<(String, String)>,
-    reader: BufReader<TcpStream>,
-    buf: Vec<u8>,
-    done: bool,
-}
-
-/// How a watch stream ended.
-#[derive(Debug, PartialEq)]
-enum End {
-    /// Terminating zero-length chunk.
-    Clean,
-    /// Connection closed mid-body.
-    Aborted,
-}
-
-async fn request(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> Resp {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    let body = body
-        .map(|b| serde_json::to_vec(b).unwrap())
-        .unwrap_or_default();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: fake\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await.unwrap();
-    stream.write_all(&body).await.unwrap();
-    let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    reader.read_line(&mut line).await.unwrap();
-    let status: u16 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let mut headers = Vec::new();
-    loop {
-        line.clear();
-        reader.read_line(&mut line).await.unwrap();
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        let (k, v) = l.split_once(':').unwrap();
-        headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
-    }
-    Resp {
-        status,
-        headers,
-        reader,
-        buf: Vec::new(),
-        done: false,
-    }
-}
-
-impl Resp {
-    fn header(&self, k: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(h, _)| h == k)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// Read one chunk into the buffer; Ok(false) at the terminating chunk.
-    async fn read_chunk(&mut self) -> Result<bool, End> {
-        let mut size = String::new();
-        match self.reader.read_line(&mut size).await {
-            Ok(0) | Err(_) => return Err(End::Aborted),
-            Ok(_) => {}
-        }
-        let n = usize::from_str_radix(size.trim(), 16).map_err(|_| End::Aborted)?;
-        if n == 0 {
-            return Ok(false);
-        }
-        let mut data = vec![0u8; n + 2];
-        self.reader
-            .read_exact(&mut data)
-            .await
-            .map_err(|_| End::Aborted)?;
-        self.buf.extend_from_slice(&data[..n]);
-        Ok(true)
-    }
-
-    /// Next JSON line of a chunked (watch) body.
-    async fn next_event(&mut self) -> Result<Value, End> {
-        loop {
-            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=pos).collect();
-                return Ok(serde_json::from_slice(&line).unwrap());
-            }
-            if self.done {
-                return Err(End::Clean);
-            }
-            if !self.read_chunk().await? {
-                self.done = true;
-            }
-        }
-    }
-
-    /// Next non-BOOKMARK event.
-    async fn next_change(&mut self) -> Result<Value, End> {
-        loop {
-            let ev = self.next_event().await?;
-            if ev["type"] != "BOOKMARK" {
-                return Ok(ev);
-            }
-        }
-    }
-
-    /// The whole body as JSON.
-    async fn json(mut self) -> Value {
-        if self.header("transfer-encoding") == Some("chunked") {
-            while self.read_chunk().await.unwrap() {}
-            serde_json::from_slice(&self.buf).unwrap()
-        } else {
-            let n: usize = self.header("content-length").unwrap().parse().unwrap();
-            let mut data = vec![0u8; n];
-            self.reader.read_exact(&mut data).await.unwrap();
-            serde_json::from_slice(&data).unwrap()
-        }
-    }
+async fn request(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> RawResponse {
+    raw::request(addr, method, path, body).await.unwrap()
 }
 
 async fn get_json(addr: SocketAddr, path: &str) -> (u16, Value) {
-    let r = request(addr, "GET", path, None).await;
-    let s = r.status;
-    (s, r.json().await)
+    raw::get_json(addr, path).await.unwrap()
 }
 
 fn svc(ns: &str, name: &str, labels: Value) -> Value {
@@ -172,7 +53,7 @@ async fn create_get_list_and_status_errors() {
     )
     .await;
     assert_eq!(r.status, 201);
-    let created = r.json().await;
+    let created = r.json().await.unwrap();
     assert_eq!(
         created["metadata"]["namespace"], "web",
         "namespace comes from the path"
@@ -208,7 +89,7 @@ async fn create_get_list_and_status_errors() {
     )
     .await;
     assert_eq!(r.status, 409);
-    let st = r.json().await;
+    let st = r.json().await.unwrap();
     assert_eq!(
         (
             st["kind"].as_str(),
@@ -247,7 +128,7 @@ async fn create_get_list_and_status_errors() {
     )
     .await;
     assert_eq!(r.status, 200);
-    let updated = r.json().await;
+    let updated = r.json().await.unwrap();
     assert!(rv_of(&updated) > rv);
     assert_eq!(updated["metadata"]["uid"], created["metadata"]["uid"]);
     let r = request(
@@ -258,7 +139,7 @@ async fn create_get_list_and_status_errors() {
     )
     .await;
     assert_eq!(r.status, 200);
-    assert_eq!(r.json().await["metadata"]["labels"]["x"], "y");
+    assert_eq!(r.json().await.unwrap()["metadata"]["labels"]["x"], "y");
     let r = request(a, "DELETE", "/api/v1/namespaces/web/services/front", None).await;
     assert_eq!(r.status, 200);
     let (code, _) = get_json(a, "/api/v1/namespaces/web/services/front").await;

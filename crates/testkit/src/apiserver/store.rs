@@ -795,6 +795,18 @@ impl Store {
         let uid = self.next_uid();
         let rv = self.next_rv();
         let meta = meta_mut(&mut ev)?;
+        let unnamed = meta
+            .get("name")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty);
+        if unnamed {
+            let prefix = meta
+                .get("generateName")
+                .and_then(Value::as_str)
+                .unwrap_or("event.")
+                .to_string();
+            meta.insert("name".into(), json!(format!("{prefix}{rv:x}")));
+        }
         meta.entry("uid").or_insert(json!(uid));
         meta.insert("resourceVersion".into(), json!(rv.to_string()));
         meta.entry("creationTimestamp")
