@@ -1,4 +1,5 @@
 //! Unprivileged tests of the `ipvsadm -S` parser and renderer.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::{IpAddr, Ipv6Addr};
 use std::process::Command;
