@@ -1,0 +1,153 @@
+//! Cross-check of the desired ipset state against the real kernel: every entry the model
+//! derives for every feature is accepted by `ipset restore` in a fresh network namespace and
+//! reads back (`ipset save`) identical. Needs root (host: `--ignored netns_`).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers
+
+mod fixtures;
+
+use std::process::Command;
+
+use controller::desired::{service_desired, set_family, Desired};
+use controller::model::{ProxyConfig, ServiceName};
+use fixtures::*;
+use ipset::{Ipset, Runner, SetKind};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Netns {
+        let name = format!("controller-{tag}-{}", std::process::id());
+        let st = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .unwrap();
+        assert!(st.success(), "ip netns add {name}");
+        Netns(name)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+fn services(v6: bool) -> Vec<(Service, Vec<EndpointSlice>)> {
+    let (c, e1, e2, lb, ext, range, typ) = if v6 {
+        (
+            ["fd00:96::1", "fd00:96::2", "fd00:96::3"],
+            "fd00:244::1",
+            "fd00:244::2",
+            "2001:db8::4",
+            "2001:db8::8",
+            "fd00::/8",
+            "IPv6",
+        )
+    } else {
+        (
+            ["10.96.0.1", "10.96.0.2", "10.96.0.3"],
+            "10.244.1.1",
+            "10.244.1.2",
+            "1.2.3.4",
+            "5.6.7.8",
+            "192.168.0.0/16",
+            "IPv4",
+        )
+    };
+    let sl = |svc: &str, proto: &str| {
+        slice_typed("ns", svc, &format!("{svc}-1"), typ)
+            .port("p", 8080, proto)
+            .ep(e1, NODE, C::Ready)
+            .ep(e2, "node-b", C::Ready)
+            .build()
+    };
+    vec![
+        (
+            svc("ns", "lb", c[0])
+                .node_port("p", 80, "TCP", 30080)
+                .lb_ingress(&[lb])
+                .source_ranges(&[range, "203.0.113.0/24", "2001:db8:1::/48"])
+                .external_ips(&[ext])
+                .etp_local()
+                .hcnp(32000)
+                .build(),
+            vec![sl("lb", "TCP")],
+        ),
+        (
+            svc("ns", "udp", c[1])
+                .node_port("p", 53, "UDP", 30053)
+                .external_ips(&[ext])
+                .build(),
+            vec![sl("udp", "UDP")],
+        ),
+        (
+            svc("ns", "sctp", c[2])
+                .node_port("p", 3868, "SCTP", 30868)
+                .etp_local()
+                .build(),
+            vec![sl("sctp", "SCTP")],
+        ),
+    ]
+}
+
+fn check(cfg: ProxyConfig, v6: bool) {
+    let ns = Netns::new(if v6 { "ipset6" } else { "ipset4" });
+    let n = node();
+    let mut d = Desired::new(&cfg);
+    for (s, slices) in services(v6) {
+        let refs: Vec<&EndpointSlice> = slices.iter().collect();
+        let derived = service_desired(&s, &refs, &cfg, &n).unwrap();
+        assert!(derived.rejected_slices.is_empty());
+        d.update_service(ServiceName::of(&s), derived.desired);
+    }
+    let want = d.ipset_state();
+    // Every one of the 17 sets gets members from this fixture except the ones it cannot use.
+    let fam = set_family(cfg.family);
+    let empty: Vec<SetKind> = SetKind::ALL
+        .into_iter()
+        .filter(|k| want.get(&k.name(fam)).unwrap().entries.is_empty())
+        .collect();
+    assert!(empty.len() <= 2, "unused sets: {empty:?}");
+
+    let ipset = Ipset::new(Runner::in_netns(ns.0.clone()));
+    let names = SetKind::all_names(fam);
+    let before = ipset.read(&names).unwrap();
+    let report = ipset.apply(&ipset::diff(&want, &before)).unwrap();
+    assert!(report.rejected.is_empty(), "{:?}", report.rejected);
+    let after = ipset.read(&names).unwrap();
+    let again = ipset::diff(&want, &after);
+    assert!(again.is_empty(), "kernel differs: {again:?}");
+    // Independent look with the ipset tool itself.
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &ns.0,
+            "ipset",
+            "list",
+            &SetKind::ClusterIp.name(fam),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let cip = if v6 {
+        "fd00:96::1,tcp:80"
+    } else {
+        "10.96.0.1,tcp:80"
+    };
+    assert!(text.contains(cip), "{text}");
+}
+
+#[test]
+#[ignore = "netns"]
+fn netns_desired_ipsets_accepted_by_kernel_v4() {
+    check(cfg4(), false);
+}
+
+#[test]
+#[ignore = "netns"]
+fn netns_desired_ipsets_accepted_by_kernel_v6() {
+    check(cfg6(), true);
+}
