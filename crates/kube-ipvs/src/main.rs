@@ -1,2 +1,25 @@
 //! kube-ipvs: an IPVS-native Kubernetes service proxy.
-fn main() {}
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let args = match kube_ipvs::cli::parse(std::env::args_os()) {
+        Ok(a) => a,
+        Err(e) => {
+            // --help and --version are "errors" that print to stdout and succeed.
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    match kube_ipvs::run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kube-ipvs: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,337 @@
+//! Prometheus metrics: upstream kube-proxy's names (so dashboards keep working) plus kube-ipvs's.
+//!
+//! One [`Metrics`] value is created at start and shared as `Arc<Metrics>`; every field is a
+//! cheap, thread-safe handle. Counters are registered without their `_total` suffix because the
+//! OpenMetrics encoder appends it (`kubeproxy_sync_proxy_rules_endpoint_changes` is exposed as
+//! `kubeproxy_sync_proxy_rules_endpoint_changes_total`, upstream's name).
+
+use std::sync::atomic::AtomicU64;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+
+use crate::config::ProxyMode;
+
+/// The content type of [`Metrics::encode`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// `traffic_policy` label of `kubeproxy_sync_proxy_rules_no_local_endpoints_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TrafficPolicyLabel {
+    /// `internal` or `external`.
+    pub traffic_policy: String,
+}
+
+/// `code` label of the healthz/livez request counters.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabel {
+    /// HTTP status code, e.g. `200`.
+    pub code: String,
+}
+
+/// `mode` label of `kube_ipvs_proxy_mode`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeLabel {
+    /// `ipvs` or `iptables`.
+    pub mode: String,
+}
+
+/// `subsystem` label (ipvs, netif, ipset, iptables, sysctl, conntrack).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SubsystemLabel {
+    /// The subsystem.
+    pub subsystem: String,
+}
+
+/// `kind` and `reason` labels of `kube_ipvs_invalid_objects_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InvalidObjectLabels {
+    /// Object kind (Service, EndpointSlice, Node).
+    pub kind: String,
+    /// Short reason, e.g. `bad_cluster_ip`.
+    pub reason: String,
+}
+
+/// `op` label of `kube_ipvs_ipvs_requests_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabel {
+    /// The netlink operation, e.g. `new_service`, `del_dest`.
+    pub op: String,
+}
+
+/// Every metric kube-ipvs exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// `kubeproxy_sync_proxy_rules_duration_seconds`: one sync's duration.
+    pub sync_proxy_rules_duration_seconds: Histogram,
+    /// `kubeproxy_network_programming_duration_seconds`: object change → programmed.
+    pub network_programming_duration_seconds: Histogram,
+    /// `kubeproxy_sync_proxy_rules_last_timestamp_seconds`: last successful sync (unix time).
+    pub sync_proxy_rules_last_timestamp_seconds: Gauge<f64, AtomicU64>,
+    /// `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds`: last change queued.
+    pub sync_proxy_rules_last_queued_timestamp_seconds: Gauge<f64, AtomicU64>,
+    /// `kubeproxy_sync_proxy_rules_endpoint_changes_pending`.
+    pub endpoint_changes_pending: Gauge,
+    /// `kubeproxy_sync_proxy_rules_endpoint_changes_total`.
+    pub endpoint_changes_total: Counter,
+    /// `kubeproxy_sync_proxy_rules_service_changes_pending`.
+    pub service_changes_pending: Gauge,
+    /// `kubeproxy_sync_proxy_rules_service_changes_total`.
+    pub service_changes_total: Counter,
+    /// `kubeproxy_sync_proxy_rules_iptables_restore_failures_total`.
+    pub iptables_restore_failures_total: Counter,
+    /// `kubeproxy_sync_proxy_rules_iptables_total{table}` is not exported; this is
+    /// `kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy}` (a gauge, like
+    /// upstream): services with a Local policy and no local endpoint.
+    pub no_local_endpoints_total: Family<TrafficPolicyLabel, Gauge>,
+    /// `kubeproxy_proxy_healthz_total{code}`.
+    pub proxy_healthz_total: Family<CodeLabel, Counter>,
+    /// `kubeproxy_proxy_livez_total{code}`.
+    pub proxy_livez_total: Family<CodeLabel, Counter>,
+    /// `kube_ipvs_proxy_mode{mode}`: 1 for the mode in use.
+    pub proxy_mode: Family<ModeLabel, Gauge>,
+    /// `kube_ipvs_drift_repairs_total{subsystem}`: kernel state found changed behind our back.
+    pub drift_repairs_total: Family<SubsystemLabel, Counter>,
+    /// `kube_ipvs_sync_errors_total{subsystem}`: failed operations (retried).
+    pub sync_errors_total: Family<SubsystemLabel, Counter>,
+    /// `kube_ipvs_invalid_objects_total{kind,reason}`: objects skipped as invalid.
+    pub invalid_objects_total: Family<InvalidObjectLabels, Counter>,
+    /// `kube_ipvs_ipvs_requests_total{op}`: IPVS netlink requests sent.
+    pub ipvs_requests_total: Family<OpLabel, Counter>,
+    /// `kube_ipvs_draining_destinations`: real servers at weight 0 waiting for connections to end.
+    pub draining_destinations: Gauge,
+    /// `kube_ipvs_ipvs_services`: virtual servers programmed.
+    pub ipvs_services: Gauge,
+    /// `kube_ipvs_ipvs_destinations`: real servers programmed.
+    pub ipvs_destinations: Gauge,
+    /// `kube_ipvs_health_check_node_ports`: health-check node port listeners open.
+    pub health_check_node_ports: Gauge,
+}
+
+/// Upstream's network programming buckets: 0, 0.25 s, 0.5 s, 1..59 s, 60..115 s by 5, 2..5 min
+/// by 30 s.
+fn network_programming_buckets() -> Vec<f64> {
+    let mut b = vec![0.0, 0.25, 0.5];
+    b.extend((1..=59).map(f64::from));
+    b.extend((0..12).map(|i| 60.0 + 5.0 * f64::from(i)));
+    b.extend((0..7).map(|i| 120.0 + 30.0 * f64::from(i)));
+    b
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Self {
+        let mut r = Registry::default();
+        let m = Metrics {
+            sync_proxy_rules_duration_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+            network_programming_duration_seconds: Histogram::new(network_programming_buckets()),
+            sync_proxy_rules_last_timestamp_seconds: Gauge::default(),
+            sync_proxy_rules_last_queued_timestamp_seconds: Gauge::default(),
+            endpoint_changes_pending: Gauge::default(),
+            endpoint_changes_total: Counter::default(),
+            service_changes_pending: Gauge::default(),
+            service_changes_total: Counter::default(),
+            iptables_restore_failures_total: Counter::default(),
+            no_local_endpoints_total: Family::default(),
+            proxy_healthz_total: Family::default(),
+            proxy_livez_total: Family::default(),
+            proxy_mode: Family::default(),
+            drift_repairs_total: Family::default(),
+            sync_errors_total: Family::default(),
+            invalid_objects_total: Family::default(),
+            ipvs_requests_total: Family::default(),
+            draining_destinations: Gauge::default(),
+            ipvs_services: Gauge::default(),
+            ipvs_destinations: Gauge::default(),
+            health_check_node_ports: Gauge::default(),
+            registry: Registry::default(),
+        };
+        let k = "kubeproxy_";
+        r.register(
+            format!("{k}sync_proxy_rules_duration_seconds"),
+            "SyncProxyRules latency in seconds",
+            m.sync_proxy_rules_duration_seconds.clone(),
+        );
+        r.register(
+            format!("{k}network_programming_duration_seconds"),
+            "In Cluster Network Programming Latency in seconds",
+            m.network_programming_duration_seconds.clone(),
+        );
+        r.register(
+            format!("{k}sync_proxy_rules_last_timestamp_seconds"),
+            "The last time proxy rules were successfully synced",
+            m.sync_proxy_rules_last_timestamp_seconds.clone(),
+        );
+        r.register(
+            format!("{k}sync_proxy_rules_last_queued_timestamp_seconds"),
+            "The last time a sync of proxy rules was queued",
+            m.sync_proxy_rules_last_queued_timestamp_seconds.clone(),
+        );
+        r.register(
+            format!("{k}sync_proxy_rules_endpoint_changes_pending"),
+            "Pending proxy rules Endpoint changes",
+            m.endpoint_changes_pending.clone(),
+        );
+        r.register(
+            format!("{k}sync_proxy_rules_endpoint_changes"),
+            "Cumulative proxy rules Endpoint changes",
+            m.endpoint_changes_total.clone(),
+        );
+        r.register(
+            format!("{k}sync_proxy_rules_service_changes_pending"),
+            "Pending proxy rules Service changes",
+            m.service_changes_pending.clone(),
+        );
+        r.register(
+            format!("{k}sync_proxy_rules_service_changes"),
+            "Cumulative proxy rules Service changes",
+            m.service_changes_total.clone(),
+        );
+        r.register(
+            format!("{k}sync_proxy_rules_iptables_restore_failures"),
+            "Cumulative proxy iptables restore failures",
+            m.iptables_restore_failures_total.clone(),
+        );
+        r.register(
+            format!("{k}sync_proxy_rules_no_local_endpoints_total"),
+            "Number of services with a Local traffic policy and no endpoints",
+            m.no_local_endpoints_total.clone(),
+        );
+        r.register(
+            format!("{k}proxy_healthz"),
+            "Cumulative proxy healthz HTTP status",
+            m.proxy_healthz_total.clone(),
+        );
+        r.register(
+            format!("{k}proxy_livez"),
+            "Cumulative proxy livez HTTP status",
+            m.proxy_livez_total.clone(),
+        );
+        let o = "kube_ipvs_";
+        r.register(
+            format!("{o}proxy_mode"),
+            "Proxy mode in use (1 for the active mode)",
+            m.proxy_mode.clone(),
+        );
+        r.register(
+            format!("{o}drift_repairs"),
+            "Kernel state found changed by someone else and repaired",
+            m.drift_repairs_total.clone(),
+        );
+        r.register(
+            format!("{o}sync_errors"),
+            "Failed apply operations (the affected services are retried)",
+            m.sync_errors_total.clone(),
+        );
+        r.register(
+            format!("{o}invalid_objects"),
+            "Objects skipped because they are invalid",
+            m.invalid_objects_total.clone(),
+        );
+        r.register(
+            format!("{o}ipvs_requests"),
+            "IPVS netlink requests sent",
+            m.ipvs_requests_total.clone(),
+        );
+        r.register(
+            format!("{o}draining_destinations"),
+            "Real servers at weight 0 waiting for their connections to end",
+            m.draining_destinations.clone(),
+        );
+        r.register(
+            format!("{o}ipvs_services"),
+            "IPVS virtual servers programmed",
+            m.ipvs_services.clone(),
+        );
+        r.register(
+            format!("{o}ipvs_destinations"),
+            "IPVS real servers programmed",
+            m.ipvs_destinations.clone(),
+        );
+        r.register(
+            format!("{o}health_check_node_ports"),
+            "Health check node port listeners open",
+            m.health_check_node_ports.clone(),
+        );
+        r.register(
+            format!("{o}build"),
+            "kube-ipvs build information",
+            Info::new(vec![(
+                "version".to_string(),
+                env!("CARGO_PKG_VERSION").to_string(),
+            )]),
+        );
+        Metrics { registry: r, ..m }
+    }
+
+    /// Sets `kube_ipvs_proxy_mode{mode}` to 1 for `mode` and 0 for the other.
+    pub fn set_proxy_mode(&self, mode: ProxyMode) {
+        for other in [ProxyMode::Ipvs, ProxyMode::Iptables] {
+            let label = ModeLabel {
+                mode: other.as_str().to_string(),
+            };
+            self.proxy_mode
+                .get_or_create(&label)
+                .set(i64::from(other == mode));
+        }
+    }
+
+    /// Records a successful sync that took `seconds`, now.
+    pub fn record_sync(&self, seconds: f64) {
+        self.sync_proxy_rules_duration_seconds.observe(seconds);
+        self.sync_proxy_rules_last_timestamp_seconds.set(unix_now());
+    }
+
+    /// Records that a sync was queued, now.
+    pub fn record_queued(&self) {
+        self.sync_proxy_rules_last_queued_timestamp_seconds
+            .set(unix_now());
+    }
+
+    /// The OpenMetrics text exposition of every metric.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+/// Seconds since the Unix epoch, as a float.
+pub fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// The `/metrics` router.
+pub fn router(metrics: std::sync::Arc<Metrics>) -> axum::Router {
+    use axum::http::{header, StatusCode};
+    use axum::response::IntoResponse;
+    axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let metrics = metrics.clone();
+            async move {
+                match metrics.encode() {
+                    Ok(body) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response(),
+                    Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "encoding metrics failed")
+                        .into_response(),
+                }
+            }
+        }),
+    )
+}
