@@ -344,3 +344,25 @@ fn netns_random_fully_detected() {
     );
     assert_eq!(ipt.supports_random_fully().unwrap(), v >= (1, 6, 2));
 }
+
+/// KUBE-IPVS-OUT-FILTER uses the `ipvs` match (xt_ipvs), which only the VM kernel has.
+#[test]
+#[ignore = "vm"]
+fn vm_ipvs_out_filter_rule_applies() {
+    let ns = Netns::new("ipvsmatch");
+    let (mut input, _) = full_input(&ns, Family::V4);
+    input.no_node_access.push(iptables::NoNodeAccess {
+        ip: "10.96.0.100".parse().unwrap(),
+        proto: Protocol::Tcp,
+        port: 443,
+    });
+    let rs = render_ipvs_mode(&input).unwrap();
+    let mut ipt = Iptables::detect(Family::V4, ns.runner()).unwrap();
+    ipt.apply(&rs).unwrap();
+    let save = ns.sh(&format!("{} -t filter", prog(ipt.backend(), Family::V4)));
+    assert_eq!(
+        chain_rules(&save, "KUBE-IPVS-OUT-FILTER"),
+        vec!["-A KUBE-IPVS-OUT-FILTER -s 10.96.0.100/32 -m ipvs --vproto 6 --vaddr 10.96.0.100 --vport 443 -j DROP"],
+        "{save}"
+    );
+}
