@@ -7,6 +7,7 @@ pub mod desired;
 pub mod diff;
 pub mod kernel;
 pub mod model;
+pub mod plan;
 pub mod proxier;
 pub mod source;
 pub mod store;

@@ -221,6 +221,18 @@ impl Proxier {
         report
     }
 
+    /// Derives every service in `store` into the desired state without touching a kernel
+    /// (for `plan`).
+    pub fn derive_all(&mut self, store: &Store, node_addresses: &BTreeSet<IpAddr>) {
+        let node = self.node_info(store, node_addresses);
+        let mut report = SyncReport::new(SyncKind::Full);
+        let mut names: BTreeSet<ServiceName> = store.service_names().cloned().collect();
+        names.extend(self.desired_names());
+        let changes = self.derive(store, &node, names, &mut report);
+        let _ = self.desired.update_services(changes);
+        self.set_counts = count_sets(&self.desired);
+    }
+
     fn node_info(&self, store: &Store, node_addresses: &BTreeSet<IpAddr>) -> NodeInfo {
         NodeInfo::from_node(&self.node_name, store.node(), node_addresses.clone())
     }

@@ -287,7 +287,8 @@ fn loop_waits_for_both_lists_then_syncs_once() {
     use std::time::Duration;
     let (tx, rx) = std::sync::mpsc::channel();
     // Services listed, slices not yet: nothing may be programmed.
-    tx.send(Input::Source(SourceEvent::Init(Kind::Service))).unwrap();
+    tx.send(Input::Source(SourceEvent::Init(Kind::Service)))
+        .unwrap();
     tx.send(Input::Source(SourceEvent::InitApply(service_ev(1))))
         .unwrap();
     tx.send(Input::Source(SourceEvent::InitDone(Kind::Service)))
@@ -312,10 +313,61 @@ fn loop_waits_for_both_lists_then_syncs_once() {
         tx
     });
     let mut store = Store::new();
-    let exit = run(&rx, &mut store, &mut families, node_addrs(), cfg, &NoObserver);
+    let exit = run(
+        &rx,
+        &mut store,
+        &mut families,
+        node_addrs(),
+        cfg,
+        &NoObserver,
+    );
     assert_eq!(exit, Exit::Once { ok: true });
     let _tx = sender.join().unwrap();
     let vs = families[0].proxier.desired().ipvs_table();
     assert_eq!(vs.len(), 1);
     assert_eq!(vs[&key(1)].real_servers.len(), 3);
+}
+
+#[test]
+fn plan_renders_ipvsadm_format_and_dry_run_records_only_differences() {
+    use controller::plan::{render, DryRun, Section};
+    let store = store_with(2);
+    let mut p = Proxier::new(cfg4(), RulesConfig::default(), NODE);
+    let plan = p.plan(&store, &node_addrs()).unwrap();
+    let ipvs = render(std::slice::from_ref(&plan), Some(Section::Ipvs));
+    // Round trip through the ipvsadm -S parser: two services, ten real servers each.
+    let parsed = ipvs_netlink::savefmt::parse(&ipvs).unwrap();
+    assert_eq!(parsed.len(), 2);
+    assert!(parsed.iter().all(|(_, d)| d.len() == 10));
+    assert!(ipvs.starts_with("-A -t 10.96.0.1:80 -s rr\n"), "{ipvs}");
+    assert!(ipvs.contains("-a -t 10.96.0.1:80 -r 10.244.0.1:8080 -m -w 1\n"));
+    assert_eq!(plan.addresses, vec![vip(0), vip(1)]);
+    assert!(
+        plan.ipsets.contains("add KUBE-CLUSTER-IP 10.96.0.1,tcp:80"),
+        "{}",
+        plan.ipsets
+    );
+    assert!(plan.iptables.contains("*nat"));
+
+    // A kernel with one service too many and one real server missing.
+    let (_, _, mut k) = programmed(2);
+    let mut extra = k.ipvs[&key(0)].clone();
+    extra.service.key = key(9);
+    k.ipvs.insert(key(9), extra);
+    let rs = *k.ipvs[&key(1)].real_servers.keys().next().unwrap();
+    k.ipvs.get_mut(&key(1)).unwrap().real_servers.remove(&rs);
+    let before = k.clone();
+    let mut dry = DryRun::new(&mut k);
+    let mut p = Proxier::new(cfg4(), RulesConfig::default(), NODE);
+    let r = p.sync(&store, &node_addrs(), &mut dry);
+    assert!(r.ok(), "{:?}", r.errors);
+    let writes = dry.writes.clone();
+    assert_eq!(
+        writes,
+        vec![
+            format!("ipvsadm -a -t 10.96.0.2:80 -r {}:{} -m -w 1", rs.0, rs.1),
+            "ipvsadm -D -t 10.96.0.10:80".to_string(),
+        ]
+    );
+    assert_eq!(k.ipvs, before.ipvs, "a dry run changes nothing");
 }
