@@ -10,7 +10,10 @@ use std::process::Command;
 use controller::sysctl::{apply_sysctls, desired_sysctls, kernel_version, PROC_SYS};
 
 fn read(p: &str) -> String {
-    std::fs::read_to_string(Path::new(PROC_SYS).join(p)).unwrap().trim().to_string()
+    std::fs::read_to_string(Path::new(PROC_SYS).join(p))
+        .unwrap()
+        .trim()
+        .to_string()
 }
 
 fn write(p: &str, v: &str) {
@@ -20,7 +23,9 @@ fn write(p: &str, v: &str) {
 /// Read through a separate program, so the check does not only trust our own file IO.
 fn sysctl_tool(p: &str) -> String {
     let key = p.replace('/', ".");
-    let out = Command::new("busybox").args(["sysctl", "-n", &key]).output();
+    let out = Command::new("busybox")
+        .args(["sysctl", "-n", &key])
+        .output();
     match out {
         Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
         _ => {
@@ -45,14 +50,26 @@ impl Drop for Restore {
 #[ignore = "vm"]
 fn vm_sysctls_applied_and_read_back() {
     let root = Path::new(PROC_SYS);
-    assert!(root.join("net/ipv4/vs").is_dir(), "ip_vs must be loaded in the VM");
+    assert!(
+        root.join("net/ipv4/vs").is_dir(),
+        "ip_vs must be loaded in the VM"
+    );
     let kernel = kernel_version(root).unwrap();
     let release = read("kernel/osrelease");
-    assert!(release.starts_with(&format!("{}.{}", kernel.0, kernel.1)), "{release} vs {kernel:?}");
+    assert!(
+        release.starts_with(&format!("{}.{}", kernel.0, kernel.1)),
+        "{release} vs {kernel:?}"
+    );
 
     let _restore = Restore(vec![
-        ("net/ipv4/conf/all/arp_ignore", read("net/ipv4/conf/all/arp_ignore")),
-        ("net/ipv4/conf/all/arp_announce", read("net/ipv4/conf/all/arp_announce")),
+        (
+            "net/ipv4/conf/all/arp_ignore",
+            read("net/ipv4/conf/all/arp_ignore"),
+        ),
+        (
+            "net/ipv4/conf/all/arp_announce",
+            read("net/ipv4/conf/all/arp_announce"),
+        ),
     ]);
     // Start from values the proxy must change.
     write("net/ipv4/vs/conntrack", "0");
@@ -79,12 +96,19 @@ fn vm_sysctls_applied_and_read_back() {
     ] {
         assert_eq!(read(p), v, "{p}");
         assert_eq!(sysctl_tool(p), v, "{p} via sysctl");
-        assert!(changed.iter().any(|c| c == p), "{p} not reported as changed: {changed:?}");
+        assert!(
+            changed.iter().any(|c| c == p),
+            "{p} not reported as changed: {changed:?}"
+        );
     }
     // conn_reuse_mode: 0 only for 4.1 <= kernel < 5.9; the VM's 6.1 keeps the kernel value.
     let old_kernel = kernel >= (4, 1, 0) && kernel < (5, 9, 0);
     let want_reuse = if old_kernel { "0" } else { "1" };
-    assert_eq!(read("net/ipv4/vs/conn_reuse_mode"), want_reuse, "kernel {release}");
+    assert_eq!(
+        read("net/ipv4/vs/conn_reuse_mode"),
+        want_reuse,
+        "kernel {release}"
+    );
     assert_eq!(
         changed.iter().any(|c| c.ends_with("conn_reuse_mode")),
         old_kernel,
@@ -92,5 +116,7 @@ fn vm_sysctls_applied_and_read_back() {
     );
 
     // Applying again changes nothing.
-    assert!(apply_sysctls(root, &desired_sysctls(kernel, true)).unwrap().is_empty());
+    assert!(apply_sysctls(root, &desired_sysctls(kernel, true))
+        .unwrap()
+        .is_empty());
 }
