@@ -86,7 +86,23 @@ async fn post(addr: SocketAddr, path: &str, body: Option<&Value>) -> (u16, Value
 
 #[tokio::test]
 async fn serves_fixtures_rest_writes_and_control() {
-    let p = start("main");
+    scenario("host").await;
+}
+
+/// The same scenario inside the test VM (its initramfs and loopback), where e2e tests run the
+/// binary.
+#[test]
+#[ignore = "vm"]
+fn vm_fake_apiserver_binary_serves_fixtures_and_control() {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(scenario("vm"));
+}
+
+async fn scenario(tag: &str) {
+    let p = start(tag);
     let (code, l) = raw::get_json(p.api, "/api/v1/services").await.unwrap();
     assert_eq!(code, 200);
     assert_eq!(l["items"][0]["metadata"]["name"], "dns");
