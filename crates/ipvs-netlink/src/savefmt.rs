@@ -341,6 +341,12 @@ fn msort_idx<T>(v: &[T], idx: &mut [usize], tmp: &mut Vec<usize>, cmp: &impl Fn(
 
 /// Renders a table exactly as `ipvsadm -Sn` prints it (services and real servers sorted the
 /// way ipvsadm sorts them).
+///
+/// ipvsadm compares addresses with wrapping `int` subtraction, which is not a total order
+/// when two addresses (or fwmarks) are 2^31 or more apart (e.g. 10.x and 192.168.x). Then its
+/// output depends on the input order, i.e. the kernel's hash-table order: pass the table in
+/// kernel dump order (as [`crate::Client::dump`] returns it) for a byte-exact match. For tables
+/// without such pairs the output is the same for any input order.
 pub fn render(table: &[(Service, Vec<Destination>)]) -> String {
     let mut order: Vec<(&Service, Vec<&Destination>)> =
         table.iter().map(|(s, d)| (s, d.iter().collect())).collect();
