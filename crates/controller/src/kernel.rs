@@ -296,7 +296,20 @@ impl FakeKernel {
             Op::SetDest(k, d) => {
                 let vs = self.ipvs.get_mut(k).ok_or_else(|| Self::errno(op, ESRCH))?;
                 match vs.real_servers.get_mut(&(d.addr, d.port)) {
-                    Some(old) => *old = d.clone(),
+                    // Like the kernel: settable attributes change, connections stay.
+                    Some(old) => {
+                        let (a, i, p, st) = (
+                            old.active_conns,
+                            old.inactive_conns,
+                            old.persist_conns,
+                            old.stats,
+                        );
+                        *old = d.clone();
+                        old.active_conns = a;
+                        old.inactive_conns = i;
+                        old.persist_conns = p;
+                        old.stats = st;
+                    }
                     None => return Err(Self::errno(op, ENOENT)),
                 }
             }

@@ -18,7 +18,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use ipset::{EntryChange, IpsetDiff, SetKind};
-use ipvs_netlink::{Family, Op, ServiceKey};
+use ipvs_netlink::{Destination, Family, Op, ServiceKey};
 
 use crate::desired::{owned_by_proxy, service_desired, set_family, Delta, Desired, IpsetEntry};
 use crate::diff::{diff_ipvs, diff_set, IpvsOps, IpvsTable};
@@ -122,6 +122,52 @@ pub struct Proxier {
     recheck_addresses: bool,
     set_counts: BTreeMap<SetKind, usize>,
     rejections: Rejections,
+    drain: DrainConfig,
+    draining: BTreeMap<(ServiceKey, IpAddr, u16), Instant>,
+    drain_due: Option<Instant>,
+    drain_stats: DrainStats,
+}
+
+/// Graceful termination of real servers.
+///
+/// A TCP or SCTP real server that leaves its virtual server is not deleted at once: its weight
+/// goes to 0 so no new connection picks it, and it is deleted as soon as the kernel reports no
+/// active (established) connection on it, or when `cap` has passed. Closed connections linger
+/// in IPVS's table as TIME_WAIT (counted in InActConn) for about two minutes; with
+/// `expire_nodest_conn=1` deleting a real server that only has those is harmless, so only
+/// ActiveConn is waited for. UDP real servers are deleted at once (UDP has no end of
+/// connection to wait for; stale conntrack entries are cleaned instead).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainConfig {
+    /// Drain instead of deleting (false: delete at once, like a plain diff).
+    pub enabled: bool,
+    /// Longest time a real server drains (`--drain-timeout`).
+    pub cap: Duration,
+    /// How often draining real servers are checked (only those are read).
+    pub interval: Duration,
+}
+
+impl Default for DrainConfig {
+    fn default() -> Self {
+        DrainConfig {
+            enabled: true,
+            // IPVS's own idle timeout for an established TCP connection: a connection idle
+            // that long is gone from IPVS's table anyway.
+            cap: Duration::from_secs(15 * 60),
+            interval: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Counters of graceful termination.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DrainStats {
+    /// Real servers deleted after their last active connection ended.
+    pub removed_drained: u64,
+    /// Real servers deleted because the cap passed.
+    pub removed_cap: u64,
+    /// Real servers that came back while draining (weight restored).
+    pub restored: u64,
 }
 
 impl Proxier {
@@ -144,7 +190,27 @@ impl Proxier {
             recheck_addresses: false,
             set_counts: BTreeMap::new(),
             rejections: Rejections::default(),
+            drain: DrainConfig::default(),
+            draining: BTreeMap::new(),
+            drain_due: None,
+            drain_stats: DrainStats::default(),
         }
+    }
+
+    /// Sets how real servers are drained.
+    pub fn with_drain(mut self, drain: DrainConfig) -> Proxier {
+        self.drain = drain;
+        self
+    }
+
+    /// Real servers draining now.
+    pub fn draining(&self) -> usize {
+        self.draining.len()
+    }
+
+    /// Graceful-termination counters.
+    pub fn drain_stats(&self) -> DrainStats {
+        self.drain_stats
     }
 
     /// The configuration.
@@ -190,14 +256,19 @@ impl Proxier {
             || self.node_dirty
             || self.recheck_addresses
             || (!self.repair.is_empty() && self.repair_at.is_none_or(|t| now >= t))
+            || self.drain_due.is_some_and(|t| now >= t)
     }
 
     /// When the next retry of failed operations is due, if any.
     pub fn retry_due(&self) -> Option<Instant> {
-        if self.repair.is_empty() {
+        let repair = if self.repair.is_empty() {
             None
         } else {
             self.repair_at
+        };
+        match (repair, self.drain_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 
@@ -216,6 +287,9 @@ impl Proxier {
         };
         if !self.repair.is_empty() && self.repair_at.is_none_or(|t| Instant::now() >= t) {
             self.retry_repairs(kernel, &mut report);
+        }
+        if self.drain_due.is_some_and(|t| Instant::now() >= t) {
+            self.check_drains(kernel, &mut report);
         }
         report.duration = start.elapsed();
         report
@@ -369,6 +443,7 @@ impl Proxier {
             let owned = owned_by_proxy(&self.cfg);
             diff_ipvs(&self.desired.ipvs_table(), actual, &owned)
         });
+        let ipvs_ops = ipvs_ops.map(|ops| self.graceful(ops, actual_ipvs.as_ref()));
         let (addr_add, addr_del) = match &actual_addrs {
             Some(actual) => {
                 let fam = self.cfg.family;
@@ -444,10 +519,11 @@ impl Proxier {
             let union: BTreeSet<SetKind> = before.union(&after).copied().collect();
             self.apply_rules(kernel, false, Some(union), report);
         }
-        self.apply_ipvs(&delta.ipvs.apply, kernel, report);
+        let ipvs = self.graceful(delta.ipvs, None);
+        self.apply_ipvs(&ipvs.apply, kernel, report);
         self.apply_addrs(&delta.addresses_add, &[], kernel, report);
         self.apply_addrs(&[], &delta.addresses_del, kernel, report);
-        self.apply_ipvs(&delta.ipvs.remove, kernel, report);
+        self.apply_ipvs(&ipvs.remove, kernel, report);
         self.apply_sets(&shrink, kernel, report);
         if rules_change {
             self.apply_rules(kernel, false, None, report);
@@ -587,6 +663,99 @@ impl Proxier {
         }
     }
 
+    /// Turns real-server deletions into drains and re-additions of draining real servers
+    /// into weight restores. `actual` is the kernel's table when known (full sync).
+    fn graceful(&mut self, ops: IpvsOps, actual: Option<&IpvsTable>) -> IpvsOps {
+        let now = Instant::now();
+        let mut out = IpvsOps::default();
+        for op in ops.apply {
+            match op {
+                Op::DelDest(k, a, p) if self.drain.enabled && drains(&k) => {
+                    if self.draining.contains_key(&(k, a, p)) {
+                        continue; // already draining: the drain check deletes it
+                    }
+                    self.draining.insert((k, a, p), now);
+                    let already_zero = actual
+                        .and_then(|t| t.get(&k))
+                        .and_then(|vs| vs.real_servers.get(&(a, p)))
+                        .is_some_and(|d| d.weight == 0);
+                    if !already_zero {
+                        let mut d = Destination::new(a, p);
+                        d.weight = 0;
+                        out.apply.push(Op::SetDest(k, d));
+                    }
+                }
+                Op::NewDest(k, d) if self.draining.remove(&(k, d.addr, d.port)).is_some() => {
+                    self.drain_stats.restored += 1;
+                    out.apply.push(Op::SetDest(k, d));
+                }
+                Op::SetDest(k, d) => {
+                    // Wanted again (e.g. a weight 0 left by a previous run): no longer draining.
+                    if self.draining.remove(&(k, d.addr, d.port)).is_some() {
+                        self.drain_stats.restored += 1;
+                    }
+                    out.apply.push(Op::SetDest(k, d));
+                }
+                other => out.apply.push(other),
+            }
+        }
+        for op in &ops.remove {
+            if let Op::DelService(k) = op {
+                self.draining.retain(|(dk, _, _), _| dk != k);
+            }
+        }
+        out.remove = ops.remove;
+        if self.draining.is_empty() {
+            self.drain_due = None;
+        } else if self.drain_due.is_none() {
+            self.drain_due = Some(now + self.drain.interval);
+        }
+        out
+    }
+
+    /// Reads only the virtual servers with draining real servers and deletes those whose
+    /// connections are gone (or whose cap passed).
+    fn check_drains(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
+        let now = Instant::now();
+        let keys: BTreeSet<ServiceKey> = self.draining.keys().map(|(k, _, _)| *k).collect();
+        let actual = match kernel.read_ipvs_keys(&keys) {
+            Ok(t) => t,
+            Err(e) => {
+                report.errors.push(e.to_string());
+                self.drain_due = Some(now + self.drain.interval);
+                return;
+            }
+        };
+        let mut ops = Vec::new();
+        let mut done = Vec::new();
+        for (&(k, a, p), &since) in &self.draining {
+            let Some(d) = actual.get(&k).and_then(|vs| vs.real_servers.get(&(a, p))) else {
+                done.push((k, a, p)); // gone already (deleted behind our back, or its service)
+                continue;
+            };
+            if d.active_conns == 0 {
+                self.drain_stats.removed_drained += 1;
+            } else if now.duration_since(since) >= self.drain.cap {
+                self.drain_stats.removed_cap += 1;
+                tracing::info!(real_server = %format!("{a}:{p}"), active = d.active_conns,
+                    "drain cap reached; deleting real server with live connections");
+            } else {
+                continue;
+            }
+            ops.push(Op::DelDest(k, a, p));
+            done.push((k, a, p));
+        }
+        for d in done {
+            self.draining.remove(&d);
+        }
+        self.apply_ipvs(&ops, kernel, report);
+        self.drain_due = if self.draining.is_empty() {
+            None
+        } else {
+            Some(now + self.drain.interval)
+        };
+    }
+
     fn schedule_repair(&mut self) {
         let secs = 1u64 << self.repair_attempts.min(6);
         self.repair_at = Some(Instant::now() + Duration::from_secs(secs));
@@ -667,6 +836,17 @@ fn split_set_diff(d: IpsetDiff) -> (IpsetDiff, IpsetDiff) {
         ..IpsetDiff::default()
     };
     (grow, shrink)
+}
+
+/// Real servers of TCP and SCTP virtual servers drain; UDP ones are deleted at once.
+fn drains(k: &ServiceKey) -> bool {
+    !matches!(
+        k,
+        ServiceKey::Inet {
+            protocol: ipvs_netlink::Protocol::Udp,
+            ..
+        }
+    )
 }
 
 fn op_key(op: &Op) -> Option<ServiceKey> {

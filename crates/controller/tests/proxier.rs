@@ -133,7 +133,93 @@ fn one_endpoint_change_is_a_few_requests_and_no_dump() {
     assert_eq!(r.services_derived, 1);
     let vs = &k.ipvs[&key(500)];
     assert!(vs.real_servers.contains_key(&(ip("10.250.0.1"), 8080)));
-    assert_eq!(vs.real_servers.len(), 10);
+    // The replaced endpoint drains at weight 0 instead of being deleted.
+    assert_eq!(vs.real_servers.len(), 11);
+    let gone = (ip("10.244.20.10"), 8080);
+    assert_eq!(vs.real_servers[&gone].weight, 0);
+    assert_eq!(p.draining(), 1);
+}
+
+#[test]
+fn draining_real_server_is_deleted_when_its_connections_end_and_restored_if_wanted_again() {
+    use controller::proxier::DrainConfig;
+    use std::time::Duration;
+    let store0 = store_with(3);
+    let mut store = store0.clone();
+    let drain = DrainConfig {
+        enabled: true,
+        cap: Duration::from_secs(3600),
+        interval: Duration::from_millis(1),
+    };
+    let mut p = Proxier::new(cfg4(), RulesConfig::default(), NODE).with_drain(drain);
+    let mut k = FakeKernel::default();
+    assert!(p.sync(&store, &node_addrs(), &mut k).ok());
+    // Service 1 loses its last two endpoints.
+    let ch = store.apply(SourceEvent::Apply(slice_ev(1, 8, 0)));
+    p.note(&ch);
+    assert!(p.sync(&store, &node_addrs(), &mut k).ok());
+    assert_eq!(p.draining(), 2);
+    let a = (ip("10.244.0.19"), 8080);
+    let b = (ip("10.244.0.20"), 8080);
+    // a still carries an established connection, b none.
+    let vs = k.ipvs.get_mut(&key(1)).unwrap();
+    vs.real_servers.get_mut(&a).unwrap().active_conns = 1;
+    vs.real_servers.get_mut(&b).unwrap().inactive_conns = 5; // TIME_WAIT leftovers
+    std::thread::sleep(Duration::from_millis(5));
+    assert!(p.pending(std::time::Instant::now()), "a drain check is due");
+    let before = k.counters();
+    let r = p.sync(&store, &node_addrs(), &mut k);
+    assert!(r.ok(), "{:?}", r.errors);
+    let after = k.counters();
+    assert_eq!(after.ipvs_reads - before.ipvs_reads, 1, "only the draining service is read");
+    assert!(!k.ipvs[&key(1)].real_servers.contains_key(&b));
+    assert_eq!(k.ipvs[&key(1)].real_servers[&a].weight, 0);
+    assert_eq!(p.drain_stats().removed_drained, 1);
+    // a comes back: weight restored in place, no delete/re-add.
+    let ch = store.apply(SourceEvent::Apply(slice_ev(1, 9, 0)));
+    p.note(&ch);
+    let before = k.counters();
+    assert!(p.sync(&store, &node_addrs(), &mut k).ok());
+    assert_eq!(k.ipvs[&key(1)].real_servers[&a].weight, 1);
+    assert_eq!(k.ipvs[&key(1)].real_servers[&a].active_conns, 1, "same real server");
+    assert_eq!(k.counters().ipvs_writes - before.ipvs_writes, 1);
+    assert_eq!(p.draining(), 0);
+    assert_eq!(p.drain_stats().restored, 1);
+}
+
+#[test]
+fn udp_real_servers_are_deleted_at_once() {
+    let mut store = Store::new();
+    store.apply(SourceEvent::Init(Kind::Service));
+    store.apply(SourceEvent::InitApply(Object::Service(Box::new(
+        svc("kube-system", "dns", "10.96.0.10")
+            .port("dns", 53, "UDP")
+            .build(),
+    ))));
+    store.apply(SourceEvent::InitDone(Kind::Service));
+    let sl = |eps: &[&str]| {
+        let mut s = slice("kube-system", "dns", "dns-1").port("dns", 53, "UDP");
+        for e in eps {
+            s = s.ep(e, "node-b", C::Ready);
+        }
+        Object::EndpointSlice(Box::new(s.build()))
+    };
+    store.apply(SourceEvent::Init(Kind::EndpointSlice));
+    store.apply(SourceEvent::InitApply(sl(&["10.244.1.1", "10.244.1.2"])));
+    store.apply(SourceEvent::InitDone(Kind::EndpointSlice));
+    let mut p = Proxier::new(cfg4(), RulesConfig::default(), NODE);
+    let mut k = FakeKernel::default();
+    assert!(p.sync(&store, &node_addrs(), &mut k).ok());
+    let ch = store.apply(SourceEvent::Apply(sl(&["10.244.1.2"])));
+    p.note(&ch);
+    assert!(p.sync(&store, &node_addrs(), &mut k).ok());
+    let udp = ServiceKey::Inet {
+        protocol: Protocol::Udp,
+        addr: ip("10.96.0.10"),
+        port: 53,
+    };
+    assert_eq!(k.ipvs[&udp].real_servers.len(), 1);
+    assert_eq!(p.draining(), 0);
 }
 
 #[test]
