@@ -11,6 +11,7 @@
 //!   NodePorts" ([`NodePortAddresses`]), "is this IP local", and notices when `kube-ipvs0` is
 //!   deleted behind our back.
 
+mod batch;
 mod diff;
 mod link;
 mod monitor;
@@ -61,6 +62,14 @@ pub enum Error {
         link: String,
         /// Why it is unavailable.
         reason: String,
+    },
+    /// A pipelined request got no usable answer (socket error or malformed reply).
+    #[error("{object}: no answer from the kernel: {detail}")]
+    Transport {
+        /// The object of the request.
+        object: String,
+        /// What went wrong.
+        detail: String,
     },
     /// A kernel reply or event lacked data it must carry or carried impossible values.
     #[error("malformed rtnetlink {what}: {detail}")]

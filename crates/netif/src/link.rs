@@ -5,17 +5,17 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use futures::stream::{self, StreamExt, TryStreamExt};
+use futures::stream::TryStreamExt;
 use netlink_packet_route::address::{AddressHeaderFlags, AddressMessage};
 use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage};
+use netlink_packet_route::RouteNetlinkMessage;
+use rtnetlink::packet_core::{NetlinkMessage, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST};
 use rtnetlink::{AddressMessageBuilder, Handle, LinkDummy};
 use tokio::task::JoinHandle;
 
+use crate::batch::{Answer, BatchSocket};
 use crate::diff::{host_prefix_len, AddrDiff};
 use crate::{errno, errno_of, kernel, Error, DUMMY_LINK};
-
-/// How many address requests are kept in flight at once while applying a diff.
-const IN_FLIGHT: usize = 64;
 
 /// The dummy link as found or created by [`Netif::ensure_dummy`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +37,7 @@ pub struct Netif {
     /// someone bound with a prefix other than /32 or /128.
     prefixes: Mutex<BTreeMap<IpAddr, u8>>,
     requests: AtomicU64,
+    batch: BatchSocket,
 }
 
 impl Drop for Netif {
@@ -73,8 +74,10 @@ impl Netif {
     /// Like [`Netif::new`] for a link with another name (tests).
     pub async fn with_link_name(name: &str) -> Result<Self, Error> {
         let (conn, handle, _) = rtnetlink::new_connection().map_err(Error::Socket)?;
+        let batch = BatchSocket::new()?;
         let conn = tokio::spawn(conn);
         Ok(Self {
+            batch,
             handle,
             conn,
             name: name.to_string(),
@@ -226,46 +229,8 @@ impl Netif {
         }
     }
 
-    async fn add_one(&self, index: u32, ip: IpAddr) -> Result<(), Error> {
-        let prefix = host_prefix_len(&ip);
-        self.count();
-        let mut req = self.handle.address().add(index, ip, prefix);
-        *req.message_mut() = self.address_message(index, ip, prefix);
-        match req.execute().await {
-            Ok(()) => Ok(()),
-            // Already there (bound behind our back): the desired state holds.
-            Err(e) if errno_of(&e) == Some(errno::EEXIST) => Ok(()),
-            Err(e) => Err(kernel(
-                "add address",
-                format!("{ip}/{prefix} on {}", self.name),
-                e,
-            )),
-        }
-    }
-
-    async fn remove_one(&self, index: u32, ip: IpAddr) -> Result<(), Error> {
-        let prefix = self
-            .prefixes
-            .lock()
-            .ok()
-            .and_then(|g| g.get(&ip).copied())
-            .unwrap_or_else(|| host_prefix_len(&ip));
-        self.count();
-        let msg = self.address_message(index, ip, prefix);
-        match self.handle.address().del(msg).execute().await {
-            Ok(()) => Ok(()),
-            // Already gone: the desired state holds.
-            Err(e) if errno_of(&e) == Some(errno::EADDRNOTAVAIL) => Ok(()),
-            Err(e) => Err(kernel(
-                "remove address",
-                format!("{ip}/{prefix} from {}", self.name),
-                e,
-            )),
-        }
-    }
-
-    /// Apply a diff: one netlink request per changed address (several in flight), none for
-    /// unchanged ones. Every address gets its own result, in the order removals then adds, so
+    /// Apply a diff: one netlink request per changed address, none for unchanged ones. The
+    /// requests are pipelined (many per datagram, ACKs collected afterwards). Every address gets its own result, in the order removals then adds, so
     /// one rejected address does not stop the rest. Uses the index of the last lookup or
     /// creation, looking the link up once if there was none.
     pub async fn apply(&self, diff: &AddrDiff) -> Vec<(IpAddr, Result<(), Error>)> {
@@ -298,23 +263,65 @@ impl Netif {
                     .collect();
             }
         };
-        let ops = diff
+        let prefixes = self.prefixes.lock().map(|g| g.clone()).unwrap_or_default();
+        let ops: Vec<(IpAddr, bool, u8)> = diff
             .remove
             .iter()
-            .map(|ip| (*ip, false))
-            .chain(diff.add.iter().map(|ip| (*ip, true)));
-        let results: Vec<(IpAddr, Result<(), Error>)> = stream::iter(ops)
-            .map(|(ip, add)| async move {
-                let r = if add {
-                    self.add_one(index, ip).await
-                } else {
-                    self.remove_one(index, ip).await
-                };
-                (ip, r)
+            .map(|ip| {
+                let prefix = prefixes
+                    .get(ip)
+                    .copied()
+                    .unwrap_or_else(|| host_prefix_len(ip));
+                (*ip, false, prefix)
             })
-            .buffered(IN_FLIGHT)
-            .collect()
-            .await;
+            .chain(diff.add.iter().map(|ip| (*ip, true, host_prefix_len(ip))))
+            .collect();
+        let msgs = ops
+            .iter()
+            .map(|(ip, add, prefix)| {
+                let m = self.address_message(index, *ip, *prefix);
+                let mut nl = if *add {
+                    NetlinkMessage::from(RouteNetlinkMessage::NewAddress(m))
+                } else {
+                    NetlinkMessage::from(RouteNetlinkMessage::DelAddress(m))
+                };
+                nl.header.flags = if *add {
+                    NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
+                } else {
+                    NLM_F_REQUEST | NLM_F_ACK
+                };
+                nl
+            })
+            .collect();
+        self.requests.fetch_add(ops.len() as u64, Ordering::Relaxed);
+        let answers = self.batch.run(msgs).await;
+        let results: Vec<(IpAddr, Result<(), Error>)> = ops
+            .iter()
+            .zip(answers)
+            .map(|((ip, add, prefix), answer)| {
+                let (op, object) = if *add {
+                    ("add address", format!("{ip}/{prefix} on {}", self.name))
+                } else {
+                    (
+                        "remove address",
+                        format!("{ip}/{prefix} from {}", self.name),
+                    )
+                };
+                // Already there / already gone: the desired state holds.
+                let benign = if *add {
+                    errno::EEXIST
+                } else {
+                    errno::EADDRNOTAVAIL
+                };
+                let r = match answer {
+                    Answer::Ok => Ok(()),
+                    Answer::Nack(e) if errno_of(&e) == Some(benign) => Ok(()),
+                    Answer::Nack(e) => Err(kernel(op, object, e)),
+                    Answer::Failed(detail) => Err(Error::Transport { object, detail }),
+                };
+                (*ip, r)
+            })
+            .collect();
         if let Ok(mut g) = self.prefixes.lock() {
             for (ip, r) in &results {
                 if r.is_ok() {

@@ -1,0 +1,137 @@
+//! Pipelined rtnetlink requests: many messages per datagram on a dedicated socket, one ACK
+//! (or error) per message collected afterwards, so each message gets its own result.
+
+use std::collections::HashMap;
+
+use netlink_packet_route::RouteNetlinkMessage;
+use rtnetlink::packet_core::{NetlinkBuffer, NetlinkMessage, NetlinkPayload};
+use rtnetlink::sys::protocols::NETLINK_ROUTE;
+use rtnetlink::sys::{AsyncSocket, AsyncSocketExt, SocketAddr, TokioSocket};
+
+use crate::Error;
+
+/// Upper bound of one datagram of requests (the kernel accepts far larger; this keeps the
+/// ACKs of one datagram well inside the receive buffer).
+const MAX_DATAGRAM: usize = 32 * 1024;
+
+/// Receive buffer size for the ACKs.
+const RX_BUF: usize = 1 << 20;
+
+/// A netlink route socket used only for pipelined requests.
+pub(crate) struct BatchSocket {
+    socket: tokio::sync::Mutex<TokioSocket>,
+    seq: std::sync::atomic::AtomicU32,
+}
+
+/// The kernel's answer to one request.
+pub(crate) enum Answer {
+    /// ACK without error.
+    Ok,
+    /// The kernel's error message (errno inside).
+    Nack(rtnetlink::Error),
+    /// No usable answer (socket error, malformed reply).
+    Failed(String),
+}
+
+impl BatchSocket {
+    /// Open the socket in the calling thread's network namespace.
+    pub(crate) fn new() -> Result<Self, Error> {
+        let mut s = TokioSocket::new(NETLINK_ROUTE).map_err(Error::Socket)?;
+        let sock = s.socket_mut();
+        sock.bind_auto().map_err(Error::Socket)?;
+        sock.connect(&SocketAddr::new(0, 0))
+            .map_err(Error::Socket)?;
+        // Error ACKs without the echoed request: smaller replies.
+        sock.set_cap_ack(true).map_err(Error::Socket)?;
+        sock.set_rx_buf_sz(RX_BUF).map_err(Error::Socket)?;
+        Ok(Self {
+            socket: tokio::sync::Mutex::new(s),
+            seq: std::sync::atomic::AtomicU32::new(1),
+        })
+    }
+
+    /// Send every message (flags already set by the caller; ACK is forced on) and return one
+    /// answer per message, in order. Datagrams are filled up to [`MAX_DATAGRAM`].
+    pub(crate) async fn run(&self, msgs: Vec<NetlinkMessage<RouteNetlinkMessage>>) -> Vec<Answer> {
+        let mut answers: Vec<Option<Answer>> = (0..msgs.len()).map(|_| None).collect();
+        let socket = self.socket.lock().await;
+        let mut i = 0;
+        while i < msgs.len() {
+            let mut buf = Vec::with_capacity(MAX_DATAGRAM);
+            let mut pending: HashMap<u32, usize> = HashMap::new();
+            while i < msgs.len() {
+                let mut m = msgs[i].clone();
+                m.header.flags |= rtnetlink::packet_core::NLM_F_ACK;
+                let seq = self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                m.header.sequence_number = seq;
+                m.finalize();
+                let len = m.buffer_len();
+                if !buf.is_empty() && buf.len() + len > MAX_DATAGRAM {
+                    break;
+                }
+                let start = buf.len();
+                buf.resize(start + len, 0);
+                m.serialize(&mut buf[start..]);
+                pending.insert(seq, i);
+                i += 1;
+            }
+            if let Err(e) = socket.send(&buf).await {
+                for idx in pending.into_values() {
+                    answers[idx] = Some(Answer::Failed(format!("send: {e}")));
+                }
+                continue;
+            }
+            while !pending.is_empty() {
+                let data = match socket.recv_from_full().await {
+                    Ok((d, _)) => d,
+                    Err(e) => {
+                        for idx in pending.drain().map(|(_, v)| v) {
+                            answers[idx] = Some(Answer::Failed(format!("receive: {e}")));
+                        }
+                        break;
+                    }
+                };
+                if let Err(detail) = parse_acks(&data, &mut pending, &mut answers) {
+                    for idx in pending.drain().map(|(_, v)| v) {
+                        answers[idx] = Some(Answer::Failed(detail.clone()));
+                    }
+                }
+            }
+        }
+        answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Answer::Failed("no answer".into())))
+            .collect()
+    }
+}
+
+/// Walk one datagram of replies, settling the pending requests it answers.
+fn parse_acks(
+    data: &[u8],
+    pending: &mut HashMap<u32, usize>,
+    answers: &mut [Option<Answer>],
+) -> Result<(), String> {
+    let mut off = 0;
+    while off < data.len() {
+        let rest = &data[off..];
+        let len = NetlinkBuffer::new_checked(rest)
+            .map_err(|e| format!("malformed netlink reply: {e}"))?
+            .length() as usize;
+        if len < 16 || len > rest.len() {
+            return Err(format!("netlink reply length {len} out of bounds"));
+        }
+        let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&rest[..len])
+            .map_err(|e| format!("malformed netlink reply: {e}"))?;
+        if let NetlinkPayload::Error(err) = msg.payload {
+            if let Some(idx) = pending.remove(&msg.header.sequence_number) {
+                answers[idx] = Some(if err.code.is_none() {
+                    Answer::Ok
+                } else {
+                    Answer::Nack(rtnetlink::Error::NetlinkError(err))
+                });
+            }
+        }
+        off += (len + 3) & !3;
+    }
+    Ok(())
+}
