@@ -439,3 +439,64 @@ impl Kernel for FakeKernel {
         self.counters
     }
 }
+
+/// A [`FakeKernel`] shared between a test and the proxier that owns it (the sync loop takes
+/// its kernel by value).
+#[derive(Debug, Default, Clone)]
+pub struct SharedFakeKernel(pub std::sync::Arc<std::sync::Mutex<FakeKernel>>);
+
+impl SharedFakeKernel {
+    fn with<T>(&self, f: impl FnOnce(&mut FakeKernel) -> T) -> T {
+        let mut guard = match self.0.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        f(&mut guard)
+    }
+
+    /// A copy of the fake kernel's current state.
+    pub fn snapshot(&self) -> FakeKernel {
+        self.with(|k| k.clone())
+    }
+}
+
+impl Kernel for SharedFakeKernel {
+    fn read_ipvs(&mut self) -> Result<IpvsTable, KernelError> {
+        self.with(|k| k.read_ipvs())
+    }
+    fn read_ipvs_keys(&mut self, keys: &BTreeSet<ServiceKey>) -> Result<IpvsTable, KernelError> {
+        self.with(|k| k.read_ipvs_keys(keys))
+    }
+    fn apply_ipvs(&mut self, ops: &[Op]) -> Vec<Result<(), KernelError>> {
+        self.with(|k| k.apply_ipvs(ops))
+    }
+    fn ensure_link(&mut self) -> Result<bool, KernelError> {
+        self.with(|k| k.ensure_link())
+    }
+    fn read_addresses(&mut self) -> Result<BTreeSet<IpAddr>, KernelError> {
+        self.with(|k| k.read_addresses())
+    }
+    fn apply_addresses(
+        &mut self,
+        add: &[IpAddr],
+        del: &[IpAddr],
+    ) -> Vec<(IpAddr, Result<(), KernelError>)> {
+        self.with(|k| k.apply_addresses(add, del))
+    }
+    fn read_ipsets(&mut self, owned: &[String]) -> Result<IpsetState, KernelError> {
+        self.with(|k| k.read_ipsets(owned))
+    }
+    fn apply_ipsets(&mut self, diff: &IpsetDiff) -> Result<Vec<String>, KernelError> {
+        self.with(|k| k.apply_ipsets(diff))
+    }
+    fn apply_iptables(
+        &mut self,
+        rules: &iptables::RuleSet,
+        force: bool,
+    ) -> Result<bool, KernelError> {
+        self.with(|k| k.apply_iptables(rules, force))
+    }
+    fn counters(&self) -> KernelCounters {
+        self.with(|k| k.counters())
+    }
+}

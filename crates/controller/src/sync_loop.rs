@@ -15,6 +15,7 @@ use ipvs_netlink::Family;
 
 use crate::kernel::Kernel;
 use crate::proxier::{Proxier, SyncReport};
+
 use crate::source::SourceEvent;
 use crate::store::{Changes, Store};
 
@@ -47,7 +48,33 @@ pub trait SyncObserver {
     /// A change was queued (for `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds`).
     fn queued(&self, _changes: &Changes) {}
     /// A sync of one family finished.
-    fn synced(&self, _family: Family, _report: &SyncReport, _proxier: &Proxier) {}
+    fn synced(&self, _family: Family, _report: &SyncReport, _backend: &dyn Backend) {}
+}
+
+/// One family's proxy backend (IPVS mode or iptables mode), driven by the loop.
+pub trait Backend {
+    /// The address family.
+    fn family(&self) -> Family;
+    /// Records store changes.
+    fn note(&mut self, changes: &Changes);
+    /// The node's addresses changed.
+    fn note_node_addresses(&mut self);
+    /// Asks for a full sync (drift check) next time.
+    fn request_full(&mut self);
+    /// True when a sync has work to do now.
+    fn pending(&self, now: Instant) -> bool;
+    /// When timed work (retries, drain checks) is next due.
+    fn retry_due(&self) -> Option<Instant>;
+    /// Runs one sync.
+    fn sync(&mut self, store: &Store, node_addresses: &BTreeSet<IpAddr>) -> SyncReport;
+    /// Real servers draining now (IPVS mode; 0 elsewhere).
+    fn draining(&self) -> usize {
+        0
+    }
+    /// Objects currently skipped as invalid, and the total counted.
+    fn invalid_objects(&self) -> (usize, u64) {
+        (0, 0)
+    }
 }
 
 /// An observer that does nothing.
@@ -62,6 +89,38 @@ pub struct FamilyProxier {
     pub proxier: Proxier,
     /// Its kernel.
     pub kernel: Box<dyn Kernel + Send>,
+}
+
+impl Backend for FamilyProxier {
+    fn family(&self) -> Family {
+        self.proxier.family()
+    }
+    fn note(&mut self, changes: &Changes) {
+        self.proxier.note(changes);
+    }
+    fn note_node_addresses(&mut self) {
+        self.proxier.note_node_addresses();
+    }
+    fn request_full(&mut self) {
+        self.proxier.request_full();
+    }
+    fn pending(&self, now: Instant) -> bool {
+        self.proxier.pending(now)
+    }
+    fn retry_due(&self) -> Option<Instant> {
+        self.proxier.retry_due()
+    }
+    fn sync(&mut self, store: &Store, node_addresses: &BTreeSet<IpAddr>) -> SyncReport {
+        self.proxier
+            .sync(store, node_addresses, self.kernel.as_mut())
+    }
+    fn draining(&self) -> usize {
+        self.proxier.draining()
+    }
+    fn invalid_objects(&self) -> (usize, u64) {
+        let r = self.proxier.rejections();
+        (r.current(), r.total())
+    }
 }
 
 impl std::fmt::Debug for FamilyProxier {
@@ -88,7 +147,7 @@ pub enum Exit {
 pub fn run(
     rx: &Receiver<Input>,
     store: &mut Store,
-    families: &mut [FamilyProxier],
+    families: &mut [Box<dyn Backend + Send>],
     mut node_addresses: BTreeSet<IpAddr>,
     cfg: LoopConfig,
     observer: &dyn SyncObserver,
@@ -97,11 +156,11 @@ pub fn run(
     let mut next_full = Instant::now() + cfg.sync_period;
     loop {
         let now = Instant::now();
-        let pending = store.synced() && families.iter().any(|f| f.proxier.pending(now));
+        let pending = store.synced() && families.iter().any(|f| f.pending(now));
         let deadline = if pending {
             last_sync.map_or(now, |t| t + cfg.min_sync_period)
         } else {
-            let retry = families.iter().filter_map(|f| f.proxier.retry_due()).min();
+            let retry = families.iter().filter_map(|f| f.retry_due()).min();
             retry.map_or(next_full, |r| r.min(next_full))
         };
         let first = if deadline <= now {
@@ -125,7 +184,7 @@ pub fn run(
                     if !ch.is_empty() {
                         observer.queued(&ch);
                         for f in families.iter_mut() {
-                            f.proxier.note(&ch);
+                            f.note(&ch);
                         }
                     }
                 }
@@ -133,14 +192,14 @@ pub fn run(
                     if addrs != node_addresses {
                         node_addresses = addrs;
                         for f in families.iter_mut() {
-                            f.proxier.note_node_addresses();
+                            f.note_node_addresses();
                         }
                     }
                 }
                 Input::LinkDeleted => {
                     tracing::warn!("kube-ipvs0 was deleted; repairing");
                     for f in families.iter_mut() {
-                        f.proxier.request_full();
+                        f.request_full();
                     }
                 }
                 Input::Shutdown => return Exit::Shutdown,
@@ -150,7 +209,7 @@ pub fn run(
         if now >= next_full {
             next_full = now + cfg.sync_period;
             for f in families.iter_mut() {
-                f.proxier.request_full();
+                f.request_full();
             }
         }
         if !store.synced() {
@@ -159,18 +218,18 @@ pub fn run(
         if last_sync.is_some_and(|t| now < t + cfg.min_sync_period) {
             continue;
         }
-        if !families.iter().any(|f| f.proxier.pending(now)) {
+        if !families.iter().any(|f| f.pending(now)) {
             continue;
         }
         let mut all_ok = true;
         for f in families.iter_mut() {
-            if !f.proxier.pending(now) {
+            if !f.pending(now) {
                 continue;
             }
-            let report = f.proxier.sync(store, &node_addresses, f.kernel.as_mut());
-            log_report(f.proxier.family(), &report);
+            let report = f.sync(store, &node_addresses);
+            log_report(f.family(), &report);
             all_ok &= report.ok();
-            observer.synced(f.proxier.family(), &report, &f.proxier);
+            observer.synced(f.family(), &report, f.as_ref());
         }
         last_sync = Some(Instant::now());
         if cfg.once {

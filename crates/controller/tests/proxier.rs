@@ -171,7 +171,11 @@ fn draining_real_server_is_deleted_when_its_connections_end_and_restored_if_want
     let r = p.sync(&store, &node_addrs(), &mut k);
     assert!(r.ok(), "{:?}", r.errors);
     let after = k.counters();
-    assert_eq!(after.ipvs_reads - before.ipvs_reads, 1, "only the draining service is read");
+    assert_eq!(
+        after.ipvs_reads - before.ipvs_reads,
+        1,
+        "only the draining service is read"
+    );
     assert!(!k.ipvs[&key(1)].real_servers.contains_key(&b));
     assert_eq!(k.ipvs[&key(1)].real_servers[&a].weight, 0);
     assert_eq!(p.drain_stats().removed_drained, 1);
@@ -181,7 +185,11 @@ fn draining_real_server_is_deleted_when_its_connections_end_and_restored_if_want
     let before = k.counters();
     assert!(p.sync(&store, &node_addrs(), &mut k).ok());
     assert_eq!(k.ipvs[&key(1)].real_servers[&a].weight, 1);
-    assert_eq!(k.ipvs[&key(1)].real_servers[&a].active_conns, 1, "same real server");
+    assert_eq!(
+        k.ipvs[&key(1)].real_servers[&a].active_conns,
+        1,
+        "same real server"
+    );
     assert_eq!(k.counters().ipvs_writes - before.ipvs_writes, 1);
     assert_eq!(p.draining(), 0);
     assert_eq!(p.drain_stats().restored, 1);
@@ -369,7 +377,7 @@ fn a_failing_service_does_not_block_others_and_is_retried() {
 
 #[test]
 fn loop_waits_for_both_lists_then_syncs_once() {
-    use controller::sync_loop::{run, Exit, FamilyProxier, Input, LoopConfig, NoObserver};
+    use controller::sync_loop::{run, Backend, Exit, FamilyProxier, Input, LoopConfig, NoObserver};
     use std::time::Duration;
     let (tx, rx) = std::sync::mpsc::channel();
     // Services listed, slices not yet: nothing may be programmed.
@@ -379,10 +387,11 @@ fn loop_waits_for_both_lists_then_syncs_once() {
         .unwrap();
     tx.send(Input::Source(SourceEvent::InitDone(Kind::Service)))
         .unwrap();
-    let mut families = vec![FamilyProxier {
+    let kernel = controller::kernel::SharedFakeKernel::default();
+    let mut families: Vec<Box<dyn Backend + Send>> = vec![Box::new(FamilyProxier {
         proxier: Proxier::new(cfg4(), RulesConfig::default(), NODE),
-        kernel: Box::new(FakeKernel::default()),
-    }];
+        kernel: Box::new(kernel.clone()),
+    })];
     let cfg = LoopConfig {
         min_sync_period: Duration::from_millis(10),
         sync_period: Duration::from_secs(30),
@@ -409,9 +418,15 @@ fn loop_waits_for_both_lists_then_syncs_once() {
     );
     assert_eq!(exit, Exit::Once { ok: true });
     let _tx = sender.join().unwrap();
-    let vs = families[0].proxier.desired().ipvs_table();
-    assert_eq!(vs.len(), 1);
-    assert_eq!(vs[&key(1)].real_servers.len(), 3);
+    assert_eq!(families[0].draining(), 0);
+    drop(families);
+    // The loop programmed exactly what the store holds once both kinds were listed.
+    let mut check = Proxier::new(cfg4(), RulesConfig::default(), NODE);
+    let plan = check.plan(&store, &node_addrs()).unwrap();
+    assert_eq!(
+        plan.ipvs.lines().filter(|l| l.starts_with("-a ")).count(),
+        3
+    );
 }
 
 #[test]
