@@ -256,29 +256,6 @@ impl Tree {
         Ok(())
     }
 
-    /// A stable hash of the tree's content description (paths, kinds, source sizes and mtimes).
-    pub fn fingerprint(&self, extra: &str) -> String {
-        let mut h = DefaultHasher::new();
-        IMAGE_FORMAT.hash(&mut h);
-        extra.hash(&mut h);
-        for (k, n) in &self.nodes {
-            k.hash(&mut h);
-            match n {
-                Node::Dir(m) => (0u8, m).hash(&mut h),
-                Node::File { src, mode } => {
-                    (1u8, src, mode).hash(&mut h);
-                    if let Ok(m) = fs::metadata(src) {
-                        (m.len(), m.mtime(), m.mtime_nsec()).hash(&mut h);
-                    }
-                }
-                Node::Data { bytes, mode } => (2u8, bytes, mode).hash(&mut h),
-                Node::Symlink(t) => (3u8, t).hash(&mut h),
-                Node::CharDev(a, b) => (4u8, a, b).hash(&mut h),
-            }
-        }
-        format!("{:016x}", h.finish())
-    }
-
     /// All keys (for the base manifest).
     pub fn keys(&self) -> impl Iterator<Item = &String> {
         self.nodes.keys()
@@ -462,9 +439,8 @@ $B mount -t bpf bpf /sys/fs/bpf 2>/dev/null
 $B mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
 $B chmod 1777 /tmp /var/tmp
 echo /usr/sbin/modprobe > /proc/sys/kernel/modprobe
-for m in ip_vs ip_vs_rr ip_vs_wrr ip_vs_sh nf_conntrack dummy veth ip_set; do
-  /usr/sbin/modprobe $m || echo "xtask-init: modprobe $m failed"
-done
+/usr/sbin/modprobe -a ip_vs ip_vs_rr ip_vs_wrr ip_vs_sh nf_conntrack dummy veth ip_set \
+  || echo "xtask-init: modprobe failed"
 /usr/sbin/ip link set lo up
 $B hostname xtask-vm
 for t in ttyS1 ttyS2 ttyS3; do $B stty -F /dev/$t raw -echo 115200; done
@@ -473,7 +449,7 @@ if [ -f /xtask/net ]; then
   /usr/sbin/ip link set eth0 up && /usr/sbin/ip addr add 10.0.2.15/24 dev eth0 \
     && /usr/sbin/ip route add default via 10.0.2.2
 fi
-echo ready > /dev/ttyS3
+echo "ready $($B cut -d" " -f1 /proc/uptime)" > /dev/ttyS3
 /usr/bin/dash /xtask/cmd </dev/null >/dev/ttyS1 2>/dev/ttyS2
 echo "rc=$?" > /dev/ttyS3
 $B sync
@@ -500,6 +476,29 @@ fn required(tree: &mut Tree, name: &str) -> Result<()> {
 /// Build (or reuse from the cache) the base initramfs for `kernel`.
 pub fn ensure_base(kernel: &Kernel, cache: &Path) -> Result<Base> {
     let modules = stage_modules(kernel, cache)?;
+    // Cheap cache key: everything the image is made of changes either this file's recipe, the
+    // kernel, or the host's package database (any install/upgrade rewrites dpkg's status file).
+    let mut h = DefaultHasher::new();
+    (IMAGE_FORMAT, INIT, &kernel.release, &modules).hash(&mut h);
+    for f in [
+        "/var/lib/dpkg/status",
+        "/bin/busybox",
+        "/etc/protocols",
+        "/etc/services",
+    ] {
+        if let Ok(m) = fs::metadata(f) {
+            (f, m.len(), m.mtime(), m.mtime_nsec()).hash(&mut h);
+        }
+    }
+    let fp = format!("{:016x}", h.finish());
+    let path = cache.join(format!("base-{fp}.cpio"));
+    let list_path = cache.join(format!("base-{fp}.list"));
+    if path.exists() {
+        if let Ok(text) = fs::read_to_string(&list_path) {
+            let keys = text.lines().map(str::to_string).collect();
+            return Ok(Base { path, keys });
+        }
+    }
     let mut t = Tree::new();
     for d in [
         "dev",
@@ -612,13 +611,18 @@ pub fn ensure_base(kernel: &Kernel, cache: &Path) -> Result<Base> {
         },
     );
 
-    let fp = t.fingerprint(&kernel.release);
-    let path = cache.join(format!("base-{fp}.cpio"));
     let keys: HashSet<String> = t.keys().cloned().collect();
-    if !path.exists() {
+    {
         let started = std::time::Instant::now();
         let tmp = cache.join(format!(".base-{fp}.{}", std::process::id()));
         let bytes = t.write_cpio(&tmp)?;
+        let mut listing: Vec<&String> = keys.iter().collect();
+        listing.sort();
+        let text: String = listing.iter().map(|k| format!("{k}\n")).collect();
+        let tmp_list = cache.join(format!(".base-{fp}.list.{}", std::process::id()));
+        fs::write(&tmp_list, text).ctx(|| format!("writing {}", tmp_list.display()))?;
+        fs::rename(&tmp_list, &list_path)
+            .ctx(|| format!("renaming into {}", list_path.display()))?;
         fs::rename(&tmp, &path).ctx(|| format!("renaming into {}", path.display()))?;
         eprintln!(
             "xtask: built base image {} for {} ({} entries, {:.1} MB) in {:.1} s",

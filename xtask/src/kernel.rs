@@ -43,6 +43,32 @@ pub fn parse_search(out: &str) -> Option<String> {
         .map(|(_, p)| p)
 }
 
+/// Identifies the state of apt's package lists (changes on every `apt-get update`).
+fn apt_lists_key() -> String {
+    use std::os::unix::fs::MetadataExt;
+    let m = |p: &str| fs::metadata(p).map(|m| (m.mtime(), m.mtime_nsec())).ok();
+    format!(
+        "{:?} {:?}",
+        m("/var/lib/apt/lists"),
+        m("/var/cache/apt/pkgcache.bin")
+    )
+}
+
+/// `resolve_package`, remembered in `memo` until apt's lists change (apt-cache takes ~1 s).
+fn resolve_memoized(memo: &Path) -> Option<String> {
+    let key = apt_lists_key();
+    if let Ok(text) = fs::read_to_string(memo) {
+        if let Some((k, pkg)) = text.rsplit_once('\n') {
+            if k == key && !pkg.is_empty() {
+                return Some(pkg.to_string());
+            }
+        }
+    }
+    let pkg = resolve_package()?;
+    let _ = fs::write(memo, format!("{key}\n{pkg}"));
+    Some(pkg)
+}
+
 fn resolve_package() -> Option<String> {
     let dep = Command::new("apt-cache")
         .args(["depends", META_PACKAGE])
@@ -104,10 +130,11 @@ fn cached(kdir: &Path) -> Vec<(PathBuf, String)> {
 pub fn ensure(cache: &Path, apt: &mut Apt) -> Result<Kernel> {
     let kdir = cache.join("kernel");
     fs::create_dir_all(&kdir).ctx(|| format!("creating {}", kdir.display()))?;
-    let mut package = resolve_package();
+    let memo = kdir.join("resolved");
+    let mut package = resolve_memoized(&memo);
     if package.is_none() && host::is_root() {
         apt.update()?;
-        package = resolve_package();
+        package = resolve_memoized(&memo);
     }
     let Some(package) = package else {
         if let Some((dir, pkg)) = cached(&kdir).pop() {

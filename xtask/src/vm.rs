@@ -84,6 +84,20 @@ impl Drop for RunDir {
     }
 }
 
+/// Remove run directories left by xtask processes that no longer exist (e.g. killed by Ctrl-C).
+fn remove_stale_runs(runs: &Path) {
+    let Ok(entries) = fs::read_dir(runs) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name.split('-').next().unwrap_or_default();
+        if !pid.is_empty() && !Path::new("/proc").join(pid).exists() {
+            let _ = fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 fn tail_lines(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
@@ -99,6 +113,7 @@ pub fn run(cfg: &VmConfig) -> Result<VmOutcome> {
     let base = image::ensure_base(&kernel, &cache)?;
 
     let runs = cache.join("runs");
+    remove_stale_runs(&runs);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
