@@ -278,8 +278,15 @@ fn boot(
                 break std::process::ExitStatus::default();
             }
             let console = fs::read_to_string(dir.join("console")).unwrap_or_default();
+            let phase = match boot_time {
+                Some(b) => format!(
+                    "the command was still running (guest ready after {:.1} s)",
+                    b.as_secs_f64()
+                ),
+                None => "the guest never got to run the command".to_string(),
+            };
             return Err(Error::Timeout(format!(
-                "VM did not finish within {} s (killed QEMU); last console lines:\n{}",
+                "VM did not finish within {} s, killed QEMU: {phase}; last console lines:\n{}",
                 cfg.timeout.as_secs(),
                 tail_lines(&console, 40)
             )));
