@@ -581,12 +581,8 @@ fn run_stages(
         total.add(r.counts);
     }
     let all_ok = results.iter().all(|r| r.ok);
-    println!(
-        "test: {} passed, {} failed ({:.0} s)",
-        total.passed,
-        total.failed,
-        started.elapsed().as_secs_f64()
-    );
+    println!("time: {:.0} s", started.elapsed().as_secs_f64());
+    println!("test: {} passed, {} failed", total.passed, total.failed);
     if !all_ok {
         let failed: Vec<&str> = results.iter().filter(|r| !r.ok).map(|r| r.name).collect();
         eprintln!("xtask: failed stages: {}", failed.join(", "));
