@@ -8,6 +8,7 @@
 mod backend;
 mod io;
 mod ipvs_mode;
+pub mod proxy_mode;
 mod rules;
 
 pub use backend::{parse_version, pick_backend, random_fully_supported, Backend};
