@@ -1,0 +1,215 @@
+//! Targeted conntrack cleanup for UDP (and optionally TCP/SCTP) services over ctnetlink.
+//!
+//! When a UDP service loses an endpoint, clients that keep their source port (DNS resolvers)
+//! keep hitting the dead endpoint for as long as their conntrack entry lives; when a UDP
+//! service goes from 0 to N endpoints, entries created while it had none keep pointing
+//! nowhere. Both are fixed by deleting exactly those entries (k/k#48370, #125467).
+//!
+//! One [`ConntrackFilter`] describes one target:
+//! - endpoint removed: `orig_dst` = service IP (ClusterIP, external/LB IP, or node IP for a
+//!   NodePort), `orig_dst_port` = service port / NodePort, `reply_src` = the endpoint IP
+//!   ([`ConntrackFilter::endpoint_removed`]);
+//! - 0 → N endpoints: same, with `reply_src` = `orig_dst` ([`ConntrackFilter::unanswered`]):
+//!   an entry whose reply comes from the address the client sent to was never DNATed (no IPVS
+//!   real server, no DNAT rule), which is what a UDP packet to a VIP without endpoints leaves
+//!   behind (checked against the real kernel in `tests/conntrack.rs`).
+//!
+//! [`Conntrack::delete`] finds the entries with kernel-filtered dumps (`CTA_FILTER`, kernel ≥ 5.8;
+//! older kernels ignore the filter and return the family's table, which is then filtered here:
+//! every entry is always re-checked with [`ConntrackFilter::matches`]) and deletes each one by
+//! its exact original tuple and id, many delete requests per datagram (pipelined like the IPVS
+//! client). The kernel cannot delete by filter: a flush with `CTA_FILTER` is `EOPNOTSUPP`.
+//!
+//! - [`codec`]: pure encode/decode (byte-level tests).
+//! - [`io`]: the netlink socket ([`Conntrack`]).
+
+pub mod codec;
+pub mod io;
+
+use std::net::IpAddr;
+
+pub use codec::{Entry, Tuple};
+pub use io::Conntrack;
+
+/// Errors of the conntrack cleaner.
+#[derive(Debug, thiserror::Error)]
+pub enum ConntrackError {
+    /// A socket operation failed.
+    #[error("conntrack netlink {what}: {source}")]
+    Io {
+        /// The operation (connect, send, recv, ...).
+        what: &'static str,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The kernel rejected a request.
+    #[error("conntrack {op}: kernel error {errno} ({})", std::io::Error::from_raw_os_error(*errno))]
+    Kernel {
+        /// The request (dump, delete).
+        op: &'static str,
+        /// Positive errno.
+        errno: i32,
+    },
+    /// A reply ended before a structure it announced.
+    #[error("truncated netlink reply: {0}")]
+    Truncated(&'static str),
+    /// A reply was well-framed but not what ctnetlink sends.
+    #[error("malformed netlink reply: {0}")]
+    Malformed(String),
+    /// A filter is inconsistent (e.g. an IPv4 service with an IPv6 endpoint).
+    #[error("invalid conntrack filter: {0}")]
+    InvalidFilter(String),
+}
+
+/// Transport protocol of a service port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Protocol {
+    /// UDP (17): the case that needs cleanup.
+    Udp,
+    /// TCP (6).
+    Tcp,
+    /// SCTP (132).
+    Sctp,
+}
+
+impl Protocol {
+    /// IP protocol number.
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Udp => 17,
+            Protocol::Tcp => 6,
+            Protocol::Sctp => 132,
+        }
+    }
+}
+
+/// Which conntrack entries to delete. Every `Some` field must match; the address family is
+/// that of `orig_dst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConntrackFilter {
+    /// Transport protocol.
+    pub proto: Protocol,
+    /// Original destination: the service IP the client sent to (or a node IP for NodePorts).
+    pub orig_dst: IpAddr,
+    /// Original destination port: the service port or NodePort.
+    pub orig_dst_port: Option<u16>,
+    /// Reply source: the endpoint IP the entry was DNATed to (`orig_dst` itself for entries
+    /// that were never DNATed).
+    pub reply_src: Option<IpAddr>,
+    /// Reply source port: the endpoint's target port.
+    pub reply_src_port: Option<u16>,
+}
+
+impl ConntrackFilter {
+    /// Entries from clients of `service_ip:port` that were sent to `endpoint`.
+    pub fn endpoint_removed(
+        proto: Protocol,
+        service_ip: IpAddr,
+        port: u16,
+        endpoint: IpAddr,
+    ) -> Self {
+        ConntrackFilter {
+            proto,
+            orig_dst: service_ip,
+            orig_dst_port: Some(port),
+            reply_src: Some(endpoint),
+            reply_src_port: None,
+        }
+    }
+
+    /// Entries to `service_ip:port` that were never DNATed (created while the service had no
+    /// endpoint): their reply source is the service IP itself.
+    pub fn unanswered(proto: Protocol, service_ip: IpAddr, port: u16) -> Self {
+        ConntrackFilter {
+            proto,
+            orig_dst: service_ip,
+            orig_dst_port: Some(port),
+            reply_src: Some(service_ip),
+            reply_src_port: None,
+        }
+    }
+
+    /// `nfgen_family` of this filter.
+    pub fn family(&self) -> u8 {
+        codec::family_of(&self.orig_dst)
+    }
+
+    /// Checks that every address has the same family.
+    pub fn validate(&self) -> Result<(), ConntrackError> {
+        match self.reply_src {
+            Some(r) if r.is_ipv4() != self.orig_dst.is_ipv4() => {
+                Err(ConntrackError::InvalidFilter(format!(
+                    "orig_dst {} and reply_src {r} differ in family",
+                    self.orig_dst
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether `entry` is one this filter targets.
+    pub fn matches(&self, entry: &Entry) -> bool {
+        let (o, r) = (&entry.orig, &entry.reply);
+        o.proto == self.proto.number()
+            && o.dst == self.orig_dst
+            && self.orig_dst_port.is_none_or(|p| o.dst_port == Some(p))
+            && self.reply_src.is_none_or(|ip| r.src == ip)
+            && self.reply_src_port.is_none_or(|p| r.src_port == Some(p))
+    }
+}
+
+/// Outcome of one [`Conntrack::delete`] call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeleteReport {
+    /// Distinct entries that matched at least one filter.
+    pub matched: u64,
+    /// Entries the kernel deleted (ACKed).
+    pub deleted: u64,
+    /// Entries already gone when the delete arrived (ENOENT: expired, or replaced by a newer
+    /// entry with the same tuple, which is left alone).
+    pub not_found: u64,
+    /// Deletes the kernel refused with another error.
+    pub failed: u64,
+    /// Entries the kernel returned in dumps (> `matched` when it could not filter).
+    pub dumped: u64,
+    /// Dump requests sent.
+    pub dumps: u64,
+    /// Netlink requests sent (dumps + deletes).
+    pub requests: u64,
+}
+
+/// Cumulative counters since the [`Conntrack`] was created (for metrics:
+/// `kubeproxy_conntrack_reconciler_deleted_entries_total` is `deleted`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConntrackCounters {
+    /// Entries deleted.
+    pub deleted: u64,
+    /// Entries that matched a filter.
+    pub matched: u64,
+    /// Entries already gone at delete time.
+    pub not_found: u64,
+    /// Deletes refused by the kernel (other than ENOENT).
+    pub failed: u64,
+    /// Entries received in dumps.
+    pub dumped: u64,
+    /// Dumps run.
+    pub dumps: u64,
+    /// Netlink requests sent (dumps + deletes).
+    pub requests: u64,
+    /// Datagrams sent.
+    pub sends: u64,
+}
+
+impl ConntrackCounters {
+    fn add(&mut self, r: &DeleteReport) {
+        self.deleted += r.deleted;
+        self.matched += r.matched;
+        self.not_found += r.not_found;
+        self.failed += r.failed;
+        self.dumped += r.dumped;
+        self.dumps += r.dumps;
+    }
+}
+
+#[cfg(test)]
+mod tests;
