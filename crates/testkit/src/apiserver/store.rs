@@ -358,31 +358,46 @@ impl Store {
         self.objects.get(key)
     }
 
-    /// Objects of one resource as they were at `at` (current if None).
-    fn snapshot(&self, res: Resource, at: Option<u64>) -> BTreeMap<Key, Value> {
-        let mut state: BTreeMap<Key, Value> = self
-            .objects
-            .range((res, String::new(), String::new())..)
-            .take_while(|(k, _)| k.0 == res)
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+    /// Objects of one resource as they were at `at` (current if None), after `after` in key
+    /// order, by reference: the history after `at` is rolled back over the current objects.
+    fn view(&self, res: Resource, at: Option<u64>, after: Option<&Key>) -> Vec<(&Key, &Value)> {
+        use std::ops::Bound;
+        let first = (res, String::new(), String::new());
+        let lower = after.map_or(Bound::Included(&first), Bound::Excluded);
+        let in_range = |k: &Key| k.0 == res && after.is_none_or(|a| k > a);
+        // Rolled-back state of every key changed after `at` (None: did not exist then).
+        let mut overrides: BTreeMap<&Key, Option<&Value>> = BTreeMap::new();
         if let Some(at) = at {
             for c in self.history.iter().rev().take_while(|c| c.rv > at) {
-                if c.key.0 != res {
-                    continue;
-                }
-                match (&c.kind, &c.old) {
-                    (ChangeKind::Added, _) => {
-                        state.remove(&c.key);
-                    }
-                    (_, Some(old)) => {
-                        state.insert(c.key.clone(), old.clone());
-                    }
-                    (_, None) => {}
+                if in_range(&c.key) {
+                    let then = match c.kind {
+                        ChangeKind::Added => None,
+                        ChangeKind::Modified | ChangeKind::Deleted => c.old.as_ref(),
+                    };
+                    overrides.insert(&c.key, then);
                 }
             }
         }
-        state
+        let current = self
+            .objects
+            .range::<Key, _>((lower, Bound::Unbounded))
+            .take_while(|(k, _)| k.0 == res)
+            .filter(|(k, _)| !overrides.contains_key(k));
+        let mut out: Vec<(&Key, &Value)> = current.collect();
+        if !overrides.is_empty() {
+            out.extend(overrides.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))));
+            out.sort_by(|a, b| a.0.cmp(b.0));
+        }
+        out
+    }
+
+    /// Objects of one resource as they were at `at` (current if None), cloned.
+    #[cfg(test)]
+    fn snapshot(&self, res: Resource, at: Option<u64>) -> BTreeMap<Key, Value> {
+        self.view(res, at, None)
+            .into_iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     }
 
     /// A list (page): `rv` parameter semantics follow the real server.
@@ -440,10 +455,9 @@ impl Store {
         } else {
             limit.filter(|l| *l > 0)
         };
-        let state = self.snapshot(res, (at != self.rv).then_some(at));
-        let matching = state.iter().filter(|(k, v)| {
-            start_after.as_ref().is_none_or(|s| *k > s)
-                && filter.namespace.as_ref().is_none_or(|ns| *ns == k.1)
+        let state = self.view(res, (at != self.rv).then_some(at), start_after.as_ref());
+        let matching = state.into_iter().filter(|(k, v)| {
+            filter.namespace.as_ref().is_none_or(|ns| *ns == k.1)
                 && filter.labels.matches(v)
                 && filter.fields.matches(v)
         });
@@ -455,7 +469,7 @@ impl Store {
                 remaining += 1;
                 continue;
             }
-            let mut item = v.clone();
+            let mut item = (*v).clone();
             if let Some(m) = item.as_object_mut() {
                 // Items in a list carry no kind/apiVersion, like the real server's.
                 m.remove("kind");
@@ -683,8 +697,8 @@ impl Store {
         match from {
             // Unset or 0: synthetic ADDED events for the current state, then live changes.
             None | Some(0) => {
-                for (k, v) in self.snapshot(reg.resource, None) {
-                    if reg.matches(&k, &v) && !send(event_line("ADDED", &v)) {
+                for (k, v) in self.view(reg.resource, None, None) {
+                    if reg.matches(k, v) && !send(event_line("ADDED", v)) {
                         return Ok(());
                     }
                 }
@@ -711,9 +725,9 @@ impl Store {
             Some(rv) => {
                 if send_initial_events {
                     // Initial events at a specific rv: state at rv, then replay the rest.
-                    for (k, v) in self.snapshot(reg.resource, Some(rv.min(self.rv))) {
-                        if reg.matches(&k, &v) {
-                            send(event_line("ADDED", &v));
+                    for (k, v) in self.view(reg.resource, Some(rv.min(self.rv)), None) {
+                        if reg.matches(k, v) {
+                            send(event_line("ADDED", v));
                         }
                     }
                     let mut bm = bookmark(reg.resource, rv.min(self.rv));
@@ -948,6 +962,50 @@ mod tests {
             )
             .unwrap_err();
         assert_eq!(err.code, 410);
+    }
+
+    #[test]
+    fn view_after_key_with_repeated_changes() {
+        let mut s = Store::default();
+        for n in ["a", "b", "c", "d"] {
+            s.create(Resource::Services, svc(n, json!({}))).unwrap();
+        }
+        // Another resource's objects never leak into the view.
+        s.create(Resource::Nodes, json!({"metadata": {"name": "n"}}))
+            .unwrap();
+        let at = s.resource_version();
+        for port in [1, 2, 3] {
+            let mut c = s
+                .get(&(Resource::Services, "ns".into(), "c".into()))
+                .unwrap()
+                .clone();
+            c["spec"]["ports"][0]["port"] = json!(port);
+            c["metadata"]["resourceVersion"] = json!(null);
+            s.update(Resource::Services, c).unwrap();
+        }
+        s.delete((Resource::Services, "ns".into(), "b".into()))
+            .unwrap();
+        s.create(Resource::Services, svc("bb", json!({}))).unwrap();
+        let after = (Resource::Services, "ns".to_string(), "a".to_string());
+        let then: Vec<(String, Value)> = s
+            .view(Resource::Services, Some(at), Some(&after))
+            .into_iter()
+            .map(|(k, v)| (k.2.clone(), v["spec"]["ports"][0]["port"].clone()))
+            .collect();
+        assert_eq!(
+            then,
+            [
+                ("b".into(), json!(80)),
+                ("c".into(), json!(80)),
+                ("d".into(), json!(80))
+            ]
+        );
+        let now: Vec<String> = s
+            .view(Resource::Services, None, Some(&after))
+            .into_iter()
+            .map(|(k, _)| k.2.clone())
+            .collect();
+        assert_eq!(now, ["bb", "c", "d"]);
     }
 
     #[test]
