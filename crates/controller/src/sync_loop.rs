@@ -6,14 +6,16 @@
 //! a full drift check runs every `sync_period`. Nothing is programmed until Services and
 //! EndpointSlices have both been listed once.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use ipvs_netlink::Family;
 
+use crate::desired::HealthCheck;
 use crate::kernel::Kernel;
+use crate::model::ServiceName;
 use crate::proxier::{Proxier, SyncReport};
 
 use crate::source::SourceEvent;
@@ -75,6 +77,10 @@ pub trait Backend {
     fn invalid_objects(&self) -> (usize, u64) {
         (0, 0)
     }
+    /// Health-check node ports of externalTrafficPolicy=Local services, by service.
+    fn health_checks(&self) -> BTreeMap<ServiceName, HealthCheck> {
+        BTreeMap::new()
+    }
 }
 
 /// An observer that does nothing.
@@ -120,6 +126,9 @@ impl Backend for FamilyProxier {
     fn invalid_objects(&self) -> (usize, u64) {
         let r = self.proxier.rejections();
         (r.current(), r.total())
+    }
+    fn health_checks(&self) -> BTreeMap<ServiceName, HealthCheck> {
+        self.proxier.desired().health_checks()
     }
 }
 
