@@ -6,6 +6,7 @@
 pub mod conntrack;
 pub mod desired;
 pub mod diff;
+pub mod iptables_mode;
 pub mod kernel;
 pub mod model;
 pub mod plan;

@@ -1,0 +1,815 @@
+//! iptables proxy mode: the fallback backend when the kernel has no IPVS.
+//!
+//! Same store, same model (`service_ports`, `endpoints`, `select_endpoints`), a different
+//! backend: [`IptablesProxier`] renders each service port with [`iptables::proxy_mode`] and
+//! applies one `iptables-restore --noflush` (both tables) per sync.
+//!
+//! - **Partial sync**: only the services marked dirty are re-derived; of their per-service chains
+//!   (`KUBE-SVC-`, `KUBE-SVL-`, `KUBE-EXT-`, `KUBE-FW-`, `KUBE-SEP-`) only those whose rules
+//!   changed are written, chains that went away are flushed and deleted (`-X`); the shared
+//!   chains (`KUBE-SERVICES`, `KUBE-NODEPORTS`, the filter chains) are refilled each time. A sync
+//!   with nothing changed runs no process at all.
+//! - **Full sync** (first sync, after a failure, node changes, every `syncPeriod`): every chain is
+//!   written; one `iptables-save` per table finds stale per-service chains (left by a previous
+//!   run) and missing or duplicate jumps from the built-in chains, repaired in the same restore.
+//! - **UDP conntrack**: each sync records which UDP flows became stale
+//!   ([`UdpConntrackCleanup`]); the conntrack cleaner shared with IPVS mode consumes them with
+//!   [`IptablesProxier::take_conntrack_cleanups`].
+//! - **Mode handover**: [`cleanup_ipvs_mode_leftovers`] (start of iptables mode) and
+//!   [`cleanup_iptables_mode`] (start of IPVS mode, or `--cleanup`) remove the other mode's
+//!   state; both are idempotent and report what they removed.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use iptables::proxy_mode::{
+    self, EndpointRule, PayloadInput, ProxyModeConfig, RenderedServicePort, ServicePortRules,
+};
+use iptables::{Iptables, Table};
+use ipvs_netlink::{Family, Protocol};
+
+use crate::desired::set_family;
+use crate::kernel::KernelError;
+use crate::model::{
+    endpoints, select_endpoints, service_ports, Endpoint, Invalid, NodeInfo, ProxyConfig,
+    Rejections, ServiceName, ServicePort,
+};
+use crate::proxier::{RulesConfig, SyncKind, SyncReport};
+use crate::store::{Changes, Store};
+use crate::sync_loop::Backend;
+
+/// Runs `iptables-save` / `iptables-restore` for the proxier (the real [`Iptables`] applier, or
+/// a recorder in tests).
+pub trait RestoreRunner {
+    /// `iptables-save -t TABLE`.
+    fn save(&mut self, table: Table) -> Result<String, KernelError>;
+    /// One `iptables-restore --noflush` with a payload that may hold several tables.
+    fn restore(&mut self, payload: &str) -> Result<(), KernelError>;
+    /// Processes spawned so far.
+    fn processes(&self) -> u64;
+}
+
+impl RestoreRunner for Iptables {
+    fn save(&mut self, table: Table) -> Result<String, KernelError> {
+        Ok(Iptables::save(self, table)?)
+    }
+    fn restore(&mut self, payload: &str) -> Result<(), KernelError> {
+        Ok(self.apply_restore(Table::Nat, payload)?)
+    }
+    fn processes(&self) -> u64 {
+        self.processes_spawned()
+    }
+}
+
+/// A [`RestoreRunner`] that records payloads and answers saves with fixed text (for tests and
+/// `plan`-style rendering).
+#[derive(Debug, Default, Clone)]
+pub struct RecordingRunner {
+    /// Every restore payload, in order.
+    pub restores: Vec<String>,
+    /// What `save` returns, per table (empty when unset).
+    pub saved: BTreeMap<Table, String>,
+    /// Saves run.
+    pub saves: u64,
+    /// Fail the next restore with this message.
+    pub fail_next: Option<String>,
+}
+
+impl RestoreRunner for RecordingRunner {
+    fn save(&mut self, table: Table) -> Result<String, KernelError> {
+        self.saves += 1;
+        Ok(self.saved.get(&table).cloned().unwrap_or_default())
+    }
+    fn restore(&mut self, payload: &str) -> Result<(), KernelError> {
+        self.restores.push(payload.to_string());
+        match self.fail_next.take() {
+            Some(m) => Err(KernelError::Injected(m)),
+            None => Ok(()),
+        }
+    }
+    fn processes(&self) -> u64 {
+        self.saves + self.restores.len() as u64
+    }
+}
+
+/// Conntrack entries a sync made stale for one UDP service port (the hook for the conntrack
+/// cleaner shared with IPVS mode).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct UdpConntrackCleanup {
+    /// `namespace/name:port`.
+    pub service_port: String,
+    /// Every (VIP, port) of the service port: ClusterIP, externalIPs, LB IPs.
+    pub vips: Vec<(IpAddr, u16)>,
+    /// The NodePort (entries to any local address on it).
+    pub node_port: Option<u16>,
+    /// `Some(ip)`: only entries DNATed to this removed endpoint. `None`: the service port went
+    /// from no endpoints to some, so every entry to the VIPs (cached rejects) must go.
+    pub endpoint: Option<IpAddr>,
+}
+
+/// One derived service port.
+#[derive(Debug, Clone)]
+struct PortState {
+    rules: ServicePortRules,
+    rendered: RenderedServicePort,
+}
+
+/// The iptables-mode proxier of one address family.
+pub struct IptablesProxier {
+    cfg: ProxyConfig,
+    rules: RulesConfig,
+    node_name: String,
+    runner: Box<dyn RestoreRunner + Send>,
+    services: BTreeMap<ServiceName, Vec<PortState>>,
+    /// Per-service chains as last applied.
+    applied: HashMap<String, Vec<String>>,
+    applied_once: bool,
+    dirty: BTreeSet<ServiceName>,
+    full_requested: bool,
+    failed_until: Option<Instant>,
+    failures: u32,
+    rejections: Rejections,
+    conntrack: Vec<UdpConntrackCleanup>,
+    last_payload_bytes: usize,
+    chains_written: usize,
+    chains_deleted: usize,
+}
+
+impl std::fmt::Debug for IptablesProxier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IptablesProxier")
+            .field("family", &self.cfg.family)
+            .field("services", &self.services.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// `namespace/name:port`, or `namespace/name` for an unnamed port (upstream's
+/// `ServicePortName.String()`, used in comments and chain hashes).
+pub fn service_port_string(sp: &ServicePort) -> String {
+    if sp.name.port_name.is_empty() {
+        format!("{}/{}", sp.name.namespace, sp.name.name)
+    } else {
+        format!(
+            "{}/{}:{}",
+            sp.name.namespace, sp.name.name, sp.name.port_name
+        )
+    }
+}
+
+fn set_proto(p: Protocol) -> ipset::Protocol {
+    match p {
+        Protocol::Tcp => ipset::Protocol::Tcp,
+        Protocol::Udp => ipset::Protocol::Udp,
+        Protocol::Sctp => ipset::Protocol::Sctp,
+    }
+}
+
+fn ep_rules(eps: &[Endpoint]) -> Vec<EndpointRule> {
+    eps.iter()
+        .map(|e| EndpointRule {
+            ip: e.ip,
+            port: e.port,
+        })
+        .collect()
+}
+
+/// The iptables-mode inputs of a Service's ports, and the EndpointSlices skipped as invalid
+/// (slice name, reason).
+pub type PortRules = (Vec<ServicePortRules>, Vec<(String, Invalid)>);
+
+/// The iptables-mode input of every port of one Service (`Ok(vec![])` when the proxy does not
+/// handle it), with the EndpointSlices skipped as invalid.
+pub fn service_port_rules(
+    svc: &k8s_openapi::api::core::v1::Service,
+    slices: &[&k8s_openapi::api::discovery::v1::EndpointSlice],
+    cfg: &ProxyConfig,
+    node: &NodeInfo,
+) -> Result<PortRules, Invalid> {
+    let ports = service_ports(svc, cfg)?;
+    let node_ips: Vec<IpAddr> = node
+        .addresses
+        .iter()
+        .chain(node.primary_ips.iter())
+        .filter(|ip| Family::of(ip) == cfg.family)
+        .copied()
+        .collect();
+    let mut out = Vec::with_capacity(ports.len());
+    let mut rejected = Vec::new();
+    for sp in &ports {
+        let merged = endpoints(slices, sp, &node.name);
+        for r in merged.rejected {
+            if !rejected.contains(&r) {
+                rejected.push(r);
+            }
+        }
+        // Cluster-wide and local selections, before traffic policies pick between them.
+        let mut both = sp.clone();
+        both.internal_local = false;
+        both.external_local = false;
+        let sel = select_endpoints(&both, &merged.endpoints, node.zone.as_deref());
+        out.push(ServicePortRules {
+            name: service_port_string(sp),
+            protocol: set_proto(sp.name.protocol),
+            cluster_ip: sp.cluster_ip,
+            port: sp.port,
+            node_port: sp.node_port,
+            external_ips: sp.external_ips.clone(),
+            load_balancer_ips: sp.load_balancer_ips.clone(),
+            source_ranges: sp.source_ranges.clone(),
+            firewall: sp.firewall,
+            allow_from_node: sp
+                .source_ranges
+                .iter()
+                .any(|n| node_ips.iter().any(|ip| n.contains(ip))),
+            external_local: sp.external_local,
+            internal_local: sp.internal_local,
+            affinity_timeout: sp.affinity_timeout,
+            health_check_node_port: sp.health_check_node_port,
+            cluster_endpoints: ep_rules(&sel.cluster),
+            local_endpoints: ep_rules(&sel.local),
+        });
+    }
+    Ok((out, rejected))
+}
+
+impl IptablesProxier {
+    /// A proxier for `cfg.family` on node `node_name`, applying through `runner`.
+    pub fn new(
+        cfg: ProxyConfig,
+        rules: RulesConfig,
+        node_name: impl Into<String>,
+        runner: Box<dyn RestoreRunner + Send>,
+    ) -> IptablesProxier {
+        IptablesProxier {
+            cfg,
+            rules,
+            node_name: node_name.into(),
+            runner,
+            services: BTreeMap::new(),
+            applied: HashMap::new(),
+            applied_once: false,
+            dirty: BTreeSet::new(),
+            full_requested: true,
+            failed_until: None,
+            failures: 0,
+            rejections: Rejections::default(),
+            conntrack: Vec::new(),
+            last_payload_bytes: 0,
+            chains_written: 0,
+            chains_deleted: 0,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ProxyConfig {
+        &self.cfg
+    }
+
+    /// Objects currently skipped as invalid.
+    pub fn rejections(&self) -> &Rejections {
+        &self.rejections
+    }
+
+    /// Processes spawned by the runner so far.
+    pub fn processes(&self) -> u64 {
+        self.runner.processes()
+    }
+
+    /// Per-service chains written and deleted by the last restore, and its size in bytes.
+    pub fn last_restore(&self) -> (usize, usize, usize) {
+        (
+            self.chains_written,
+            self.chains_deleted,
+            self.last_payload_bytes,
+        )
+    }
+
+    /// Per-service chains currently applied (for tests and `plan`).
+    pub fn applied_chains(&self) -> BTreeSet<String> {
+        self.applied.keys().cloned().collect()
+    }
+
+    /// UDP conntrack cleanups recorded since the last call (the conntrack cleaner's input).
+    pub fn take_conntrack_cleanups(&mut self) -> Vec<UdpConntrackCleanup> {
+        std::mem::take(&mut self.conntrack)
+    }
+
+    /// The mode's configuration for the renderer.
+    pub fn mode_config(&self, node: &NodeInfo) -> ProxyModeConfig {
+        let mut c = ProxyModeConfig::new(set_family(self.cfg.family));
+        c.masquerade_bit = self.rules.masquerade_bit;
+        c.masquerade_all = self.cfg.masquerade_all;
+        c.random_fully = self.rules.random_fully;
+        let cidrs: Vec<ipnet::IpNet> = self
+            .cfg
+            .cluster_cidrs
+            .iter()
+            .filter(|n| Family::of(&n.addr()) == self.cfg.family)
+            .copied()
+            .collect();
+        c.local_detect = match &self.rules.local_detect {
+            iptables::LocalDetect::None if !cidrs.is_empty() => iptables::LocalDetect::Cidrs(cidrs),
+            other => other.clone(),
+        };
+        c.node_port_ips = if self.cfg.node_port_addresses.is_empty() {
+            None
+        } else {
+            Some(node.node_port_ips(&self.cfg).into_iter().collect())
+        };
+        c
+    }
+
+    fn node_info(&self, store: &Store, node_addresses: &BTreeSet<IpAddr>) -> NodeInfo {
+        NodeInfo::from_node(&self.node_name, store.node(), node_addresses.clone())
+    }
+
+    /// Derives and renders `names`; returns the services whose state changed (old value).
+    fn derive(
+        &mut self,
+        store: &Store,
+        node: &NodeInfo,
+        mode: &ProxyModeConfig,
+        names: BTreeSet<ServiceName>,
+        report: &mut SyncReport,
+    ) -> BTreeMap<ServiceName, Option<Vec<PortState>>> {
+        let mut changed = BTreeMap::new();
+        for name in names {
+            report.services_derived += 1;
+            let key = format!("service {name}");
+            let new = match store.service(&name) {
+                None => {
+                    self.rejections.clear(&key);
+                    None
+                }
+                Some(svc) => {
+                    let slices = store.slices_of(&name);
+                    match service_port_rules(svc, &slices, &self.cfg, node) {
+                        Ok((ports, rejected)) => {
+                            for (slice, why) in &rejected {
+                                self.rejections.reject(
+                                    &format!("endpointslice {}/{slice}", name.namespace),
+                                    why,
+                                );
+                            }
+                            let mut states = Vec::with_capacity(ports.len());
+                            let mut bad = None;
+                            for p in ports {
+                                match proxy_mode::render_service_port(mode, &p) {
+                                    Ok(r) => states.push(PortState {
+                                        rules: p,
+                                        rendered: r,
+                                    }),
+                                    Err(e) => bad = Some(Invalid::new(e.to_string())),
+                                }
+                            }
+                            match bad {
+                                Some(why) => {
+                                    self.rejections.reject(&key, &why);
+                                    continue;
+                                }
+                                None => {
+                                    self.rejections.clear(&key);
+                                    if states.is_empty() {
+                                        None
+                                    } else {
+                                        Some(states)
+                                    }
+                                }
+                            }
+                        }
+                        Err(why) => {
+                            // The last good state stays applied.
+                            self.rejections.reject(&key, &why);
+                            continue;
+                        }
+                    }
+                }
+            };
+            let old = match new {
+                Some(states) => self.services.insert(name.clone(), states),
+                None => self.services.remove(&name),
+            };
+            changed.insert(name, old);
+        }
+        changed
+    }
+
+    fn record_conntrack(&mut self, name: &ServiceName, old: Option<&Vec<PortState>>) {
+        let new = self.services.get(name);
+        let udp = |v: Option<&Vec<PortState>>| -> Vec<ServicePortRules> {
+            v.into_iter()
+                .flatten()
+                .filter(|p| p.rules.protocol == ipset::Protocol::Udp)
+                .map(|p| p.rules.clone())
+                .collect()
+        };
+        let olds = udp(old);
+        let news = udp(new);
+        let all_eps = |r: &ServicePortRules| -> BTreeSet<IpAddr> {
+            r.cluster_endpoints
+                .iter()
+                .chain(r.local_endpoints.iter())
+                .map(|e| e.ip)
+                .collect()
+        };
+        let vips = |r: &ServicePortRules| -> Vec<(IpAddr, u16)> {
+            std::iter::once(r.cluster_ip)
+                .chain(r.external_ips.iter().copied())
+                .chain(r.load_balancer_ips.iter().copied())
+                .map(|ip| (ip, r.port))
+                .collect()
+        };
+        for o in &olds {
+            let now = news.iter().find(|n| n.name == o.name);
+            let still: BTreeSet<IpAddr> = now.map(all_eps).unwrap_or_default();
+            for ip in all_eps(o).difference(&still) {
+                self.conntrack.push(UdpConntrackCleanup {
+                    service_port: o.name.clone(),
+                    vips: vips(o),
+                    node_port: o.node_port,
+                    endpoint: Some(*ip),
+                });
+            }
+        }
+        for n in &news {
+            let before = olds
+                .iter()
+                .find(|o| o.name == n.name)
+                .map(|o| !o.cluster_endpoints.is_empty())
+                .unwrap_or(false);
+            if !before && !n.cluster_endpoints.is_empty() {
+                self.conntrack.push(UdpConntrackCleanup {
+                    service_port: n.name.clone(),
+                    vips: vips(n),
+                    node_port: n.node_port,
+                    endpoint: None,
+                });
+            }
+        }
+    }
+
+    /// Renders the whole rule set (every chain) for the store as it is, without applying:
+    /// the restore payload a full sync writes (without jump repairs). For `plan` and golden
+    /// tests.
+    pub fn render_full(
+        &mut self,
+        store: &Store,
+        node_addresses: &BTreeSet<IpAddr>,
+    ) -> Result<String, String> {
+        let node = self.node_info(store, node_addresses);
+        let mode = self.mode_config(&node);
+        let mut names: BTreeSet<ServiceName> = store.service_names().cloned().collect();
+        names.extend(self.services.keys().cloned());
+        let mut report = empty_report(SyncKind::Full);
+        let _ = self.derive(store, &node, &mode, names, &mut report);
+        let ports: Vec<&RenderedServicePort> = self.ports().collect();
+        let write = self.all_chains();
+        proxy_mode::restore_payload(&PayloadInput {
+            cfg: &mode,
+            ports: &ports,
+            write: &write,
+            delete: &BTreeSet::new(),
+            jump_fixes: &BTreeMap::new(),
+        })
+        .map_err(|e| e.to_string())
+    }
+
+    fn ports(&self) -> impl Iterator<Item = &RenderedServicePort> {
+        self.services
+            .values()
+            .flat_map(|v| v.iter().map(|p| &p.rendered))
+    }
+
+    fn all_chains(&self) -> BTreeMap<String, Vec<String>> {
+        let mut m = BTreeMap::new();
+        for p in self.ports() {
+            for (c, r) in &p.chains {
+                m.insert(c.clone(), r.clone());
+            }
+        }
+        m
+    }
+
+    /// Runs one sync (full when requested or first, else partial).
+    pub fn sync(&mut self, store: &Store, node_addresses: &BTreeSet<IpAddr>) -> SyncReport {
+        let start = Instant::now();
+        let full = self.full_requested || !self.applied_once;
+        let mut report = empty_report(if full {
+            SyncKind::Full
+        } else {
+            SyncKind::Incremental
+        });
+        let node = self.node_info(store, node_addresses);
+        let mode = self.mode_config(&node);
+        let mut names = std::mem::take(&mut self.dirty);
+        if full {
+            names.extend(store.service_names().cloned());
+            names.extend(self.services.keys().cloned());
+        }
+        let changed = self.derive(store, &node, &mode, names, &mut report);
+        for (name, old) in &changed {
+            self.record_conntrack(name, old.as_ref());
+        }
+
+        // Chains to write and delete.
+        let mut write: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut delete: BTreeSet<String> = BTreeSet::new();
+        let mut jump_fixes: BTreeMap<Table, Vec<String>> = BTreeMap::new();
+        let mut shared_changed = false;
+        if full {
+            write = self.all_chains();
+            for table in [Table::Nat, Table::Filter] {
+                match self.runner.save(table) {
+                    Ok(saved) => {
+                        let fixes = proxy_mode::jump_fixes(table, &saved);
+                        if !fixes.is_empty() && self.applied_once {
+                            report.drift.insert("iptables jumps", fixes.len());
+                        }
+                        jump_fixes.insert(table, fixes);
+                        if table == Table::Nat {
+                            for c in proxy_mode::saved_chains(&saved) {
+                                let ours = proxy_mode::SERVICE_CHAIN_PREFIXES
+                                    .iter()
+                                    .any(|p| c.starts_with(p));
+                                if ours && !write.contains_key(&c) {
+                                    delete.insert(c);
+                                }
+                            }
+                        }
+                    }
+                    Err(e) => report.errors.push(format!("iptables-save -t {table}: {e}")),
+                }
+            }
+            for c in self.applied.keys() {
+                if !write.contains_key(c) {
+                    delete.insert(c.clone());
+                }
+            }
+            if self.applied_once && !delete.is_empty() {
+                report.drift.insert("iptables chains", delete.len());
+            }
+        } else {
+            for (name, old) in &changed {
+                let new_chains: BTreeMap<&String, &Vec<String>> = self
+                    .services
+                    .get(name)
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|p| p.rendered.chains.iter())
+                    .collect();
+                for (c, r) in &new_chains {
+                    if self.applied.get(*c) != Some(*r) {
+                        write.insert((*c).clone(), (*r).clone());
+                    }
+                }
+                let old_ports = old.iter().flatten();
+                for p in old_ports.clone() {
+                    for c in p.rendered.chains.keys() {
+                        if !new_chains.contains_key(c) {
+                            delete.insert(c.clone());
+                        }
+                    }
+                }
+                let old_shared: Vec<_> = old_ports.map(|p| &p.rendered.shared).collect();
+                let new_shared: Vec<_> = self
+                    .services
+                    .get(name)
+                    .into_iter()
+                    .flatten()
+                    .map(|p| &p.rendered.shared)
+                    .collect();
+                shared_changed |= old_shared != new_shared;
+            }
+        }
+
+        if !full && write.is_empty() && delete.is_empty() && !shared_changed {
+            report.duration = start.elapsed();
+            return report;
+        }
+        let ports: Vec<&RenderedServicePort> = self.ports().collect();
+        let payload = match proxy_mode::restore_payload(&PayloadInput {
+            cfg: &mode,
+            ports: &ports,
+            write: &write,
+            delete: &delete,
+            jump_fixes: &jump_fixes,
+        }) {
+            Ok(p) => p,
+            Err(e) => {
+                report.errors.push(format!("iptables: {e}"));
+                report.duration = start.elapsed();
+                return report;
+            }
+        };
+        self.last_payload_bytes = payload.len();
+        self.chains_written = write.len();
+        self.chains_deleted = delete.len();
+        match self.runner.restore(&payload) {
+            Ok(()) => {
+                report.iptables_restored = true;
+                for c in &delete {
+                    self.applied.remove(c);
+                }
+                self.applied.extend(write);
+                self.applied_once = true;
+                self.full_requested = false;
+                self.failed_until = None;
+                self.failures = 0;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "iptables-restore failed; next sync is full");
+                report.errors.push(e.to_string());
+                // What the kernel holds is unknown now: rewrite everything next time.
+                self.full_requested = true;
+                self.applied.clear();
+                self.failures += 1;
+                let secs = 1u64 << self.failures.min(5);
+                self.failed_until = Some(Instant::now() + Duration::from_secs(secs));
+            }
+        }
+        report.duration = start.elapsed();
+        report
+    }
+}
+
+fn empty_report(kind: SyncKind) -> SyncReport {
+    SyncReport {
+        kind,
+        services_derived: 0,
+        ipvs_ops: 0,
+        ipvs_failures: 0,
+        address_ops: 0,
+        ipset_changes: 0,
+        iptables_restored: false,
+        drift: BTreeMap::new(),
+        errors: Vec::new(),
+        duration: Duration::ZERO,
+    }
+}
+
+impl Backend for IptablesProxier {
+    fn family(&self) -> Family {
+        self.cfg.family
+    }
+    fn note(&mut self, changes: &Changes) {
+        self.dirty.extend(changes.dirty.iter().cloned());
+        if changes.node_changed {
+            self.full_requested = true;
+        }
+    }
+    fn note_node_addresses(&mut self) {
+        // NodePort addresses, allow-from-node and the static NodePort jump depend on them.
+        self.full_requested = true;
+    }
+    fn request_full(&mut self) {
+        self.full_requested = true;
+    }
+    fn pending(&self, now: Instant) -> bool {
+        (self.full_requested || !self.dirty.is_empty())
+            && self.failed_until.is_none_or(|t| now >= t)
+    }
+    fn retry_due(&self) -> Option<Instant> {
+        self.failed_until
+    }
+    fn sync(&mut self, store: &Store, node_addresses: &BTreeSet<IpAddr>) -> SyncReport {
+        IptablesProxier::sync(self, store, node_addresses)
+    }
+    fn invalid_objects(&self) -> (usize, u64) {
+        (self.rejections.current(), self.rejections.total())
+    }
+}
+
+/// What a mode-handover cleanup removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CleanupReport {
+    /// Chains removed (or flushed, marked so), per table.
+    pub chains: Vec<String>,
+    /// Rules deleted from chains we do not own (jumps from built-in chains, references).
+    pub rules_deleted: usize,
+    /// ipsets destroyed.
+    pub ipsets: Vec<String>,
+    /// kube-ipvs0 was deleted.
+    pub link_deleted: bool,
+    /// IPVS virtual servers deleted.
+    pub ipvs_services: usize,
+}
+
+impl CleanupReport {
+    /// True when nothing was there to remove.
+    pub fn is_empty(&self) -> bool {
+        self.chains.is_empty()
+            && self.rules_deleted == 0
+            && self.ipsets.is_empty()
+            && !self.link_deleted
+            && self.ipvs_services == 0
+    }
+}
+
+/// Chains both modes use (never deleted on handover; flushed when they hold the other mode's
+/// rules, and refilled by the next sync of the mode that starts).
+fn shared_chain(table: Table, chain: &str) -> bool {
+    match table {
+        Table::Nat => matches!(
+            chain,
+            "KUBE-SERVICES" | "KUBE-POSTROUTING" | "KUBE-MARK-MASQ"
+        ),
+        Table::Filter => matches!(chain, "KUBE-FORWARD" | "KUBE-PROXY-FIREWALL"),
+        _ => false,
+    }
+}
+
+/// Removes IPVS-mode leftovers when iptables mode starts: the IPVS-mode chains and their jumps
+/// (shared chains holding ipset matches are flushed), then the `KUBE-*` ipsets of `cfg`'s family
+/// (after the rules that referenced them), then kube-ipvs0 (when `link` is given), then the IPVS
+/// virtual servers the proxy owns (when an IPVS client is given; without IPVS there are none).
+/// Idempotent: a second call removes nothing.
+pub fn cleanup_ipvs_mode_leftovers(
+    cfg: &ProxyConfig,
+    iptables: &mut dyn RestoreRunner,
+    ipset: &ipset::Ipset,
+    link: Option<(&netif::Netif, &tokio::runtime::Handle)>,
+    ipvs: Option<&mut ipvs_netlink::Client>,
+) -> Result<CleanupReport, KernelError> {
+    let mut report = CleanupReport::default();
+    let ipvs_chains = iptables::ipvs_chains();
+    for table in [Table::Nat, Table::Filter] {
+        let owns = |c: &str| ipvs_chains.iter().any(|(t, n)| *t == table && *n == c);
+        let shared = |c: &str| shared_chain(table, c);
+        let owned_rule = |spec: &str| spec.contains("--match-set KUBE-");
+        let own = proxy_mode::Ownership {
+            owns: &owns,
+            shared: &shared,
+            owned_rule: &owned_rule,
+        };
+        let saved = iptables.save(table)?;
+        if let Some((text, removed, deleted)) = proxy_mode::leftover_cleanup(table, &saved, &own) {
+            iptables.restore(&text)?;
+            report
+                .chains
+                .extend(removed.into_iter().map(|c| format!("{table} {c}")));
+            report.rules_deleted += deleted;
+        }
+    }
+    let fam = set_family(cfg.family);
+    let names = ipset::SetKind::all_names(fam);
+    let current = ipset.read(&names)?;
+    let diff = ipset::diff(&ipset::IpsetState::new(), &current);
+    if !diff.is_empty() {
+        report.ipsets = diff.destroys.clone();
+        ipset.apply(&diff)?;
+    }
+    if let Some((netif, rt)) = link {
+        report.link_deleted = rt.block_on(netif.delete_dummy())?;
+    }
+    if let Some(client) = ipvs {
+        let owned = crate::desired::owned_by_proxy(cfg);
+        let ops: Vec<ipvs_netlink::Op> = client
+            .dump()?
+            .into_iter()
+            .filter(|(s, _)| owned(&s.key))
+            .map(|(s, _)| ipvs_netlink::Op::DelService(s.key))
+            .collect();
+        for r in client.apply(&ops) {
+            r?;
+            report.ipvs_services += 1;
+        }
+    }
+    if !report.is_empty() {
+        tracing::info!(?report, "removed IPVS-mode leftovers");
+    }
+    Ok(report)
+}
+
+/// Removes the iptables mode's chains and their jumps. `handover` (IPVS mode starting) keeps
+/// the chains IPVS mode shares (flushing them only when they reference our chains); without it
+/// (`--cleanup`) every chain of the mode is deleted. Idempotent.
+pub fn cleanup_iptables_mode(
+    iptables: &mut dyn RestoreRunner,
+    handover: bool,
+) -> Result<CleanupReport, KernelError> {
+    let mut report = CleanupReport::default();
+    for table in [Table::Nat, Table::Filter] {
+        let owns = |c: &str| proxy_mode::owns_chain(table, c);
+        let shared = |c: &str| handover && shared_chain(table, c);
+        let owned_rule = |_: &str| false;
+        let own = proxy_mode::Ownership {
+            owns: &owns,
+            shared: &shared,
+            owned_rule: &owned_rule,
+        };
+        let saved = iptables.save(table)?;
+        if let Some((text, removed, deleted)) = proxy_mode::leftover_cleanup(table, &saved, &own) {
+            iptables.restore(&text)?;
+            report
+                .chains
+                .extend(removed.into_iter().map(|c| format!("{table} {c}")));
+            report.rules_deleted += deleted;
+        }
+    }
+    if !report.is_empty() {
+        tracing::info!(?report, "removed iptables-mode rules");
+    }
+    Ok(report)
+}
