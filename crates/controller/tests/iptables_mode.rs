@@ -302,8 +302,7 @@ fn iptables_mode_rendered_rules_have_the_required_shapes() {
     let nat = t.split("COMMIT").next().unwrap();
     let last = nat
         .lines()
-        .filter(|l| l.starts_with("-A KUBE-SERVICES "))
-        .last()
+        .rfind(|l| l.starts_with("-A KUBE-SERVICES "))
         .unwrap();
     assert!(
         last.ends_with("-m addrtype --dst-type LOCAL -j KUBE-NODEPORTS"),
