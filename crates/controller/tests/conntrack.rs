@@ -93,7 +93,16 @@ struct Lab {
     node: Netns,
 }
 
+/// The topology with DNAT rules VIP1 → A and VIP3 → A (VIP2 has no rule).
 fn lab() -> Lab {
+    let lab = topology();
+    dnat(&lab.node, "-A", VIP1, A);
+    dnat(&lab.node, "-A", VIP3, A);
+    lab
+}
+
+/// Namespaces, pods and servers; service IPs bound on the node's `lo`; no service rules.
+fn topology() -> Lab {
     let node = Netns::new("conntrack-node").unwrap();
     let client = Netns::new("conntrack-client").unwrap();
     veth_pair(&node, "tocli", &client, "eth0").unwrap();
@@ -117,8 +126,6 @@ fn lab() -> Lab {
         UdpServer::start(&a.ns, SocketAddr::new(ip(A), 53), "A"),
         UdpServer::start(&b.ns, SocketAddr::new(ip(B), 53), "B"),
     ];
-    dnat(&node, "-A", VIP1, A);
-    dnat(&node, "-A", VIP3, A);
     Lab {
         _servers: servers,
         _a: a,
@@ -538,4 +545,106 @@ fn netns_measure_targeted_delete() {
     for l in lines {
         eprintln!("MEASURE {l}");
     }
+}
+
+fn ipvsadm(node: &Netns, args: &[&str]) {
+    let mut argv = vec!["ipvsadm"];
+    argv.extend_from_slice(args);
+    node.run(&argv).unwrap();
+}
+
+/// The same cases with IPVS doing the NAT (net.ipv4.vs.conntrack=1, expire_nodest_conn=1,
+/// like kube-proxy), on the VM's 6.1 kernel:
+/// - a virtual server without real servers answers port-unreachable and leaves no conntrack
+///   entry (IPVS drops the packet before conntrack confirms it);
+/// - a service IP that is bound but has no virtual server yet leaves an un-NATed entry (reply
+///   source = the VIP). Once the virtual server exists, that entry blackholes the fixed-port
+///   client (observed: its queries are never answered, the real server's reply lands in a
+///   separate entry); after `unanswered` cleanup the next query reaches the real server;
+/// - a replaced real server: IPVS itself drops the old real server's entries
+///   (expire_nodest_conn, kernel >= 5.9), so `endpoint_removed` only races with it here; it
+///   matters for the iptables mode and older kernels (tested in the netns tests).
+#[test]
+#[ignore = "vm"]
+fn vm_ipvs_udp_real_server_replaced_and_zero_to_one() {
+    let lab = topology();
+    let n = &lab.node;
+    n.sysctl("net.ipv4.vs.conntrack", "1").unwrap();
+    n.sysctl("net.ipv4.vs.expire_nodest_conn", "1").unwrap();
+    // Conntrack only tracks a namespace's traffic once something needs it; on a node that is
+    // kube-proxy's nat rules (KUBE-POSTROUTING's masquerade of marked packets).
+    n.run(&[
+        "iptables",
+        "-t",
+        "nat",
+        "-A",
+        "POSTROUTING",
+        "-m",
+        "mark",
+        "--mark",
+        "0x4000/0x4000",
+        "-j",
+        "MASQUERADE",
+    ])
+    .unwrap();
+    let (v1, v2, v3) = (
+        format!("{VIP1}:53"),
+        format!("{VIP2}:53"),
+        format!("{VIP3}:53"),
+    );
+    let (a, b) = (format!("{A}:53"), format!("{B}:53"));
+    ipvsadm(n, &["-A", "-u", &v1, "-s", "rr"]);
+    ipvsadm(n, &["-a", "-u", &v1, "-r", &a, "-m"]);
+    ipvsadm(n, &["-A", "-u", &v2, "-s", "rr"]);
+
+    assert_eq!(query(&lab.client, 5353, VIP1), Answer::From("A".into()));
+    assert_eq!(query(&lab.client, 5354, VIP2), Answer::Refused);
+    assert_eq!(query(&lab.client, 5355, VIP3), Answer::Refused);
+    assert_eq!(
+        cli_entries(n),
+        BTreeSet::from([ce(5353, VIP1, A), ce(5355, VIP3, VIP3)]),
+        "IPVS-NATed entry names the real server; no entry for the empty virtual server"
+    );
+
+    // Replace the only real server of VIP1. With expire_nodest_conn=1 (kernel >= 5.9) IPVS
+    // expires the removed real server's connections from a work queue and drops their
+    // conntrack entries itself, so the cleanup races with it: whatever it matched, it either
+    // deleted or found gone, and the client reaches B.
+    ipvsadm(n, &["-a", "-u", &v1, "-r", &b, "-m"]);
+    ipvsadm(n, &["-d", "-u", &v1, "-r", &a]);
+    let r = delete(
+        n,
+        vec![ConntrackFilter::endpoint_removed(
+            Protocol::Udp,
+            ip(VIP1),
+            53,
+            ip(A),
+        )],
+    );
+    assert!(
+        r.matched <= 1 && r.deleted + r.not_found == r.matched,
+        "{r:?}"
+    );
+    assert_eq!(query(&lab.client, 5353, VIP1), Answer::From("B".into()));
+
+    // VIP3 gets its virtual server with one real server.
+    ipvsadm(n, &["-A", "-u", &v3, "-s", "rr"]);
+    ipvsadm(n, &["-a", "-u", &v3, "-r", &b, "-m"]);
+    assert!(
+        cli_entries(n).contains(&ce(5355, VIP3, VIP3)),
+        "stale entry"
+    );
+    let r = delete(
+        n,
+        vec![
+            ConntrackFilter::unanswered(Protocol::Udp, ip(VIP3), 53),
+            ConntrackFilter::unanswered(Protocol::Udp, ip(VIP2), 53),
+        ],
+    );
+    assert_eq!((r.matched, r.deleted), (1, 1), "{r:?}");
+    assert_eq!(query(&lab.client, 5355, VIP3), Answer::From("B".into()));
+    assert_eq!(
+        cli_entries(n),
+        BTreeSet::from([ce(5353, VIP1, B), ce(5355, VIP3, B)])
+    );
 }
