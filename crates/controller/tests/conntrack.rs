@@ -542,6 +542,42 @@ fn netns_measure_targeted_delete() {
         // Reset VIP3 for the next round.
         lab.node.run(&["conntrack", "-F"]).unwrap();
     }
+    // Cost of finding entries with k filters that match nothing, over a table of 2n entries:
+    // k kernel-filtered dumps (k table walks) against one protocol-wide dump.
+    fill(VIP1, 20000);
+    fill(VIP3, 40000);
+    for k in [1u8, 8, 32, 128] {
+        for per_filter in [true, false] {
+            let filters: Vec<ConntrackFilter> = (0..k)
+                .map(|i| {
+                    ConntrackFilter::endpoint_removed(
+                        Protocol::Udp,
+                        ip(Ipv4Addr::new(10, 97, 0, i)),
+                        53,
+                        ip(A),
+                    )
+                })
+                .collect();
+            let (r, dt) = in_node(&lab.node, move |ct| {
+                ct.set_per_filter_dumps(if per_filter { usize::MAX } else { 0 });
+                let t = Instant::now();
+                let r = ct.delete(&filters)?;
+                Ok((r, t.elapsed()))
+            });
+            assert_eq!(r.matched, 0);
+            lines.push(format!(
+                "{k} filters, {}: {} dumps, {} entries received, {:.1} ms",
+                if per_filter {
+                    "per-filter dumps"
+                } else {
+                    "one protocol dump"
+                },
+                r.dumps,
+                r.dumped,
+                dt.as_secs_f64() * 1000.0
+            ));
+        }
+    }
     for l in lines {
         eprintln!("MEASURE {l}");
     }

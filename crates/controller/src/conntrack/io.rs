@@ -20,8 +20,12 @@ const BUDGET_PER_REPLY: usize = 2048;
 /// Receive buffer for one datagram (dump datagrams are at most 32 KiB).
 const RECV_BUF: usize = 128 * 1024;
 /// Above this many filters for one (family, protocol), one protocol-wide dump replaces the
-/// per-filter dumps (each filtered dump is a walk of the whole table in the kernel).
-pub const DEFAULT_PER_FILTER_DUMPS: usize = 32;
+/// per-filter dumps. Each filtered dump is a walk of the whole hash table in the kernel:
+/// measured on the 6.18 host (release build, 20,000 UDP entries), one filtered dump took
+/// ~4–8 ms whatever it matched, one UDP-wide dump of all 20,000 entries ~15–19 ms, so from
+/// two filters on the single protocol-wide dump wins (8 filters: 35 vs 15 ms; 128: 538 vs
+/// 17 ms).
+pub const DEFAULT_PER_FILTER_DUMPS: usize = 1;
 
 const ENOENT: i32 = 2;
 const EINVAL: i32 = 22;

@@ -14,11 +14,23 @@
 //!   real server, no DNAT rule), which is what a UDP packet to a VIP without endpoints leaves
 //!   behind (checked against the real kernel in `tests/conntrack.rs`).
 //!
-//! [`Conntrack::delete`] finds the entries with kernel-filtered dumps (`CTA_FILTER`, kernel ≥ 5.8;
-//! older kernels ignore the filter and return the family's table, which is then filtered here:
-//! every entry is always re-checked with [`ConntrackFilter::matches`]) and deletes each one by
-//! its exact original tuple and id, many delete requests per datagram (pipelined like the IPVS
-//! client). The kernel cannot delete by filter: a flush with `CTA_FILTER` is `EOPNOTSUPP`.
+//! [`Conntrack::delete`] finds the entries with kernel-filtered dumps (`CTA_FILTER`, kernel ≥ 5.8):
+//! for a single filter one dump restricted to its protocol, VIP, port and endpoint; for more
+//! filters of a (family, protocol) one dump restricted to the protocol (each filtered dump walks
+//! the whole hash table, see [`io::DEFAULT_PER_FILTER_DUMPS`] for the figures). Older kernels
+//! ignore `CTA_FILTER` and return the family's table; a kernel that rejects it switches the
+//! client to family-only dumps. Every returned entry is re-checked with
+//! [`ConntrackFilter::matches`], so the result is the same on every kernel. Each match is then
+//! deleted by its exact original tuple and id (a newer entry with the same tuple is left
+//! alone), many delete requests per datagram (pipelined like the IPVS client). The kernel
+//! cannot delete by filter: a flush with `CTA_FILTER` is `EOPNOTSUPP`.
+//!
+//! Observed with IPVS on the 6.1 VM kernel (`tests/conntrack.rs`, `vm_` test): a virtual server
+//! with no real server leaves no entry (IPVS drops the packet before conntrack confirms it), but
+//! a bound service IP without a virtual server does, and that un-NATed entry blackholes the
+//! fixed-port client once the virtual server exists, until `unanswered` cleanup. A removed real
+//! server's entries are also dropped by IPVS itself (expire_nodest_conn, kernel ≥ 5.9);
+//! `endpoint_removed` is what the iptables mode and older kernels need.
 //!
 //! - [`codec`]: pure encode/decode (byte-level tests).
 //! - [`io`]: the netlink socket ([`Conntrack`]).
