@@ -566,7 +566,12 @@ fn bench_iptables_mode_sync() {
     for n in [1000, 5000] {
         let node = Netns::new(&format!("ctl-iptm-bench-{}", std::process::id())).unwrap();
         let mut store = bench_store(n);
-        let ipt = Iptables::detect(iptables::Family::V4, Runner::in_netns(node.name())).unwrap();
+        // `IPTM_BACKEND=legacy` measures iptables-legacy instead of the detected backend.
+        let runner = Runner::in_netns(node.name());
+        let ipt = match std::env::var("IPTM_BACKEND").as_deref() {
+            Ok("legacy") => Iptables::new(iptables::Backend::Legacy, iptables::Family::V4, runner),
+            _ => Iptables::detect(iptables::Family::V4, runner).unwrap(),
+        };
         let backend = ipt.backend();
         let mut p = IptablesProxier::new(cfg4(), RulesConfig::default(), NODE, Box::new(ipt));
         let t = Instant::now();
@@ -592,7 +597,11 @@ fn bench_iptables_mode_sync() {
         let r = p.sync(&store, &node_addrs());
         let resync = t.elapsed();
         assert!(r.ok());
-        let saved = node.run(&["iptables-save", "-t", "nat"]).unwrap();
+        let save = match backend {
+            iptables::Backend::Legacy => "iptables-legacy-save",
+            iptables::Backend::Nft => "iptables-nft-save",
+        };
+        let saved = node.run(&[save, "-t", "nat"]).unwrap();
         let sep = saved
             .lines()
             .filter(|l| l.starts_with(":KUBE-SEP-"))
