@@ -635,18 +635,7 @@ impl IptablesProxier {
 }
 
 fn empty_report(kind: SyncKind) -> SyncReport {
-    SyncReport {
-        kind,
-        services_derived: 0,
-        ipvs_ops: 0,
-        ipvs_failures: 0,
-        address_ops: 0,
-        ipset_changes: 0,
-        iptables_restored: false,
-        drift: BTreeMap::new(),
-        errors: Vec::new(),
-        duration: Duration::ZERO,
-    }
+    SyncReport::new(kind)
 }
 
 impl Backend for IptablesProxier {

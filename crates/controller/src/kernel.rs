@@ -11,6 +11,7 @@ use std::net::IpAddr;
 use ipset::{IpsetDiff, IpsetState};
 use ipvs_netlink::{Op, ServiceKey};
 
+use crate::conntrack::ConntrackFilter;
 use crate::diff::{table_from_dump, IpvsTable, VirtualServer};
 
 /// A failure of one kernel subsystem.
@@ -28,6 +29,9 @@ pub enum KernelError {
     /// iptables-restore or iptables-save failed.
     #[error("iptables: {0}")]
     Iptables(#[from] iptables::Error),
+    /// conntrack cleanup (ctnetlink) failed.
+    #[error("conntrack: {0}")]
+    Conntrack(#[from] crate::conntrack::ConntrackError),
     /// A fake kernel was told to fail (tests).
     #[error("injected failure: {0}")]
     Injected(String),
@@ -48,6 +52,8 @@ pub struct KernelCounters {
     pub ipset_processes: u64,
     /// iptables processes (saves and restores).
     pub iptables_processes: u64,
+    /// conntrack entries deleted.
+    pub conntrack_deleted: u64,
 }
 
 /// The node's kernel, one subsystem per method group. All methods are blocking.
@@ -80,6 +86,8 @@ pub trait Kernel {
         rules: &iptables::RuleSet,
         force: bool,
     ) -> Result<bool, KernelError>;
+    /// Deletes the conntrack entries matching `filters` (stale UDP flows); returns how many.
+    fn delete_conntrack(&mut self, filters: &[ConntrackFilter]) -> Result<u64, KernelError>;
     /// Requests so far.
     fn counters(&self) -> KernelCounters;
 }
@@ -91,6 +99,8 @@ pub struct NodeKernel {
     ipset: ipset::Ipset,
     iptables: iptables::Iptables,
     rt: tokio::runtime::Handle,
+    conntrack: Option<crate::conntrack::Conntrack>,
+    conntrack_deleted: u64,
     ipvs_reads: u64,
     address_reads: u64,
 }
@@ -117,6 +127,8 @@ impl NodeKernel {
             ipset,
             iptables,
             rt,
+            conntrack: None,
+            conntrack_deleted: 0,
             ipvs_reads: 0,
             address_reads: 0,
         }
@@ -222,7 +234,21 @@ impl Kernel for NodeKernel {
             address_reads: self.address_reads,
             ipset_processes: self.ipset.processes_spawned(),
             iptables_processes: self.iptables.processes_spawned(),
+            conntrack_deleted: self.conntrack_deleted,
         }
+    }
+
+    fn delete_conntrack(&mut self, filters: &[ConntrackFilter]) -> Result<u64, KernelError> {
+        if filters.is_empty() {
+            return Ok(0);
+        }
+        let ct = match &mut self.conntrack {
+            Some(ct) => ct,
+            None => self.conntrack.insert(crate::conntrack::Conntrack::new()?),
+        };
+        let report = ct.delete(filters)?;
+        self.conntrack_deleted += report.deleted as u64;
+        Ok(report.deleted as u64)
     }
 }
 
@@ -244,6 +270,8 @@ pub struct FakeKernel {
     pub counters: KernelCounters,
     /// Virtual servers whose creation fails (tests of failure isolation).
     pub fail_keys: BTreeSet<ServiceKey>,
+    /// conntrack cleanups asked for, in order.
+    pub conntrack: Vec<ConntrackFilter>,
 }
 
 impl FakeKernel {
@@ -435,6 +463,11 @@ impl Kernel for FakeKernel {
         Ok(ran)
     }
 
+    fn delete_conntrack(&mut self, filters: &[ConntrackFilter]) -> Result<u64, KernelError> {
+        self.conntrack.extend_from_slice(filters);
+        Ok(0)
+    }
+
     fn counters(&self) -> KernelCounters {
         self.counters
     }
@@ -495,6 +528,9 @@ impl Kernel for SharedFakeKernel {
         force: bool,
     ) -> Result<bool, KernelError> {
         self.with(|k| k.apply_iptables(rules, force))
+    }
+    fn delete_conntrack(&mut self, filters: &[ConntrackFilter]) -> Result<u64, KernelError> {
+        self.with(|k| k.delete_conntrack(filters))
     }
     fn counters(&self) -> KernelCounters {
         self.with(|k| k.counters())

@@ -246,7 +246,34 @@ impl Kernel for DryRun<'_> {
         Ok(false)
     }
 
+    fn delete_conntrack(
+        &mut self,
+        filters: &[crate::conntrack::ConntrackFilter],
+    ) -> Result<u64, KernelError> {
+        for f in filters {
+            self.writes
+                .push(format!("conntrack -D {}", conntrack_args(f)));
+        }
+        Ok(0)
+    }
+
     fn counters(&self) -> KernelCounters {
         self.inner.counters()
     }
+}
+
+fn conntrack_args(f: &crate::conntrack::ConntrackFilter) -> String {
+    let proto = match f.proto {
+        crate::conntrack::Protocol::Udp => "udp",
+        crate::conntrack::Protocol::Tcp => "tcp",
+        crate::conntrack::Protocol::Sctp => "sctp",
+    };
+    let mut s = format!("-p {proto} --orig-dst {}", f.orig_dst);
+    if let Some(p) = f.orig_dst_port {
+        s.push_str(&format!(" --orig-port-dst {p}"));
+    }
+    if let Some(r) = f.reply_src {
+        s.push_str(&format!(" --reply-src {r}"));
+    }
+    s
 }

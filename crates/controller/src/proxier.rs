@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use ipset::{EntryChange, IpsetDiff, SetKind};
 use ipvs_netlink::{Destination, Family, Op, ServiceKey};
 
+use crate::conntrack::ConntrackFilter;
 use crate::desired::{owned_by_proxy, service_desired, set_family, Delta, Desired, IpsetEntry};
 use crate::diff::{diff_ipvs, diff_set, IpvsOps, IpvsTable};
 use crate::kernel::{Kernel, KernelError};
@@ -73,6 +74,8 @@ pub struct SyncReport {
     pub ipset_changes: usize,
     /// An iptables-restore ran.
     pub iptables_restored: bool,
+    /// Stale UDP conntrack entries deleted.
+    pub conntrack_deleted: u64,
     /// Full sync after the first: differences found between the kernel and the applied
     /// state (drift), per subsystem.
     pub drift: BTreeMap<&'static str, usize>,
@@ -83,7 +86,8 @@ pub struct SyncReport {
 }
 
 impl SyncReport {
-    fn new(kind: SyncKind) -> SyncReport {
+    /// An empty report of `kind`.
+    pub fn new(kind: SyncKind) -> SyncReport {
         SyncReport {
             kind,
             services_derived: 0,
@@ -92,6 +96,7 @@ impl SyncReport {
             address_ops: 0,
             ipset_changes: 0,
             iptables_restored: false,
+            conntrack_deleted: 0,
             drift: BTreeMap::new(),
             errors: Vec::new(),
             duration: Duration::ZERO,
@@ -126,6 +131,7 @@ pub struct Proxier {
     draining: BTreeMap<(ServiceKey, IpAddr, u16), Instant>,
     drain_due: Option<Instant>,
     drain_stats: DrainStats,
+    conntrack: Vec<ConntrackFilter>,
 }
 
 /// Graceful termination of real servers.
@@ -194,6 +200,7 @@ impl Proxier {
             draining: BTreeMap::new(),
             drain_due: None,
             drain_stats: DrainStats::default(),
+            conntrack: Vec::new(),
         }
     }
 
@@ -291,6 +298,7 @@ impl Proxier {
         if self.drain_due.is_some_and(|t| Instant::now() >= t) {
             self.check_drains(kernel, &mut report);
         }
+        self.flush_conntrack(kernel, &mut report);
         report.duration = start.elapsed();
         report
     }
@@ -374,8 +382,22 @@ impl Proxier {
         let mut report = SyncReport::new(SyncKind::Incremental);
         let node = self.node_info(store, node_addresses);
         let names = self.dirty_names(store, &node);
-        let changes = self.derive(store, &node, names, &mut report);
+        let udp_before = self.udp_with_reals(names.iter());
+        let changes = self.derive(store, &node, names.iter().cloned(), &mut report);
         let delta = self.desired.update_services(changes);
+        // UDP virtual servers that now have real servers and had none: entries created while
+        // they had none point nowhere (k/k#125467).
+        for (k, has) in self.udp_with_reals(names.iter()) {
+            if has && !udp_before.get(&k).copied().unwrap_or(false) {
+                if let ServiceKey::Inet { addr, port, .. } = k {
+                    self.conntrack.push(ConntrackFilter::unanswered(
+                        crate::conntrack::Protocol::Udp,
+                        addr,
+                        port,
+                    ));
+                }
+            }
+        }
         if std::mem::take(&mut self.recheck_addresses) {
             self.repair_addresses(kernel, &mut report);
         }
@@ -598,6 +620,26 @@ impl Proxier {
         report.ipvs_ops += ops.len();
         let results = kernel.apply_ipvs(ops);
         for (op, res) in ops.iter().zip(results) {
+            if let (
+                Ok(()),
+                Op::DelDest(
+                    ServiceKey::Inet {
+                        protocol: ipvs_netlink::Protocol::Udp,
+                        addr,
+                        port,
+                    },
+                    endpoint,
+                    _,
+                ),
+            ) = (&res, op)
+            {
+                self.conntrack.push(ConntrackFilter::endpoint_removed(
+                    crate::conntrack::Protocol::Udp,
+                    *addr,
+                    *port,
+                    *endpoint,
+                ));
+            }
             if let Err(e) = res {
                 let key = op_key(op);
                 report.ipvs_failures += 1;
@@ -754,6 +796,39 @@ impl Proxier {
         } else {
             Some(now + self.drain.interval)
         };
+    }
+
+    /// UDP virtual servers of `names` and whether each has real servers.
+    fn udp_with_reals<'a>(
+        &self,
+        names: impl Iterator<Item = &'a ServiceName>,
+    ) -> BTreeMap<ServiceKey, bool> {
+        let mut out = BTreeMap::new();
+        for n in names {
+            if let Some(sd) = self.desired.service(n) {
+                for (k, vs) in &sd.virtual_servers {
+                    if !drains(k) {
+                        out.insert(*k, !vs.real_servers.is_empty());
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Deletes the stale UDP conntrack entries this sync's changes left behind.
+    fn flush_conntrack(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
+        if self.conntrack.is_empty() {
+            return;
+        }
+        let filters = std::mem::take(&mut self.conntrack);
+        match kernel.delete_conntrack(&filters) {
+            Ok(n) => report.conntrack_deleted += n,
+            Err(e) => {
+                tracing::warn!(error = %e, filters = filters.len(), "conntrack cleanup failed");
+                report.errors.push(e.to_string());
+            }
+        }
     }
 
     fn schedule_repair(&mut self) {

@@ -228,6 +228,30 @@ fn udp_real_servers_are_deleted_at_once() {
     };
     assert_eq!(k.ipvs[&udp].real_servers.len(), 1);
     assert_eq!(p.draining(), 0);
+    use controller::conntrack::{ConntrackFilter, Protocol as Ct};
+    // Stale flows to the removed endpoint are deleted, and only those.
+    assert_eq!(
+        k.conntrack,
+        vec![ConntrackFilter::endpoint_removed(
+            Ct::Udp,
+            ip("10.96.0.10"),
+            53,
+            ip("10.244.1.1")
+        )]
+    );
+    // 1 → 0 → 1 endpoints: the flows created while there was none are deleted.
+    let ch = store.apply(SourceEvent::Apply(sl(&[])));
+    p.note(&ch);
+    assert!(p.sync(&store, &node_addrs(), &mut k).ok());
+    assert_eq!(k.conntrack.len(), 2);
+    let ch = store.apply(SourceEvent::Apply(sl(&["10.244.1.3"])));
+    p.note(&ch);
+    assert!(p.sync(&store, &node_addrs(), &mut k).ok());
+    assert_eq!(
+        k.conntrack.last(),
+        Some(&ConntrackFilter::unanswered(Ct::Udp, ip("10.96.0.10"), 53))
+    );
+    assert_eq!(k.conntrack.len(), 3);
 }
 
 #[test]
