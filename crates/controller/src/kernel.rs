@@ -247,8 +247,8 @@ impl Kernel for NodeKernel {
             None => self.conntrack.insert(crate::conntrack::Conntrack::new()?),
         };
         let report = ct.delete(filters)?;
-        self.conntrack_deleted += report.deleted as u64;
-        Ok(report.deleted as u64)
+        self.conntrack_deleted += report.deleted;
+        Ok(report.deleted)
     }
 }
 
