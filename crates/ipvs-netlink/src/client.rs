@@ -20,8 +20,8 @@ use crate::Error;
 const MAX_SEND: usize = 64 * 1024;
 /// Receive buffer size we ask for (capped by `net.core.rmem_max`).
 const WANT_RCVBUF: usize = 8 * 1024 * 1024;
-/// Receive-buffer budget per unanswered request (an ACK's skb truesize is well below this).
-const BUDGET_PER_REPLY: usize = 2048;
+/// Receive-buffer budget per unanswered request (an ACK's or error's skb truesize is below this).
+const BUDGET_PER_REPLY: usize = 3072;
 /// Receive buffer for one datagram; kernel dump datagrams are at most 32 KiB.
 const RECV_BUF: usize = 128 * 1024;
 const ENOBUFS: i32 = 105;
@@ -80,6 +80,13 @@ impl Client {
     /// Maximum number of unanswered requests in flight during [`Client::apply`].
     pub fn window(&self) -> usize {
         self.window
+    }
+
+    /// Sets the maximum number of unanswered requests per window (at least 1). The default is
+    /// sized from the receive buffer so replies are never dropped; larger values risk
+    /// [`Error::NoReply`] results (the kernel drops replies that do not fit).
+    pub fn set_window(&mut self, window: usize) {
+        self.window = window.max(1);
     }
 
     /// Request counters since the client was created.
@@ -203,7 +210,7 @@ impl Client {
             if let Some(e) = send_failed {
                 // Requests of this window may or may not have been sent; collect what the
                 // kernel answered, the rest fail with the send error.
-                self.drain_window(base_seq, &in_window, ops, &mut results, true);
+                self.drain_window(base_seq, &in_window, ops, &mut results);
                 let msg = e.to_string();
                 for &i in &in_window {
                     if results[i].is_none() {
@@ -215,7 +222,7 @@ impl Client {
                 }
                 continue;
             }
-            self.drain_window(base_seq, &in_window, ops, &mut results, false);
+            self.drain_window(base_seq, &in_window, ops, &mut results);
         }
         results
             .into_iter()
@@ -228,30 +235,29 @@ impl Client {
             .collect()
     }
 
-    /// Reads ACKs/errors until every request of the window is answered.
+    /// Collects the ACKs/errors of a window that has been sent.
+    ///
+    /// The kernel processes generic netlink requests synchronously inside `send`, so when the
+    /// sends have returned every reply is already queued on the socket (or was dropped because
+    /// the receive buffer overflowed). Reading without blocking therefore cannot hang: a reply
+    /// still missing when the queue is empty was lost, and its op reports [`Error::NoReply`].
     fn drain_window(
         &mut self,
         base_seq: u32,
         in_window: &[usize],
         ops: &[Op],
         results: &mut [Option<Result<(), Error>>],
-        nonblocking: bool,
     ) {
         let mut pending = in_window.len();
         while pending > 0 {
-            let flags = if nonblocking {
-                Msg::DONTWAIT
-            } else {
-                Msg::empty()
-            };
-            let n = match self.recv_one(flags) {
+            let n = match self.recv_one(Msg::DONTWAIT) {
                 Ok(n) => n,
+                // The overrun is reported once; the replies that fit are still queued.
                 Err(Error::Io { source, .. }) if source.raw_os_error() == Some(ENOBUFS) => {
-                    // Some replies were dropped: collect what is queued, then give up on the rest.
-                    self.drain_window(base_seq, in_window, ops, results, true);
-                    return;
+                    self.counters.overruns += 1;
+                    continue;
                 }
-                Err(_) => return,
+                Err(_) => break,
             };
             for m in codec::messages(&self.rbuf[..n]) {
                 let Ok(m) = m else { break };

@@ -400,4 +400,6 @@ pub struct Counters {
     pub dumps: u64,
     /// Write operations that failed.
     pub errors: u64,
+    /// Receive-buffer overruns seen while collecting replies (replies may have been lost).
+    pub overruns: u64,
 }
