@@ -459,3 +459,14 @@ impl Client {
         self.apply_one(&Op::Flush)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Client;
+
+    #[test]
+    fn client_is_send() {
+        fn assert_send<T: Send>() {}
+        assert_send::<Client>();
+    }
+}

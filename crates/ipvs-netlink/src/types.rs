@@ -145,6 +145,12 @@ impl ServiceFlags {
     pub fn with(self, bits: u32) -> ServiceFlags {
         ServiceFlags(self.0 | bits)
     }
+
+    /// The flags user space sets: without the kernel-maintained `HASHED` bit, which every
+    /// service read back from the kernel carries. Compare desired and read flags with this.
+    pub fn settable(self) -> ServiceFlags {
+        ServiceFlags(self.0 & !Self::HASHED)
+    }
 }
 
 /// Packet forwarding method of a real server (`IP_VS_CONN_F_FWD_MASK` values).
@@ -387,6 +393,18 @@ pub enum Op {
     Flush,
     /// Set connection timeouts.
     SetTimeouts(Timeouts),
+}
+
+impl Info {
+    /// The version as `major.minor.patch` (what `ipvsadm` prints).
+    pub fn version_string(&self) -> String {
+        format!(
+            "{}.{}.{}",
+            (self.version >> 16) & 0xff,
+            (self.version >> 8) & 0xff,
+            self.version & 0xff
+        )
+    }
 }
 
 /// Request counters of a client, for tests and benchmarks.

@@ -603,3 +603,41 @@ fn vm_overrun_loses_replies_but_never_hangs() {
     assert_eq!(c.services().unwrap().len(), 1);
     clear();
 }
+
+/// Why `Client::dump` reads destination dumps one after another: the kernel runs one dump per
+/// netlink socket at a time; a second dump request sent in the same datagram gets EBUSY.
+#[test]
+#[ignore = "vm"]
+fn vm_kernel_allows_one_dump_per_socket() {
+    use ipvs_netlink::codec::{self, Reply};
+    use neli::consts::socket::{Msg, NlFamily};
+    use neli::socket::NlSocket;
+    use neli::utils::Groups;
+
+    clear();
+    ipvsadm_restore(TABLE);
+    let family = Client::new().unwrap().family_id();
+    let sock = NlSocket::connect(NlFamily::Generic, None, Groups::empty()).unwrap();
+    let mut buf = Vec::new();
+    codec::put_dump_dests(&mut buf, family, 1, &tcp("10.0.0.1", 80));
+    codec::put_dump_dests(&mut buf, family, 2, &tcp("200.0.0.1", 80));
+    sock.send(&buf, Msg::empty()).unwrap();
+    let mut rbuf = vec![0u8; 65536];
+    let (mut dests1, mut done1, mut busy2) = (0, false, false);
+    while !(done1 && busy2) {
+        let (n, _) = sock.recv(&mut rbuf[..], Msg::empty()).unwrap();
+        for m in codec::messages(&rbuf[..n]) {
+            match m.unwrap() {
+                Reply::Data { header, .. } if header.seq == 1 => dests1 += 1,
+                Reply::Done { seq: 1, .. } => done1 = true,
+                Reply::Error { seq: 2, errno } => {
+                    assert_eq!(errno, 16, "EBUSY");
+                    busy2 = true;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+    assert_eq!(dests1, 4);
+    clear();
+}
