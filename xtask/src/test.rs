@@ -105,13 +105,77 @@ fn run_ok(cmd: &mut Command) -> bool {
     cmd.status().map(|s| s.success()).unwrap_or(false)
 }
 
-/// Run a command, echoing its stdout live and returning (success, stdout text).
+/// Time limit for a host test command (unit, netns); a hung test is killed with its process tree.
+const HOST_TEST_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// Every descendant of `pid` (from /proc), deepest last.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut parent_of: Vec<(u32, u32)> = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                continue;
+            };
+            // pid (comm) state ppid ...: comm may contain spaces, so split after the last ')'.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u32>().ok());
+            if let Some(pp) = ppid {
+                parent_of.push((p, pp));
+            }
+        }
+    }
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() {
+        let cur = out[i];
+        out.extend(
+            parent_of
+                .iter()
+                .filter(|(_, pp)| *pp == cur)
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    out.remove(0);
+    out
+}
+
+/// Run a command, echoing its stdout live and returning (success, stdout text). After
+/// [`HOST_TEST_TIMEOUT`] the command and all its descendants are killed.
 fn run_tee(cmd: &mut Command) -> (bool, String) {
     eprintln!("xtask: + {}", host::show(cmd));
     let Ok(mut child) = cmd.stdout(Stdio::piped()).spawn() else {
         eprintln!("xtask: cannot start {}", host::show(cmd));
         return (false, String::new());
     };
+    let pid = child.id();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = done.clone();
+    let watchdog = std::thread::spawn(move || {
+        let start = Instant::now();
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            if start.elapsed() > HOST_TEST_TIMEOUT {
+                let mut victims = descendants(pid);
+                victims.push(pid);
+                eprintln!(
+                    "xtask: timeout after {} s: killing {victims:?}",
+                    HOST_TEST_TIMEOUT.as_secs()
+                );
+                let _ = Command::new("kill")
+                    .arg("-KILL")
+                    .args(victims.iter().map(u32::to_string))
+                    .status();
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        false
+    });
     let mut text = String::new();
     if let Some(out) = child.stdout.take() {
         let mut so = std::io::stdout();
@@ -122,6 +186,10 @@ fn run_tee(cmd: &mut Command) -> (bool, String) {
         }
     }
     let ok = child.wait().map(|s| s.success()).unwrap_or(false);
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    if watchdog.join().unwrap_or(false) {
+        text.push_str("xtask: killed after the host test timeout\n");
+    }
     (ok, text)
 }
 
@@ -593,6 +661,29 @@ fn run_stages(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The process-tree walk finds a real grandchild.
+    #[test]
+    fn descendants_include_grandchildren() {
+        let mut child = Command::new("sh")
+            .args(["-c", "sleep 30 & sleep 30 & wait"])
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let mut found = Vec::new();
+        for _ in 0..200 {
+            found = descendants(pid);
+            if found.len() == 2 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(found.len(), 2, "{found:?}");
+        let _ = Command::new("kill")
+            .args(found.iter().map(u32::to_string))
+            .status();
+        child.wait().unwrap();
+    }
 
     #[test]
     fn result_lines() {
