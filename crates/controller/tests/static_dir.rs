@@ -1,5 +1,8 @@
 //! Tests of the static directory source against real files, directories and inotify.
 
+// Test helpers outside #[test] fns may unwrap/panic too.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;

@@ -1,5 +1,8 @@
 //! The bundled `examples/` manifests load cleanly and cover the features they claim to.
 
+// Test helpers outside #[test] fns may unwrap/panic too.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 

@@ -274,6 +274,14 @@ impl Metrics {
                 env!("CARGO_PKG_VERSION").to_string(),
             )]),
         );
+        // Upstream sets both series every sync; start them at 0 so they are visible at once.
+        for policy in ["internal", "external"] {
+            m.no_local_endpoints_total
+                .get_or_create(&TrafficPolicyLabel {
+                    traffic_policy: policy.to_string(),
+                })
+                .set(0);
+        }
         Metrics { registry: r, ..m }
     }
 

@@ -1,0 +1,376 @@
+//! The sync engine's wiring: the IPVS probe, one backend (proxier + kernel) per address family,
+//! sysctls, the node-address tracker, and the sync-loop thread that the daemon feeds.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use controller::model::ProxyConfig;
+use controller::proxier::{DrainConfig, Proxier, RulesConfig, SyncReport};
+use controller::source::SourceEvent;
+use controller::store::{Changes, Store};
+use controller::sync_loop::{self, Backend, Exit, FamilyProxier, Input, LoopConfig, SyncObserver};
+use ipvs_netlink::{Family, Op, Protocol, Service, ServiceKey};
+
+use crate::config::{Config, DetectLocal, NodePortAddress, ProxyMode};
+use crate::health::{IpFamily, ProxyHealth};
+use crate::metrics::Metrics;
+use crate::service_health::{HealthCheckService, NamespacedName, ServiceHealthServer};
+
+/// The address upstream kube-proxy probes IPVS with (TEST-NET-2, never a real service).
+const PROBE_ADDR: &str = "198.51.100.0";
+/// The port of the probe virtual server.
+const PROBE_PORT: u16 = 20000;
+
+/// Probes IPVS like upstream: resolve the generic netlink family, then create and delete a
+/// virtual server with the configured scheduler (which also loads the scheduler's module).
+pub fn probe_ipvs(scheduler: &str) -> Result<(), String> {
+    let mut client = ipvs_netlink::Client::new().map_err(|e| {
+        format!("IPVS is not available in this kernel: {e} (CONFIG_IP_VS / the ip_vs module)")
+    })?;
+    let addr: IpAddr = PROBE_ADDR
+        .parse()
+        .map_err(|e| format!("probe address: {e}"))?;
+    let key = ServiceKey::Inet {
+        protocol: Protocol::Tcp,
+        addr,
+        port: PROBE_PORT,
+    };
+    let svc = Service::new(key, scheduler);
+    let results = client.apply(&[Op::NewService(svc), Op::DelService(key)]);
+    match results.first() {
+        Some(Ok(())) | None => Ok(()),
+        Some(Err(ipvs_netlink::Error::Kernel { errno: 17, .. })) => Ok(()), // left by a crash
+        Some(Err(e)) => Err(format!(
+            "IPVS cannot create a virtual server with scheduler {scheduler:?}: {e} \
+             (is the ip_vs_{scheduler} module available?)"
+        )),
+    }
+}
+
+/// The families this node serves: IPv4 when the node has an IPv4 address, IPv6 when it has a
+/// global IPv6 address, and any family of the cluster CIDRs (upstream: dual-stack when the
+/// node has addresses of both families).
+pub fn families(config: &Config, node_ips: &BTreeSet<IpAddr>) -> Vec<Family> {
+    let mut v4 = node_ips.iter().any(IpAddr::is_ipv4);
+    let mut v6 = node_ips.iter().any(IpAddr::is_ipv6);
+    for c in &config.cluster_cidrs {
+        match c.addr() {
+            IpAddr::V4(_) => v4 = true,
+            IpAddr::V6(_) => v6 = true,
+        }
+    }
+    if !v4 && !v6 {
+        v4 = true;
+    }
+    let mut out = Vec::new();
+    if v4 {
+        out.push(Family::Inet);
+    }
+    if v6 {
+        out.push(Family::Inet6);
+    }
+    out
+}
+
+/// The model's configuration for one family.
+pub fn proxy_config(config: &Config, family: Family) -> ProxyConfig {
+    let mut p = ProxyConfig::new(family);
+    p.scheduler = config.ipvs.scheduler.clone();
+    p.exclude_cidrs = config.ipvs.exclude_cidrs.clone();
+    p.masquerade_all = config.iptables.masquerade_all;
+    p.cluster_cidrs = config.cluster_cidrs.clone();
+    p.node_port_addresses = config
+        .node_port_addresses
+        .iter()
+        .filter_map(|a| match a {
+            NodePortAddress::Cidr(c) => Some(*c),
+            NodePortAddress::Primary => None,
+        })
+        .collect();
+    p.strict_arp = config.ipvs.strict_arp;
+    p.tcp_timeout = config.ipvs.tcp_timeout.as_secs() as u32;
+    p.tcp_fin_timeout = config.ipvs.tcp_fin_timeout.as_secs() as u32;
+    p.udp_timeout = config.ipvs.udp_timeout.as_secs() as u32;
+    p
+}
+
+/// The iptables settings of the IPVS-mode rules.
+pub fn rules_config(config: &Config, random_fully: bool) -> RulesConfig {
+    RulesConfig {
+        masquerade_bit: u32::from(config.iptables.masquerade_bit),
+        local_detect: match &config.detect_local {
+            DetectLocal::ClusterCidr | DetectLocal::NodeCidr => {
+                if config.cluster_cidrs.is_empty() {
+                    iptables::LocalDetect::None
+                } else {
+                    iptables::LocalDetect::Cidrs(config.cluster_cidrs.clone())
+                }
+            }
+            DetectLocal::BridgeInterface(b) => iptables::LocalDetect::BridgeInterface(b.clone()),
+            DetectLocal::InterfaceNamePrefix(p) => {
+                iptables::LocalDetect::InterfaceNamePrefix(p.clone())
+            }
+        },
+        random_fully,
+    }
+}
+
+/// Sets the sysctls IPVS mode needs under `root` (normally `/proc/sys`). Failures are logged:
+/// the proxy still works without most of them.
+pub fn apply_sysctls(root: &Path, strict_arp: bool) {
+    let kernel = match controller::sysctl::kernel_version(root) {
+        Ok(k) => k,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the kernel version; conn_reuse_mode left alone");
+            (9999, 0, 0)
+        }
+    };
+    let desired = controller::sysctl::desired_sysctls(kernel, strict_arp);
+    if let Err(e) = controller::sysctl::apply_sysctls(root, &desired) {
+        tracing::error!(error = %e, "sysctls");
+    }
+}
+
+/// Builds the IPVS-mode backend of one family: opens IPVS, kube-ipvs0, ipset and iptables.
+pub async fn ipvs_backend(
+    config: &Config,
+    family: Family,
+) -> Result<Box<dyn Backend + Send>, String> {
+    let ipvs = ipvs_netlink::Client::new().map_err(|e| format!("IPVS: {e}"))?;
+    let netif = netif::Netif::new()
+        .await
+        .map_err(|e| format!("kube-ipvs0: {e}"))?;
+    let set_family = controller::desired::set_family(family);
+    let ipset = ipset::Ipset::default();
+    ipset
+        .version()
+        .map_err(|e| format!("ipset: {e} (kube-ipvs needs the ipset tool)"))?;
+    let mut tables = iptables::Iptables::detect(set_family, iptables::Runner::new())
+        .map_err(|e| format!("iptables ({family:?}): {e}"))?;
+    let random_fully = tables.supports_random_fully().unwrap_or(false);
+    tracing::info!(family = ?family, backend = ?tables.backend(), random_fully, "iptables");
+    let kernel = controller::kernel::NodeKernel::new(
+        ipvs,
+        netif,
+        ipset,
+        tables,
+        tokio::runtime::Handle::current(),
+    );
+    let proxier = Proxier::new(
+        proxy_config(config, family),
+        rules_config(config, random_fully),
+        config.node_name.clone(),
+    )
+    .with_drain(DrainConfig {
+        cap: config.drain_timeout,
+        ..DrainConfig::default()
+    });
+    Ok(Box::new(FamilyProxier {
+        proxier,
+        kernel: Box::new(kernel),
+    }))
+}
+
+/// Sets the IPVS connection timeouts (`ipvsadm --set`) when any is configured.
+pub fn set_ipvs_timeouts(config: &Config) {
+    let t = ipvs_netlink::Timeouts {
+        tcp: config.ipvs.tcp_timeout.as_secs() as u32,
+        tcp_fin: config.ipvs.tcp_fin_timeout.as_secs() as u32,
+        udp: config.ipvs.udp_timeout.as_secs() as u32,
+    };
+    if t.tcp == 0 && t.tcp_fin == 0 && t.udp == 0 {
+        return;
+    }
+    match ipvs_netlink::Client::new() {
+        Ok(mut c) => {
+            for r in c.apply(&[Op::SetTimeouts(t)]) {
+                if let Err(e) = r {
+                    tracing::error!(error = %e, "setting IPVS timeouts");
+                }
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "setting IPVS timeouts"),
+    }
+}
+
+/// Feeds metrics, health and health-check node ports from the sync loop.
+pub struct Observer {
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// `/healthz` state.
+    pub health: Arc<ProxyHealth>,
+    /// Health-check node ports.
+    pub service_health: Arc<ServiceHealthServer>,
+    /// Runtime for the listener updates.
+    pub rt: tokio::runtime::Handle,
+}
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Observer").finish_non_exhaustive()
+    }
+}
+
+fn ip_family(f: Family) -> IpFamily {
+    match f {
+        Family::Inet => IpFamily::V4,
+        Family::Inet6 => IpFamily::V6,
+    }
+}
+
+impl SyncObserver for Observer {
+    fn queued(&self, changes: &Changes) {
+        if !changes.dirty.is_empty() || changes.node_changed {
+            self.metrics.record_queued();
+            self.health.queued_update(IpFamily::V4);
+            self.health.queued_update(IpFamily::V6);
+        }
+    }
+
+    fn synced(&self, family: Family, report: &SyncReport, backend: &dyn Backend) {
+        self.metrics.record_sync(report.duration.as_secs_f64());
+        if report.ok() {
+            self.health.updated(ip_family(family));
+        } else {
+            for e in &report.errors {
+                let subsystem = e.split(':').next().unwrap_or("sync").to_string();
+                self.metrics
+                    .sync_errors_total
+                    .get_or_create(&crate::metrics::SubsystemLabel { subsystem })
+                    .inc();
+            }
+            // Failures are retried per service; the rest of the node is in sync.
+            self.health.updated(ip_family(family));
+        }
+        for (subsystem, n) in &report.drift {
+            self.metrics
+                .drift_repairs_total
+                .get_or_create(&crate::metrics::SubsystemLabel {
+                    subsystem: (*subsystem).to_string(),
+                })
+                .inc_by(*n as u64);
+        }
+        self.metrics.draining_destinations.set(backend.draining() as i64);
+        let wanted: BTreeMap<u16, HealthCheckService> = backend
+            .health_checks()
+            .into_iter()
+            .map(|(name, hc)| {
+                (
+                    hc.node_port,
+                    HealthCheckService {
+                        service: NamespacedName::new(name.namespace, name.name),
+                        local_endpoints: hc.local_endpoints,
+                    },
+                )
+            })
+            .collect();
+        self.metrics.health_check_node_ports.set(wanted.len() as i64);
+        let sh = self.service_health.clone();
+        self.rt.spawn(async move {
+            for e in sh.sync_services(&wanted).await {
+                tracing::warn!(error = %e, "health-check node port");
+            }
+        });
+    }
+}
+
+/// The running engine: the sync-loop thread and its input channel.
+#[derive(Debug)]
+pub struct Engine {
+    tx: mpsc::Sender<Input>,
+    thread: Option<std::thread::JoinHandle<Exit>>,
+}
+
+impl Engine {
+    /// Starts the sync loop on its own thread.
+    pub fn start(
+        mut backends: Vec<Box<dyn Backend + Send>>,
+        node_addresses: BTreeSet<IpAddr>,
+        cfg: LoopConfig,
+        observer: Observer,
+    ) -> Engine {
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("sync-loop".into())
+            .spawn(move || {
+                let mut store = Store::new();
+                sync_loop::run(
+                    &rx,
+                    &mut store,
+                    &mut backends,
+                    node_addresses,
+                    cfg,
+                    &observer,
+                )
+            });
+        let thread = match thread {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the sync loop thread");
+                None
+            }
+        };
+        Engine { tx, thread }
+    }
+
+    /// A sender for inputs (sources, the node-address tracker).
+    pub fn sender(&self) -> mpsc::Sender<Input> {
+        self.tx.clone()
+    }
+
+    /// Hands a source event to the loop; false when the loop has ended.
+    pub fn send(&self, ev: SourceEvent) -> bool {
+        self.tx.send(Input::Source(ev)).is_ok()
+    }
+
+    /// True when the loop thread has returned (e.g. `--once` done).
+    pub fn finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+
+    /// Stops the loop (if running) and returns how it ended.
+    pub fn stop(mut self) -> Exit {
+        let _ = self.tx.send(Input::Shutdown);
+        match self.thread.take().map(|t| t.join()) {
+            Some(Ok(exit)) => exit,
+            _ => Exit::Shutdown,
+        }
+    }
+}
+
+/// Forwards node-address changes (and kube-ipvs0 deletions) from netif's tracker to the loop.
+pub fn forward_node_addresses(
+    tracker: &netif::NodeAddresses,
+    tx: mpsc::Sender<Input>,
+) -> tokio::task::JoinHandle<()> {
+    let mut rx = tracker.subscribe();
+    tokio::spawn(async move {
+        let mut deletions = rx.borrow().dummy_deletions();
+        while rx.changed().await.is_ok() {
+            let (ips, del) = {
+                let s = rx.borrow();
+                (s.node_ips(), s.dummy_deletions())
+            };
+            if tx.send(Input::NodeAddresses(ips)).is_err() {
+                return;
+            }
+            if del != deletions {
+                deletions = del;
+                if tx.send(Input::LinkDeleted).is_err() {
+                    return;
+                }
+            }
+        }
+    })
+}
+
+/// Which mode to clean up before starting `mode` (the other one).
+pub fn other_mode(mode: ProxyMode) -> ProxyMode {
+    match mode {
+        ProxyMode::Ipvs => ProxyMode::Iptables,
+        ProxyMode::Iptables => ProxyMode::Ipvs,
+    }
+}
