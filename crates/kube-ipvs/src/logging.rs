@@ -41,8 +41,10 @@ pub fn init(verbosity: u8, format: LogFormat) -> Result<()> {
         _ => EnvFilter::try_new(filter_for(verbosity)),
     }
     .map_err(|e| Error::Logging(e.to_string()))?;
+    use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let res = match format {
         LogFormat::Text => builder.try_init(),
