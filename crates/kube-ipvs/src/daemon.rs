@@ -199,6 +199,15 @@ async fn shutdown_signal() -> &'static str {
     }
 }
 
+/// Writes `/proc/self/oom_score_adj` like upstream (a failure, e.g. without
+/// CAP_SYS_RESOURCE, is only logged).
+pub fn apply_oom_score_adj(value: i32) {
+    match std::fs::write("/proc/self/oom_score_adj", value.to_string()) {
+        Ok(()) => tracing::debug!(value, "set oom_score_adj"),
+        Err(e) => tracing::warn!(value, "cannot set oom_score_adj: {e}"),
+    }
+}
+
 /// Runs kube-ipvs until SIGTERM/SIGINT (or, with `--once`, until the first full list).
 pub async fn run_daemon(config: Config) -> Result<()> {
     let mode = crate::mode::select(&config, crate::mode::probe_ipvs)?;
@@ -209,6 +218,7 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         "starting kube-ipvs {}",
         env!("CARGO_PKG_VERSION")
     );
+    apply_oom_score_adj(config.oom_score_adj);
     let mut daemon = Daemon::start(config, mode).await?;
     let (tx, mut rx) = mpsc::channel::<SourceEvent>(1024);
     let source = match &daemon.config.source_dir {
