@@ -128,6 +128,24 @@ fn parses_multi_document_and_list_files() {
 }
 
 #[test]
+fn large_files_load_beyond_the_parser_default_budget() {
+    // serde-saphyr stops at 1,024 documents per file by default; generated directories for
+    // thousands of services must still load.
+    let text: String = (0..1500)
+        .map(|i| {
+            svc(
+                &format!("s{i}"),
+                &format!("10.96.{}.{}", i / 250, i % 250 + 1),
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("---\n");
+    let objs = static_dir::parse_file(Path::new("big.yaml"), &text).unwrap();
+    assert_eq!(objs.services.len(), 1500);
+    assert_eq!(objs.services[1499].metadata.name.as_deref(), Some("s1499"));
+}
+
+#[test]
 fn bad_document_names_file_document_and_item() {
     let text = format!("{}---\n{}", svc("ok", "10.96.0.1"), "apiVersion: v1\nkind: Service\nmetadata: {name: bad}\nspec:\n  ports:\n  - port: notanumber\n");
     let err = static_dir::parse_file(Path::new("f.yaml"), &text).unwrap_err();

@@ -110,12 +110,25 @@ pub struct FileObjects {
     pub warnings: Vec<String>,
 }
 
+/// Parser limits scaled to the input: serde-saphyr's defaults (1,024 documents, 250,000 nodes
+/// per file) would reject a directory generated for 10,000 services. Without aliases a node or
+/// event needs at least one input byte, so these bounds only cut off alias expansion, which
+/// keeps serde-saphyr's own alias/anchor caps.
+fn parse_options(text: &str) -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_documents = budget.max_documents.max(text.len() / 8);
+    budget.max_nodes = budget.max_nodes.max(text.len());
+    budget.max_events = budget.max_events.max(text.len().saturating_mul(2));
+    serde_saphyr::options! { budget: Some(budget) }
+}
+
 /// Parses one file's text. `path` is only used in messages.
 pub fn parse_file(path: &Path, text: &str) -> Result<FileObjects, StaticDirError> {
-    let docs: Vec<Value> = serde_saphyr::from_multiple(text).map_err(|e| StaticDirError::Yaml {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    })?;
+    let docs: Vec<Value> = serde_saphyr::from_multiple_with_options(text, parse_options(text))
+        .map_err(|e| StaticDirError::Yaml {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
     let mut out = FileObjects::default();
     for (i, doc) in docs.into_iter().enumerate() {
         let document = i + 1;
