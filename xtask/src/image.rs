@@ -499,6 +499,7 @@ pub fn ensure_base(kernel: &Kernel, cache: &Path) -> Result<Base> {
             return Ok(Base { path, keys });
         }
     }
+    let started = std::time::Instant::now();
     let mut t = Tree::new();
     for d in [
         "dev",
@@ -613,7 +614,6 @@ pub fn ensure_base(kernel: &Kernel, cache: &Path) -> Result<Base> {
 
     let keys: HashSet<String> = t.keys().cloned().collect();
     {
-        let started = std::time::Instant::now();
         let tmp = cache.join(format!(".base-{fp}.{}", std::process::id()));
         let bytes = t.write_cpio(&tmp)?;
         let mut listing: Vec<&String> = keys.iter().collect();
