@@ -14,8 +14,17 @@ use crate::Error;
 /// ACKs of one datagram well inside the receive buffer).
 const MAX_DATAGRAM: usize = 32 * 1024;
 
-/// Receive buffer size for the ACKs.
+/// Upper bound of requests per datagram. The kernel handles a whole datagram inside one
+/// sendmsg and queues one ACK per request; every ACK must fit in the receive buffer (about
+/// 1 KiB of buffer each, and the buffer is capped by net.core.rmem_max, 208 KiB by default),
+/// or ACKs are dropped.
+const MAX_PER_DATAGRAM: usize = 128;
+
+/// Receive buffer size asked for (the kernel caps it at net.core.rmem_max).
 const RX_BUF: usize = 1 << 20;
+
+/// How long to wait for the next reply before giving up on the outstanding requests.
+const ACK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A netlink route socket used only for pipelined requests.
 pub(crate) struct BatchSocket {
@@ -66,7 +75,9 @@ impl BatchSocket {
                 m.header.sequence_number = seq;
                 m.finalize();
                 let len = m.buffer_len();
-                if !buf.is_empty() && buf.len() + len > MAX_DATAGRAM {
+                if !buf.is_empty()
+                    && (buf.len() + len > MAX_DATAGRAM || pending.len() >= MAX_PER_DATAGRAM)
+                {
                     break;
                 }
                 let start = buf.len();
@@ -82,9 +93,18 @@ impl BatchSocket {
                 continue;
             }
             while !pending.is_empty() {
-                let data = match socket.recv_from_full().await {
-                    Ok((d, _)) => d,
-                    Err(e) => {
+                let data = match tokio::time::timeout(ACK_TIMEOUT, socket.recv_from_full()).await {
+                    Ok(Ok((d, _))) => d,
+                    Err(_) => {
+                        for idx in pending.drain().map(|(_, v)| v) {
+                            answers[idx] = Some(Answer::Failed(format!(
+                                "no ACK within {}s (replies lost?)",
+                                ACK_TIMEOUT.as_secs()
+                            )));
+                        }
+                        break;
+                    }
+                    Ok(Err(e)) => {
                         for idx in pending.drain().map(|(_, v)| v) {
                             answers[idx] = Some(Answer::Failed(format!("receive: {e}")));
                         }
