@@ -155,3 +155,63 @@ fn parse_acks(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// NLMSG_ERROR reply: header (len, type 2, flags, seq, pid) + i32 code + echoed header.
+    fn ack(seq: u32, code: i32) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(&36u32.to_ne_bytes());
+        v.extend_from_slice(&2u16.to_ne_bytes());
+        v.extend_from_slice(&0u16.to_ne_bytes());
+        v.extend_from_slice(&seq.to_ne_bytes());
+        v.extend_from_slice(&0u32.to_ne_bytes());
+        v.extend_from_slice(&code.to_ne_bytes());
+        v.extend_from_slice(&[0u8; 16]);
+        v
+    }
+
+    fn setup(seqs: &[u32]) -> (HashMap<u32, usize>, Vec<Option<Answer>>) {
+        let pending = seqs.iter().enumerate().map(|(i, s)| (*s, i)).collect();
+        (pending, (0..seqs.len()).map(|_| None).collect())
+    }
+
+    #[test]
+    fn acks_and_nacks_settle_their_requests() {
+        let (mut pending, mut answers) = setup(&[7, 8, 9]);
+        let mut data = ack(7, 0);
+        data.extend(ack(8, -99));
+        data.extend(ack(42, 0)); // not ours: ignored
+        parse_acks(&data, &mut pending, &mut answers).unwrap();
+        assert!(matches!(answers[0], Some(Answer::Ok)));
+        match &answers[1] {
+            Some(Answer::Nack(e)) => assert_eq!(crate::errno_of(e), Some(99)),
+            _ => panic!("expected a NACK"),
+        }
+        assert!(answers[2].is_none());
+        assert_eq!(pending.len(), 1);
+        assert!(pending.contains_key(&9));
+    }
+
+    #[test]
+    fn truncated_or_lying_replies_are_errors() {
+        let (mut pending, mut answers) = setup(&[7]);
+        let full = ack(7, 0);
+        for cut in [1usize, 10, 20, 35] {
+            assert!(
+                parse_acks(&full[..cut], &mut pending, &mut answers).is_err(),
+                "cut {cut}"
+            );
+        }
+        let mut lying = full.clone();
+        lying[0..4].copy_from_slice(&400u32.to_ne_bytes());
+        assert!(parse_acks(&lying, &mut pending, &mut answers).is_err());
+        let mut tiny = full.clone();
+        tiny[0..4].copy_from_slice(&4u32.to_ne_bytes());
+        assert!(parse_acks(&tiny, &mut pending, &mut answers).is_err());
+        assert!(answers[0].is_none());
+        assert_eq!(pending.len(), 1);
+    }
+}
