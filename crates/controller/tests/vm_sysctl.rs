@@ -102,7 +102,7 @@ fn vm_sysctls_applied_and_read_back() {
         );
     }
     // conn_reuse_mode: 0 only for 4.1 <= kernel < 5.9; the VM's 6.1 keeps the kernel value.
-    let old_kernel = kernel >= (4, 1, 0) && kernel < (5, 9, 0);
+    let old_kernel = ((4, 1, 0)..(5, 9, 0)).contains(&kernel);
     let want_reuse = if old_kernel { "0" } else { "1" };
     assert_eq!(
         read("net/ipv4/vs/conn_reuse_mode"),
