@@ -169,8 +169,9 @@ fn vm_cmd(args: &[String]) -> Result<u8> {
     cfg.script = vm::argv_script(&argv);
     let out = vm::run(&cfg)?;
     eprintln!(
-        "xtask vm: exit {} (prepare {:.1} s, boot {:.1} s, total {:.1} s)",
+        "xtask vm: exit {} (initrd {:.0} MB, prepare {:.1} s, boot {:.1} s, total {:.1} s)",
         out.code,
+        out.initrd_bytes as f64 / 1e6,
         out.prepare.as_secs_f64(),
         out.boot.as_secs_f64(),
         out.total.as_secs_f64()

@@ -451,7 +451,8 @@ fn vm_stage(
     let text = String::from_utf8_lossy(&out.stdout);
     let (total, crashed, binaries) = parse_vm_output(&text);
     let extra = format!(
-        "{binaries} binaries, 1 boot, boot {:.1} s, {:.0} s{}",
+        "{binaries} binaries, 1 boot, initrd {:.0} MB, boot {:.1} s, {:.0} s{}",
+        out.initrd_bytes as f64 / 1e6,
         out.boot.as_secs_f64(),
         started.elapsed().as_secs_f64(),
         if crashed.is_empty() {

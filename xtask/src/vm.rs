@@ -47,6 +47,8 @@ pub struct VmOutcome {
     pub total: Duration,
     /// Time spent preparing (packages, kernel, base image, overlay).
     pub prepare: Duration,
+    /// Size of the initrd (base + overlay) in bytes.
+    pub initrd_bytes: u64,
 }
 
 /// Quote one word for a POSIX shell.
@@ -167,7 +169,9 @@ pub fn run(cfg: &VmConfig) -> Result<VmOutcome> {
     }
     let _ = fs::remove_file(&overlay);
     let prepare = prep_start.elapsed();
-    boot(cfg, &kernel.vmlinuz, &initrd, &dir.0, prepare)
+    let mut out = boot(cfg, &kernel.vmlinuz, &initrd, &dir.0, prepare)?;
+    out.initrd_bytes = fs::metadata(&initrd).map(|m| m.len()).unwrap_or(0);
+    Ok(out)
 }
 
 fn boot(
@@ -309,6 +313,7 @@ fn boot(
             boot: boot_time.unwrap_or(total),
             total,
             prepare,
+            initrd_bytes: 0,
         }),
         None => {
             let console = fs::read_to_string(dir.join("console")).unwrap_or_default();
