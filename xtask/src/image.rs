@@ -297,6 +297,24 @@ impl Tree {
     }
 }
 
+/// Delete stripped copies unused for `max_age` (every rebuild of a test binary leaves one).
+pub fn prune_stripped(dir: &Path, max_age: std::time::Duration) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > max_age);
+        if old {
+            let _ = fs::remove_file(e.path());
+        }
+    }
+}
+
 /// A debug-stripped copy of `src` in `dir`, cached by path, size and mtime.
 fn stripped(src: &Path, meta: &fs::Metadata, dir: &Path) -> Result<PathBuf> {
     if meta.len() < 1 << 20 || host::which("objcopy").is_none() {
@@ -310,6 +328,10 @@ fn stripped(src: &Path, meta: &fs::Metadata, dir: &Path) -> Result<PathBuf> {
         .unwrap_or_default();
     let out = dir.join(format!("{name}-{:016x}", h.finish()));
     if out.exists() {
+        // Mark as recently used so pruning keeps it.
+        if let Ok(f) = fs::File::options().append(true).open(&out) {
+            let _ = f.set_modified(std::time::SystemTime::now());
+        }
         return Ok(out);
     }
     fs::create_dir_all(dir).ctx(|| format!("creating {}", dir.display()))?;
@@ -624,6 +646,14 @@ pub fn ensure_base(kernel: &Kernel, cache: &Path) -> Result<Base> {
         fs::rename(&tmp_list, &list_path)
             .ctx(|| format!("renaming into {}", list_path.display()))?;
         fs::rename(&tmp, &path).ctx(|| format!("renaming into {}", path.display()))?;
+        // Older base images are no longer reachable by any key; drop them (a concurrent run that
+        // still reads one keeps its open file).
+        for e in fs::read_dir(cache).into_iter().flatten().flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if n.starts_with("base-") && !n.starts_with(&format!("base-{fp}.")) {
+                let _ = fs::remove_file(e.path());
+            }
+        }
         eprintln!(
             "xtask: built base image {} for {} ({} entries, {:.1} MB) in {:.1} s",
             path.display(),

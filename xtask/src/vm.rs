@@ -125,6 +125,7 @@ pub fn run(cfg: &VmConfig) -> Result<VmOutcome> {
 
     let mut tree = Tree::overlay(base.keys.clone());
     let strip = cache.join("stripped");
+    image::prune_stripped(&strip, Duration::from_secs(6 * 3600));
     for (src, dest) in &cfg.files {
         tree.add_file_as(src, dest, Some(&strip))?;
     }
