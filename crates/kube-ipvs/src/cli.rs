@@ -19,6 +19,8 @@ pub enum Action {
     Plan {
         /// `--diff`: compare with what is programmed.
         diff: bool,
+        /// `--section NAME`: print only this section (ipvs, addresses, ipsets, iptables).
+        section: Option<String>,
     },
     /// Print the settings table and exit.
     PrintDefaults,
@@ -89,6 +91,12 @@ pub fn command() -> Command {
                         .long("diff")
                         .action(ArgAction::SetTrue)
                         .help("Show the difference to what the kernel has now"),
+                )
+                .arg(
+                    Arg::new("section")
+                        .long("section")
+                        .value_parser(["ipvs", "addresses", "ipsets", "iptables"])
+                        .help("Print only this section, in its tool's own format (e.g. `ipvs` for `ipvsadm --restore`)"),
                 ),
         )
         .subcommand(
@@ -134,6 +142,7 @@ where
         Some(("plan", sub)) => (
             Action::Plan {
                 diff: sub.get_flag("diff"),
+                section: sub.get_one::<String>("section").cloned(),
             },
             sub,
         ),
@@ -174,7 +183,13 @@ mod tests {
             "-500",
         ])
         .unwrap();
-        assert_eq!(a.action, Action::Plan { diff: false });
+        assert_eq!(
+            a.action,
+            Action::Plan {
+                diff: false,
+                section: None
+            }
+        );
         assert_eq!(a.flag("ipvs-scheduler"), Some("wrr"));
         assert_eq!(a.flag("source-dir"), Some("examples/"));
         assert_eq!(a.flag("masquerade-all"), Some("true"));
@@ -192,7 +207,13 @@ mod tests {
         assert_eq!(a.flag("log-format"), Some("json"));
         let a = parse(["kube-ipvs", "-v3", "plan", "--diff"]).unwrap();
         assert_eq!(a.flag("v"), Some("3"));
-        assert_eq!(a.action, Action::Plan { diff: true });
+        assert_eq!(
+            a.action,
+            Action::Plan {
+                diff: true,
+                section: None
+            }
+        );
         let a = parse(["kube-ipvs", "config", "print-defaults"]).unwrap();
         assert_eq!(a.action, Action::PrintDefaults);
     }

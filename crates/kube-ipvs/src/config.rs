@@ -170,6 +170,8 @@ pub struct Config {
     pub cleanup: bool,
     /// Longest time a removed TCP real server is drained.
     pub drain_timeout: Duration,
+    /// Root of the sysctl tree (`--sysctl-root`, default `/proc/sys`).
+    pub sysctl_root: PathBuf,
     /// This node's primary IP override (`bindAddress`; unspecified if unset).
     pub bind_address: IpAddr,
     /// `/healthz` + `/livez` server address.
@@ -821,6 +823,7 @@ fn build(
     // kube-ipvs's own.
     let source_dir = cx.string("source-dir");
     let drain_timeout = cx.duration("drain-timeout");
+    let sysctl_root = cx.string("sysctl-root");
     let config_file = cx.string("config");
     let once = cx.boolean("once");
     let cleanup = cx.boolean("cleanup");
@@ -850,6 +853,11 @@ fn build(
         once,
         cleanup,
         drain_timeout,
+        sysctl_root: PathBuf::from(if sysctl_root.is_empty() {
+            "/proc/sys"
+        } else {
+            sysctl_root.as_str()
+        }),
         bind_address,
         healthz_bind_address,
         metrics_bind_address,

@@ -11,13 +11,13 @@ use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
-use controller::source::static_dir::{self, StaticDirSource};
+use controller::source::static_dir::StaticDirSource;
 use controller::source::{Kind, Object, SourceEvent};
 use tokio::sync::mpsc;
 
 use crate::config::{Config, KubeClientConfig, ProxyMode};
 use crate::error::{Error, Result};
-use crate::health::{IpFamily, ProxyHealth};
+use crate::health::ProxyHealth;
 use crate::http::{self, Server};
 use crate::metrics::Metrics;
 use crate::service_health::ServiceHealthServer;
@@ -122,9 +122,6 @@ impl Daemon {
                     self.listed.push(*kind);
                     if self.synced() {
                         tracing::info!("Services, EndpointSlices and the Node are listed");
-                        self.health.updated(IpFamily::V4);
-                        self.health.updated(IpFamily::V6);
-                        self.metrics.record_sync(0.0);
                     }
                 }
                 None
@@ -208,9 +205,21 @@ pub fn apply_oom_score_adj(value: i32) {
     }
 }
 
-/// Runs kube-ipvs until SIGTERM/SIGINT (or, with `--once`, until the first full list).
+/// The node's interface addresses (not kube-ipvs0's), from one rtnetlink dump via the tracker.
+async fn node_address_tracker() -> Option<netif::NodeAddresses> {
+    match netif::NodeAddresses::start().await {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot track node addresses; NodePorts use the Node's addresses");
+            None
+        }
+    }
+}
+
+/// Runs kube-ipvs until SIGTERM/SIGINT (or, with `--once`, until the first sync is done).
 pub async fn run_daemon(config: Config) -> Result<()> {
-    let mode = crate::mode::select(&config, crate::mode::probe_ipvs)?;
+    let scheduler = config.ipvs.scheduler.clone();
+    let mode = crate::mode::select(&config, || crate::engine::probe_ipvs(&scheduler))?;
     tracing::info!(
         mode = mode.as_str(),
         node = %config.node_name,
@@ -218,17 +227,78 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         "starting kube-ipvs {}",
         env!("CARGO_PKG_VERSION")
     );
-    apply_oom_score_adj(config.oom_score_adj);
     let mut daemon = Daemon::start(config, mode).await?;
+    let config = daemon.config.clone();
+    let rt = tokio::runtime::Handle::current();
+
+    // The node, its families, and the other mode's leftovers.
+    let tracker = node_address_tracker().await;
+    let node_ips = tracker
+        .as_ref()
+        .map(|t| t.current().node_ips())
+        .unwrap_or_default();
+    let families = crate::engine::families(&config, &node_ips);
+    let netif_handle = netif::Netif::new().await.ok();
+    {
+        let (cfg, fams, rt2) = (config.clone(), families.clone(), rt.clone());
+        let removed = tokio::task::block_in_place(|| {
+            crate::engine::cleanup(&cfg, &fams, Some(mode), netif_handle.as_ref(), &rt2)
+        });
+        for r in removed {
+            tracing::info!("handover cleanup: {r}");
+        }
+    }
+
+    // One backend per family.
+    let mut backends = Vec::new();
+    if mode == ProxyMode::Ipvs {
+        tokio::task::block_in_place(|| {
+            crate::engine::apply_sysctls(&config.sysctl_root, config.ipvs.strict_arp);
+            crate::engine::set_ipvs_timeouts(&config);
+        });
+    }
+    for &family in &families {
+        let backend = match mode {
+            ProxyMode::Ipvs => crate::engine::ipvs_backend(&config, family).await,
+            ProxyMode::Iptables => crate::engine::iptables_backend(&config, family),
+        };
+        match backend {
+            Ok(b) => backends.push(b),
+            Err(e) => {
+                daemon.stop().await;
+                return Err(Error::Engine(e));
+            }
+        }
+    }
+    let observer = crate::engine::Observer {
+        metrics: daemon.metrics.clone(),
+        health: daemon.health.clone(),
+        service_health: daemon.service_health.clone(),
+        rt: rt.clone(),
+    };
+    let engine = crate::engine::Engine::start(
+        backends,
+        node_ips,
+        controller::sync_loop::LoopConfig {
+            min_sync_period: config.min_sync_period(mode),
+            sync_period: config.sync_period(mode),
+            once: config.once,
+        },
+        observer,
+    );
+    let forwarder = tracker
+        .as_ref()
+        .map(|t| crate::engine::forward_node_addresses(t, engine.sender()));
+
     let (tx, mut rx) = mpsc::channel::<SourceEvent>(1024);
-    let source = match &daemon.config.source_dir {
+    let source = match &config.source_dir {
         Some(dir) => {
-            let src = StaticDirSource::new(dir.clone(), daemon.config.node_name.clone());
+            let src = StaticDirSource::new(dir.clone(), config.node_name.clone());
             tokio::spawn(async move { src.run(tx).await.map_err(Error::from) })
         }
         None => {
-            let client = kube_client(&daemon.config.kube).await?;
-            let node = daemon.config.node_name.clone();
+            let client = kube_client(&config.kube).await?;
+            let node = config.node_name.clone();
             let (health_tx, _health_rx) =
                 tokio::sync::watch::channel(controller::source::kube::SourceHealth::default());
             tokio::spawn(async move {
@@ -238,17 +308,22 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         }
     };
     let mut signal = Box::pin(shutdown_signal());
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(50));
     let result = loop {
         tokio::select! {
             sig = &mut signal => {
                 tracing::info!("{sig}: stopping (IPVS, addresses and rules stay in place)");
                 break Ok(());
             }
+            _ = tick.tick() => {
+                if engine.finished() {
+                    break Ok(());
+                }
+            }
             ev = rx.recv() => match ev {
                 Some(ev) => {
                     daemon.handle_event(&ev);
-                    if daemon.config.once && daemon.synced() {
-                        tracing::info!("--once: first sync done, exiting");
+                    if !engine.send(ev) {
                         break Ok(());
                     }
                 }
@@ -257,101 +332,143 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         }
     };
     drop(rx);
-    let source_result = match source.await {
-        Ok(r) => r,
-        Err(e) => Err(Error::Unsupported(format!("source task failed: {e}"))),
-    };
+    source.abort();
+    if let Some(f) = forwarder {
+        f.abort();
+    }
+    let exit = tokio::task::block_in_place(|| engine.stop());
     daemon.stop().await;
-    match (result, source_result) {
-        (Err(_), Err(source_err)) => Err(source_err),
-        (r, _) => r,
+    result?;
+    match exit {
+        controller::sync_loop::Exit::Once { ok: false } => Err(Error::Engine(
+            "--once: the sync had errors (see the log)".into(),
+        )),
+        _ => Ok(()),
     }
 }
 
-/// Prints what the node should have. Reads the objects once from `--source-dir`.
-pub fn plan(config: &Config, diff: bool, out: &mut dyn Write) -> Result<()> {
-    if diff {
-        return Err(Error::Unsupported(
-            "plan --diff needs the sync engine, which this build does not include".into(),
-        ));
+/// Reads every object once: from `--source-dir`, or a full list from the API server.
+async fn load_store(config: &Config) -> Result<controller::store::Store> {
+    let mut store = controller::store::Store::new();
+    match &config.source_dir {
+        Some(dir) => {
+            let loaded = StaticDirSource::new(dir.clone(), config.node_name.clone()).load()?;
+            for e in &loaded.errors {
+                tracing::warn!("{e}");
+            }
+            for ev in loaded.snapshot.events() {
+                store.apply(ev);
+            }
+        }
+        None => {
+            let client = kube_client(&config.kube).await?;
+            let (tx, mut rx) = mpsc::channel::<SourceEvent>(1024);
+            let (health_tx, _health_rx) =
+                tokio::sync::watch::channel(controller::source::kube::SourceHealth::default());
+            let node = config.node_name.clone();
+            let task = tokio::spawn(async move {
+                controller::source::kube::run(client, node, tx, health_tx).await;
+            });
+            let mut node_listed = false;
+            while let Some(ev) = rx.recv().await {
+                if ev == SourceEvent::InitDone(Kind::Node) {
+                    node_listed = true;
+                }
+                store.apply(ev);
+                if store.synced() && node_listed {
+                    break;
+                }
+            }
+            task.abort();
+        }
     }
-    let Some(dir) = &config.source_dir else {
-        return Err(Error::Unsupported(
-            "plan reads objects from --source-dir DIR (reading from the API server is not available in plan)".into(),
-        ));
+    Ok(store)
+}
+
+/// Prints what the node should have (`plan`), or what a sync would change (`plan --diff`).
+pub async fn plan(
+    config: &Config,
+    diff: bool,
+    section: Option<&str>,
+    out: &mut dyn Write,
+) -> Result<()> {
+    use controller::plan::Section;
+    let section: Option<Section> = match section {
+        Some(s) => Some(s.parse().map_err(Error::Unsupported)?),
+        None => None,
     };
-    let loaded = StaticDirSource::new(dir.clone(), config.node_name.clone()).load()?;
-    let snap = &loaded.snapshot;
-    writeln!(
-        out,
-        "# kube-ipvs plan: {} Services, {} EndpointSlices from {} ({} files, {} skipped); node {}{}",
-        snap.services.len(),
-        snap.endpoint_slices.len(),
-        dir.display(),
-        snap.files.len(),
-        loaded.errors.len(),
-        snap.node_name(),
-        if snap.node_synthesized { " (synthesized)" } else { "" }
-    )?;
-    write_objects(snap, out)?;
+    let store = load_store(config).await?;
+    let tracker = node_address_tracker().await;
+    let node_ips = tracker
+        .as_ref()
+        .map(|t| t.current().node_ips())
+        .unwrap_or_default();
+    let families = crate::engine::families(config, &node_ips);
+    if diff {
+        let mut writes = Vec::new();
+        for &family in &families {
+            let mut backend = crate::engine::ipvs_kernel(config, family)
+                .await
+                .map_err(Error::Engine)?;
+            let mut p = controller::proxier::Proxier::new(
+                crate::engine::proxy_config(config, family),
+                crate::engine::rules_config(config, true),
+                config.node_name.clone(),
+            );
+            let w = tokio::task::block_in_place(|| {
+                let mut dry = controller::plan::DryRun::new(&mut backend);
+                let report = p.sync(&store, &node_ips, &mut dry);
+                for e in &report.errors {
+                    tracing::warn!("{e}");
+                }
+                dry.writes
+            });
+            writes.extend(w);
+        }
+        for w in writes {
+            writeln!(out, "{w}")?;
+        }
+        return Ok(());
+    }
+    let mut plans = Vec::new();
+    for &family in &families {
+        let mut p = controller::proxier::Proxier::new(
+            crate::engine::proxy_config(config, family),
+            crate::engine::rules_config(config, true),
+            config.node_name.clone(),
+        );
+        plans.push(p.plan(&store, &node_ips).map_err(Error::Engine)?);
+        let (bad, _) = (p.rejections().current(), ());
+        if bad > 0 {
+            tracing::warn!(
+                objects = bad,
+                "some objects were skipped as invalid (see above)"
+            );
+        }
+    }
+    out.write_all(controller::plan::render(&plans, section).as_bytes())?;
     Ok(())
 }
 
-fn write_objects(snap: &static_dir::Snapshot, out: &mut dyn Write) -> Result<()> {
-    for s in &snap.services {
-        let spec = s.spec.clone().unwrap_or_default();
-        let ports: Vec<String> = spec
-            .ports
-            .unwrap_or_default()
-            .iter()
-            .map(|p| {
-                let node_port = p.node_port.map(|n| format!(":{n}")).unwrap_or_default();
-                format!(
-                    "{}/{}{node_port}",
-                    p.port,
-                    p.protocol.as_deref().unwrap_or("TCP")
-                )
-            })
-            .collect();
-        writeln!(
-            out,
-            "service {}/{} type={} clusterIPs={} ports={}",
-            s.metadata.namespace.as_deref().unwrap_or_default(),
-            s.metadata.name.as_deref().unwrap_or_default(),
-            spec.type_.as_deref().unwrap_or("ClusterIP"),
-            spec.cluster_ips
-                .or(spec.cluster_ip.map(|c| vec![c]))
-                .unwrap_or_default()
-                .join(","),
-            ports.join(",")
-        )?;
+/// `--cleanup`: removes what kube-ipvs programmed in either mode (IPVS services it owns,
+/// kube-ipvs0, its chains and ipsets). Idempotent.
+pub async fn cleanup(config: &Config) -> Result<()> {
+    let tracker = node_address_tracker().await;
+    let node_ips = tracker
+        .as_ref()
+        .map(|t| t.current().node_ips())
+        .unwrap_or_default();
+    let mut families = crate::engine::families(config, &node_ips);
+    if !families.contains(&ipvs_netlink::Family::Inet6) {
+        families.push(ipvs_netlink::Family::Inet6);
     }
-    for e in &snap.endpoint_slices {
-        let addrs: Vec<String> = e
-            .endpoints
-            .iter()
-            .flat_map(|ep| ep.addresses.clone())
-            .collect();
-        writeln!(
-            out,
-            "endpointslice {}/{} service={} addresses={}",
-            e.metadata.namespace.as_deref().unwrap_or_default(),
-            e.metadata.name.as_deref().unwrap_or_default(),
-            e.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get("kubernetes.io/service-name"))
-                .map(String::as_str)
-                .unwrap_or("-"),
-            addrs.join(",")
-        )?;
+    let netif_handle = netif::Netif::new().await.ok();
+    let rt = tokio::runtime::Handle::current();
+    let done = tokio::task::block_in_place(|| {
+        crate::engine::cleanup(config, &families, None, netif_handle.as_ref(), &rt)
+    });
+    for d in done {
+        tracing::info!("cleanup: {d}");
     }
     Ok(())
-}
-
-/// `--cleanup`: removes what kube-ipvs owns. Needs the appliers, which this build does not wire.
-pub async fn cleanup(_config: &Config) -> Result<()> {
-    Err(Error::Unsupported(
-        "--cleanup needs the appliers, which this build does not wire yet".into(),
-    ))
 }

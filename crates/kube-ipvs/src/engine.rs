@@ -134,11 +134,11 @@ pub fn apply_sysctls(root: &Path, strict_arp: bool) {
     }
 }
 
-/// Builds the IPVS-mode backend of one family: opens IPVS, kube-ipvs0, ipset and iptables.
-pub async fn ipvs_backend(
-    config: &Config,
+/// Opens the node's kernel for one family in IPVS mode: IPVS, kube-ipvs0, ipset and iptables.
+/// Returns it with whether iptables supports `--random-fully`.
+pub async fn ipvs_kernel_parts(
     family: Family,
-) -> Result<Box<dyn Backend + Send>, String> {
+) -> Result<(controller::kernel::NodeKernel, bool), String> {
     let ipvs = ipvs_netlink::Client::new().map_err(|e| format!("IPVS: {e}"))?;
     let netif = netif::Netif::new()
         .await
@@ -159,6 +159,23 @@ pub async fn ipvs_backend(
         tables,
         tokio::runtime::Handle::current(),
     );
+    Ok((kernel, random_fully))
+}
+
+/// The node's kernel for one family (for `plan --diff`).
+pub async fn ipvs_kernel(
+    _config: &Config,
+    family: Family,
+) -> Result<controller::kernel::NodeKernel, String> {
+    Ok(ipvs_kernel_parts(family).await?.0)
+}
+
+/// Builds the IPVS-mode backend of one family.
+pub async fn ipvs_backend(
+    config: &Config,
+    family: Family,
+) -> Result<Box<dyn Backend + Send>, String> {
+    let (kernel, random_fully) = ipvs_kernel_parts(family).await?;
     let proxier = Proxier::new(
         proxy_config(config, family),
         rules_config(config, random_fully),
@@ -253,7 +270,9 @@ impl SyncObserver for Observer {
                 })
                 .inc_by(*n as u64);
         }
-        self.metrics.draining_destinations.set(backend.draining() as i64);
+        self.metrics
+            .draining_destinations
+            .set(backend.draining() as i64);
         let wanted: BTreeMap<u16, HealthCheckService> = backend
             .health_checks()
             .into_iter()
@@ -267,7 +286,9 @@ impl SyncObserver for Observer {
                 )
             })
             .collect();
-        self.metrics.health_check_node_ports.set(wanted.len() as i64);
+        self.metrics
+            .health_check_node_ports
+            .set(wanted.len() as i64);
         let sh = self.service_health.clone();
         self.rt.spawn(async move {
             for e in sh.sync_services(&wanted).await {
@@ -373,4 +394,163 @@ pub fn other_mode(mode: ProxyMode) -> ProxyMode {
         ProxyMode::Ipvs => ProxyMode::Iptables,
         ProxyMode::Iptables => ProxyMode::Ipvs,
     }
+}
+
+/// The iptables-mode backend of one family, with UDP conntrack cleanup after each sync.
+pub struct IptablesBackend {
+    inner: controller::iptables_mode::IptablesProxier,
+    conntrack: Option<controller::conntrack::Conntrack>,
+}
+
+impl std::fmt::Debug for IptablesBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IptablesBackend").finish_non_exhaustive()
+    }
+}
+
+/// Builds the iptables-mode backend of one family.
+pub fn iptables_backend(
+    config: &Config,
+    family: Family,
+) -> Result<Box<dyn Backend + Send>, String> {
+    let set_family = controller::desired::set_family(family);
+    let mut tables = iptables::Iptables::detect(set_family, iptables::Runner::new())
+        .map_err(|e| format!("iptables ({family:?}): {e}"))?;
+    let random_fully = tables.supports_random_fully().unwrap_or(false);
+    tracing::info!(family = ?family, backend = ?tables.backend(), random_fully, "iptables");
+    let inner = controller::iptables_mode::IptablesProxier::new(
+        proxy_config(config, family),
+        rules_config(config, random_fully),
+        config.node_name.clone(),
+        Box::new(tables),
+    );
+    Ok(Box::new(IptablesBackend {
+        inner,
+        conntrack: None,
+    }))
+}
+
+impl IptablesBackend {
+    fn cleanup_conntrack(&mut self, node_addresses: &BTreeSet<IpAddr>, report: &mut SyncReport) {
+        use controller::conntrack::{ConntrackFilter, Protocol as Ct};
+        let family = self.inner.family();
+        let mut filters = Vec::new();
+        for c in self.inner.take_conntrack_cleanups() {
+            let mut targets: Vec<(IpAddr, u16)> = c.vips.clone();
+            if let Some(np) = c.node_port {
+                targets.extend(
+                    node_addresses
+                        .iter()
+                        .filter(|a| Family::of(a) == family)
+                        .map(|a| (*a, np)),
+                );
+            }
+            for (ip, port) in targets {
+                filters.push(match c.endpoint {
+                    Some(ep) => ConntrackFilter::endpoint_removed(Ct::Udp, ip, port, ep),
+                    None => ConntrackFilter::unanswered(Ct::Udp, ip, port),
+                });
+            }
+        }
+        if filters.is_empty() {
+            return;
+        }
+        let ct = match &mut self.conntrack {
+            Some(ct) => ct,
+            None => match controller::conntrack::Conntrack::new() {
+                Ok(ct) => self.conntrack.insert(ct),
+                Err(e) => {
+                    report.errors.push(format!("conntrack: {e}"));
+                    return;
+                }
+            },
+        };
+        match ct.delete(&filters) {
+            Ok(r) => report.conntrack_deleted += r.deleted,
+            Err(e) => report.errors.push(format!("conntrack: {e}")),
+        }
+    }
+}
+
+impl Backend for IptablesBackend {
+    fn family(&self) -> Family {
+        self.inner.family()
+    }
+    fn note(&mut self, changes: &Changes) {
+        self.inner.note(changes);
+    }
+    fn note_node_addresses(&mut self) {
+        self.inner.note_node_addresses();
+    }
+    fn request_full(&mut self) {
+        self.inner.request_full();
+    }
+    fn pending(&self, now: std::time::Instant) -> bool {
+        self.inner.pending(now)
+    }
+    fn retry_due(&self) -> Option<std::time::Instant> {
+        self.inner.retry_due()
+    }
+    fn sync(&mut self, store: &Store, node_addresses: &BTreeSet<IpAddr>) -> SyncReport {
+        let mut report = self.inner.sync(store, node_addresses);
+        self.cleanup_conntrack(node_addresses, &mut report);
+        report
+    }
+    fn invalid_objects(&self) -> (usize, u64) {
+        self.inner.invalid_objects()
+    }
+    fn health_checks(
+        &self,
+    ) -> BTreeMap<controller::model::ServiceName, controller::desired::HealthCheck> {
+        self.inner.health_checks()
+    }
+}
+
+/// Removes what the other mode left behind before `mode` starts (and, with `everything`, what
+/// either mode programmed: `--cleanup`). Must run outside the async context (blocking calls).
+pub fn cleanup(
+    config: &Config,
+    families: &[Family],
+    mode: Option<ProxyMode>,
+    netif: Option<&netif::Netif>,
+    rt: &tokio::runtime::Handle,
+) -> Vec<String> {
+    let mut done = Vec::new();
+    let mut ipvs = ipvs_netlink::Client::new().ok();
+    for &family in families {
+        let set_family = controller::desired::set_family(family);
+        let mut tables = match iptables::Iptables::detect(set_family, iptables::Runner::new()) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(family = ?family, error = %e, "cleanup: iptables unavailable");
+                continue;
+            }
+        };
+        if mode != Some(ProxyMode::Iptables) {
+            // iptables-mode chains (a handover keeps the chains both modes share).
+            match controller::iptables_mode::cleanup_iptables_mode(&mut tables, mode.is_some()) {
+                Ok(r) => done.push(format!("{family:?} iptables mode: {r:?}")),
+                Err(e) => tracing::warn!(error = %e, "cleanup of iptables-mode chains"),
+            }
+        }
+        if mode != Some(ProxyMode::Ipvs) {
+            let ipset = ipset::Ipset::default();
+            let link = if family == families[0] {
+                netif.map(|n| (n, rt))
+            } else {
+                None
+            };
+            match controller::iptables_mode::cleanup_ipvs_mode_leftovers(
+                &proxy_config(config, family),
+                &mut tables,
+                &ipset,
+                link,
+                ipvs.as_mut(),
+            ) {
+                Ok(r) => done.push(format!("{family:?} IPVS mode: {r:?}")),
+                Err(e) => tracing::warn!(error = %e, "cleanup of IPVS-mode state"),
+            }
+        }
+    }
+    done
 }

@@ -81,6 +81,10 @@ pub enum Error {
     /// The requested operation is not available in this build.
     #[error("{0}")]
     Unsupported(String),
+    /// The sync engine could not start or finished with errors (IPVS, kube-ipvs0, ipset,
+    /// iptables, or a `--once` sync that failed).
+    #[error("{0}")]
+    Engine(String),
     /// Writing output (plan, defaults) failed.
     #[error("writing output: {0}")]
     Output(#[from] std::io::Error),

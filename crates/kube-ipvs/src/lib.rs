@@ -7,6 +7,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod duration;
+pub mod engine;
 pub mod error;
 pub mod health;
 pub mod http;
@@ -34,9 +35,15 @@ pub fn run(args: Args) -> Result<()> {
     }
     let config = loaded.config;
     match args.action {
-        Action::Plan { diff } => {
-            let mut out = std::io::stdout().lock();
-            daemon::plan(&config, diff, &mut out)
+        Action::Plan { diff, section } => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()?;
+            rt.block_on(async move {
+                let mut out = std::io::stdout().lock();
+                daemon::plan(&config, diff, section.as_deref(), &mut out).await
+            })
         }
         _ => {
             let rt = tokio::runtime::Builder::new_multi_thread()

@@ -219,6 +219,8 @@ pub const SETTINGS: &[Setting] = &[
     s(None, Some("once"), Ty::Bool, "false", false, Support::Yes, "Sync once and exit"),
     s(None, Some("drain-timeout"), Ty::Duration, "15m0s", false, Support::Yes,
       "Longest time a removed TCP real server stays at weight 0 while it has active connections"),
+    s(None, Some("sysctl-root"), Ty::Str, "/proc/sys", false, Support::Yes,
+      "Where the kernel's sysctls are (a container without privileges mounts the host's /proc/sys/net elsewhere)"),
 ];
 
 /// The setting for a config field path.

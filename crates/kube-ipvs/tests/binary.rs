@@ -47,16 +47,48 @@ impl Drop for Daemon {
 }
 
 #[test]
-fn plan_loads_the_examples_without_a_cluster() {
+fn plan_renders_the_examples_without_a_cluster() {
     let ex = examples();
     let out = run(&["plan", "--source-dir", ex.to_str().unwrap()]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{out:?}");
-    assert!(stdout.contains("9 Services, 10 EndpointSlices"), "{stdout}");
-    assert!(stdout.contains("0 skipped"), "{stdout}");
-    assert!(stdout.contains("node node-1"), "{stdout}");
-    assert!(stdout.contains("service kube-system/kube-dns type=ClusterIP clusterIPs=10.96.0.10"));
-    assert!(stdout.contains("3868/SCTP"), "{stdout}");
+    // Every section, in its tool's format.
+    for header in [
+        "# ipvs (Inet)",
+        "# addresses (Inet)",
+        "# ipsets (Inet)",
+        "# iptables (Inet)",
+    ] {
+        assert!(stdout.contains(header), "{header} missing:\n{stdout}");
+    }
+    assert!(stdout.contains("-A -t 10.96.0.10:53 -s rr\n"), "{stdout}");
+    assert!(
+        stdout.contains("-a -u 10.96.0.10:53 -r 10.244.1.2:53 -m -w 1\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("-A --sctp-service 10.96.40.10:3868 -s rr"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("add KUBE-CLUSTER-IP 10.96.0.10,udp:53\n"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("*nat\n"), "{stdout}");
+
+    // One section alone is what `ipvsadm --restore` takes: it parses as such.
+    let out = run(&[
+        "plan",
+        "--section",
+        "ipvs",
+        "--source-dir",
+        ex.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let ipvs = text(&out.stdout);
+    let table = ipvs_netlink::savefmt::parse(&ipvs).expect("ipvsadm -S format");
+    assert!(table.len() >= 10, "{ipvs}");
+    assert!(!ipvs.contains('#'));
 }
 
 #[test]
@@ -134,7 +166,16 @@ async fn wait_for(addr: SocketAddr, path: &str, want: &str) -> common::Response 
     panic!("{addr}{path} never contained {want:?}");
 }
 
-#[tokio::test]
+/// Runs the daemon, which programs the kernel: inside its own network namespace.
+#[test]
+#[ignore = "netns"]
+fn netns_daemon_serves_health_and_metrics_and_exits_0_on_sigterm() {
+    common::in_netns(
+        "kipvs-bin",
+        daemon_serves_health_and_metrics_and_exits_0_on_sigterm,
+    );
+}
+
 async fn daemon_serves_health_and_metrics_and_exits_0_on_sigterm() {
     let ex = examples();
     let (hp, mp) = (free_port(), free_port());
@@ -171,8 +212,16 @@ async fn daemon_serves_health_and_metrics_and_exits_0_on_sigterm() {
         "{}",
         metrics.body
     );
-    let r = get(hz.parse().unwrap(), "/healthz").await.unwrap();
-    assert_eq!(r.status, 200);
+    // Healthy once the first sync has programmed the namespace.
+    let mut r = get(hz.parse().unwrap(), "/healthz").await.unwrap();
+    for _ in 0..600 {
+        if r.status == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        r = get(hz.parse().unwrap(), "/healthz").await.unwrap();
+    }
+    assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["nodeEligible"], true);
     assert_eq!(
         get(hz.parse().unwrap(), "/livez").await.unwrap().status,
@@ -207,7 +256,15 @@ impl WaitRef for Child {
     }
 }
 
+/// Runs the daemon, which programs the kernel: inside its own network namespace.
 #[test]
+#[ignore = "netns"]
+fn netns_once_exits_after_the_first_sync_with_json_logs() {
+    common::in_netns("kipvs-once", || async {
+        once_exits_after_the_first_sync_with_json_logs()
+    });
+}
+
 fn once_exits_after_the_first_sync_with_json_logs() {
     let ex = examples();
     let out = run(&[
@@ -231,7 +288,7 @@ fn once_exits_after_the_first_sync_with_json_logs() {
         assert!(v["level"].is_string(), "{line}");
         lines += 1;
     }
-    assert!(err.contains("--once: first sync done"), "{err}");
+    assert!(err.contains("sync done"), "{err}");
     // -v 2 enables debug lines of kube-ipvs's crates.
     assert!(err.contains("\"level\":\"DEBUG\""), "{err}");
     assert!(lines > 3);
@@ -281,34 +338,109 @@ fn missing_source_dir_is_an_error() {
     assert!(text(&out.stderr).contains("/nonexistent/kube-ipvs-dir"));
 }
 
+/// `sh -c CMD` inside the current (test thread's) namespace; its stdout.
+fn sh(cmd: &str) -> String {
+    let out = Command::new("sh").args(["-c", cmd]).output().unwrap();
+    text(&out.stdout)
+}
+
 #[test]
 #[ignore = "vm"]
-fn vm_daemon_selects_ipvs_mode_when_the_kernel_has_it() {
+fn vm_daemon_selects_ipvs_mode_programs_and_cleans_up() {
     assert!(kernel_has_ipvs(), "the VM kernel should have IPVS loaded");
-    // The VM has the test binaries only, not the repository: write a small source dir.
-    let ex = std::env::temp_dir().join(format!("kube-ipvs-vm-{}", std::process::id()));
-    std::fs::create_dir_all(&ex).unwrap();
-    std::fs::write(
-        ex.join("svc.yaml"),
-        "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  clusterIP: 10.96.0.20\n  ports: [{port: 80, protocol: TCP}]\n",
-    )
-    .unwrap();
-    let out = run(&[
-        "--once",
-        "--ipvs-fallback=false",
-        "--source-dir",
-        ex.to_str().unwrap(),
-        "--healthz-bind-address",
-        "127.0.0.1:0",
-        "--metrics-bind-address",
-        "127.0.0.1:0",
-    ]);
-    let _ = std::fs::remove_dir_all(&ex);
-    let err = text(&out.stderr);
-    assert!(out.status.success(), "{err}");
-    assert!(
-        err.contains("mode=\"ipvs\"") || err.contains("mode=ipvs"),
-        "{err}"
-    );
-    assert!(!err.contains("FALLING BACK"), "{err}");
+    common::in_netns("kipvs-vm-once", || async {
+        let ex = std::env::temp_dir().join(format!("kube-ipvs-vm-{}", std::process::id()));
+        std::fs::create_dir_all(&ex).unwrap();
+        std::fs::write(
+            ex.join("svc.yaml"),
+            "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  clusterIP: 10.96.0.20\n  ports: [{port: 80, protocol: TCP}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{port: 8080, protocol: TCP}]\nendpoints:\n- addresses: [10.244.1.5]\n  conditions: {ready: true}\n",
+        )
+        .unwrap();
+        let out = run(&[
+            "--once",
+            "--ipvs-fallback=false",
+            "--source-dir",
+            ex.to_str().unwrap(),
+            "--healthz-bind-address",
+            "127.0.0.1:0",
+            "--metrics-bind-address",
+            "127.0.0.1:0",
+        ]);
+        let err = text(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        assert!(
+            err.contains("mode=\"ipvs\"") || err.contains("mode=ipvs"),
+            "{err}"
+        );
+        assert!(!err.contains("FALLING BACK"), "{err}");
+        // Programmed: the virtual server, its real server, the VIP, the set, the chains.
+        let table = sh("ipvsadm -Sn");
+        assert!(table.contains("-A -t 10.96.0.20:80 -s rr\n"), "{table}");
+        assert!(
+            table.contains("-a -t 10.96.0.20:80 -r 10.244.1.5:8080 -m -w 1\n"),
+            "{table}"
+        );
+        assert!(sh("ip -o addr show dev kube-ipvs0").contains("10.96.0.20/32"));
+        assert!(sh("ipset list KUBE-CLUSTER-IP").contains("10.96.0.20,tcp:80"));
+        assert!(sh("iptables-save -t nat").contains(":KUBE-SERVICES"));
+        // --cleanup removes it all, and again is a no-op.
+        for _ in 0..2 {
+            let out = run(&["--cleanup"]);
+            assert!(out.status.success(), "{}", text(&out.stderr));
+            assert!(!sh("ipvsadm -Sn").contains("10.96.0.20"));
+            assert!(sh("ip link show kube-ipvs0 2>&1").contains("does not exist"));
+            assert!(
+                !sh("iptables-save").contains("KUBE-"),
+                "{}",
+                sh("iptables-save")
+            );
+            assert!(
+                !sh("ipset list -n").contains("KUBE-"),
+                "{}",
+                sh("ipset list -n")
+            );
+        }
+        let _ = std::fs::remove_dir_all(&ex);
+    });
+}
+
+#[test]
+#[ignore = "vm"]
+fn vm_plan_ipvs_section_equals_what_once_programs() {
+    common::in_netns("kipvs-vm-plan", || async {
+        let ex = examples();
+        let ex = ex.to_str().unwrap();
+        let out = run(&["plan", "--section", "ipvs", "--source-dir", ex]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let planned = text(&out.stdout);
+        assert!(planned.lines().count() > 20, "{planned}");
+        let out = run(&[
+            "--once",
+            "--ipvs-fallback=false",
+            "--source-dir",
+            ex,
+            "--healthz-bind-address",
+            "127.0.0.1:0",
+            "--metrics-bind-address",
+            "127.0.0.1:0",
+        ]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let programmed = sh("ipvsadm -Sn");
+        // The plan, restored by ipvsadm itself, gives the identical table.
+        let path = std::env::temp_dir().join(format!("plan-{}.txt", std::process::id()));
+        std::fs::write(&path, &planned).unwrap();
+        sh("ipvsadm -C");
+        let restore = Command::new("sh")
+            .args(["-c", &format!("ipvsadm --restore < {}", path.display())])
+            .output()
+            .unwrap();
+        assert!(restore.status.success(), "{}", text(&restore.stderr));
+        let restored = sh("ipvsadm -Sn");
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(programmed, restored);
+        assert!(
+            programmed.contains("-A -u 10.96.0.10:53 -s rr"),
+            "{programmed}"
+        );
+    });
 }

@@ -77,7 +77,16 @@ fn stop(mut d: Daemon) -> String {
     err
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// Runs the daemon, which programs the kernel: inside its own network namespace.
+#[test]
+#[ignore = "netns"]
+fn netns_daemon_watches_the_api_server_via_kubeconfig_and_master() {
+    common::in_netns(
+        "kipvs-api",
+        daemon_watches_the_api_server_via_kubeconfig_and_master,
+    );
+}
+
 async fn daemon_watches_the_api_server_via_kubeconfig_and_master() {
     let api = FakeApiServer::start().await.unwrap();
     let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples");

@@ -60,3 +60,24 @@ pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port()
 }
+
+/// Runs an async test body inside a fresh network namespace (on a thread that entered it), so a
+/// daemon the body starts programs that namespace, never the host's. The namespace is deleted
+/// afterwards, with everything the daemon programmed in it.
+#[allow(dead_code)]
+pub fn in_netns<F, Fut>(tag: &str, body: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let ns = testkit::netns::Netns::new(tag).expect("create a network namespace (needs root)");
+    ns.enter(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        rt.block_on(body());
+        Ok(())
+    })
+    .expect("the test body failed inside the namespace (see its panic above)");
+}
