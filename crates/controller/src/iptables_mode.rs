@@ -668,6 +668,13 @@ impl Backend for IptablesProxier {
     fn invalid_objects(&self) -> (usize, u64) {
         (self.rejections.current(), self.rejections.total())
     }
+    fn take_rejections(&mut self) -> Vec<(String, String)> {
+        self.rejections
+            .take_new()
+            .into_iter()
+            .map(|(k, why)| (k, why.to_string()))
+            .collect()
+    }
 }
 
 /// What a mode-handover cleanup removed.

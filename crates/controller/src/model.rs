@@ -812,6 +812,7 @@ pub fn select_endpoints(
 pub struct Rejections {
     current: HashMap<String, Invalid>,
     total: u64,
+    fresh: Vec<(String, Invalid)>,
 }
 
 impl Rejections {
@@ -823,6 +824,7 @@ impl Rejections {
         }
         self.current.insert(key.to_string(), why.clone());
         self.total += 1;
+        self.fresh.push((key.to_string(), why.clone()));
         tracing::warn!(object = key, reason = %why, "skipping invalid object");
         true
     }
@@ -845,5 +847,11 @@ impl Rejections {
     /// The current reason for `key`, if rejected.
     pub fn reason(&self, key: &str) -> Option<&Invalid> {
         self.current.get(key)
+    }
+
+    /// The `(key, reason)` pairs newly rejected (logged) since the last call, oldest first: for
+    /// metrics and Kubernetes Events, so each rejection is reported once.
+    pub fn take_new(&mut self) -> Vec<(String, Invalid)> {
+        std::mem::take(&mut self.fresh)
     }
 }

@@ -240,6 +240,11 @@ impl Proxier {
         &self.rejections
     }
 
+    /// Objects newly rejected since the last call (see [`Rejections::take_new`]).
+    pub fn take_rejections(&mut self) -> Vec<(String, crate::model::Invalid)> {
+        self.rejections.take_new()
+    }
+
     /// Records changes from the store (services to re-derive, node changes).
     pub fn note(&mut self, changes: &Changes) {
         self.dirty.extend(changes.dirty.iter().cloned());

@@ -51,6 +51,9 @@ pub trait SyncObserver {
     fn queued(&self, _changes: &Changes) {}
     /// A sync of one family finished.
     fn synced(&self, _family: Family, _report: &SyncReport, _backend: &dyn Backend) {}
+    /// Objects newly rejected as invalid by a sync of `family`: `(key, reason)`, where the key
+    /// is `service ns/name` or `endpointslice ns/name` (each rejection reported once).
+    fn rejected(&self, _family: Family, _rejected: &[(String, String)]) {}
 }
 
 /// One family's proxy backend (IPVS mode or iptables mode), driven by the loop.
@@ -76,6 +79,10 @@ pub trait Backend {
     /// Objects currently skipped as invalid, and the total counted.
     fn invalid_objects(&self) -> (usize, u64) {
         (0, 0)
+    }
+    /// Objects newly rejected as invalid since the last call: `(key, reason)`.
+    fn take_rejections(&mut self) -> Vec<(String, String)> {
+        Vec::new()
     }
     /// Health-check node ports of externalTrafficPolicy=Local services, by service.
     fn health_checks(&self) -> BTreeMap<ServiceName, HealthCheck> {
@@ -126,6 +133,13 @@ impl Backend for FamilyProxier {
     fn invalid_objects(&self) -> (usize, u64) {
         let r = self.proxier.rejections();
         (r.current(), r.total())
+    }
+    fn take_rejections(&mut self) -> Vec<(String, String)> {
+        self.proxier
+            .take_rejections()
+            .into_iter()
+            .map(|(k, why)| (k, why.to_string()))
+            .collect()
     }
     fn health_checks(&self) -> BTreeMap<ServiceName, HealthCheck> {
         self.proxier.desired().health_checks()
@@ -239,6 +253,10 @@ pub fn run(
             log_report(f.family(), &report);
             all_ok &= report.ok();
             observer.synced(f.family(), &report, f.as_ref());
+            let rejected = f.take_rejections();
+            if !rejected.is_empty() {
+                observer.rejected(f.family(), &rejected);
+            }
         }
         last_sync = Some(Instant::now());
         if cfg.once {

@@ -270,11 +270,26 @@ pub async fn run_daemon(config: Config) -> Result<()> {
             }
         }
     }
+    // The Kubernetes client (none with --source-dir): the source, and Events for invalid objects.
+    let client = match &config.source_dir {
+        Some(_) => None,
+        None => Some(kube_client(&config.kube).await?),
+    };
+    let (rejections_tx, rejections_rx) = tokio::sync::mpsc::unbounded_channel();
+    let publisher = client.clone().map(|c| {
+        tokio::spawn(crate::engine::publish_rejections(
+            c,
+            config.node_name.clone(),
+            rejections_rx,
+        ))
+    });
     let observer = crate::engine::Observer {
         metrics: daemon.metrics.clone(),
         health: daemon.health.clone(),
         service_health: daemon.service_health.clone(),
         rt: rt.clone(),
+        rejections: publisher.as_ref().map(|_| rejections_tx),
+        reported: std::sync::Mutex::default(),
     };
     let engine = crate::engine::Engine::start(
         backends,
@@ -291,13 +306,13 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         .map(|t| crate::engine::forward_node_addresses(t, engine.sender()));
 
     let (tx, mut rx) = mpsc::channel::<SourceEvent>(1024);
-    let source = match &config.source_dir {
-        Some(dir) => {
+    let source = match (&config.source_dir, client) {
+        (None, None) => return Err(Error::Unsupported("no source".into())),
+        (Some(dir), _) => {
             let src = StaticDirSource::new(dir.clone(), config.node_name.clone());
             tokio::spawn(async move { src.run(tx).await.map_err(Error::from) })
         }
-        None => {
-            let client = kube_client(&config.kube).await?;
+        (None, Some(client)) => {
             let node = config.node_name.clone();
             let (health_tx, _health_rx) =
                 tokio::sync::watch::channel(controller::source::kube::SourceHealth::default());
@@ -333,6 +348,9 @@ pub async fn run_daemon(config: Config) -> Result<()> {
     };
     drop(rx);
     source.abort();
+    if let Some(p) = publisher {
+        p.abort();
+    }
     if let Some(f) = forwarder {
         f.abort();
     }

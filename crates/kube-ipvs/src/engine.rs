@@ -223,6 +223,67 @@ pub struct Observer {
     pub service_health: Arc<ServiceHealthServer>,
     /// Runtime for the listener updates.
     pub rt: tokio::runtime::Handle,
+    /// Where newly rejected objects go to become Kubernetes Events (None: log + metric only,
+    /// e.g. with `--source-dir`).
+    pub rejections: Option<tokio::sync::mpsc::UnboundedSender<Rejection>>,
+    /// `(key, reason)` already reported, so dual-stack nodes report a rejection once.
+    pub reported: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
+}
+
+/// An object skipped as invalid, to be reported as a Kubernetes Event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// `Service` or `EndpointSlice`.
+    pub kind: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Why it was skipped (the model's reason).
+    pub reason: String,
+}
+
+impl Rejection {
+    /// Splits a rejection key (`service ns/name`, `endpointslice ns/name`) and a reason.
+    pub fn from_key(key: &str, reason: &str) -> Option<Rejection> {
+        let (kind, rest) = key.split_once(' ')?;
+        let kind = match kind {
+            "service" => "Service",
+            "endpointslice" => "EndpointSlice",
+            _ => return None,
+        };
+        let (namespace, name) = rest.split_once('/')?;
+        Some(Rejection {
+            kind: kind.to_string(),
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            reason: reason.to_string(),
+        })
+    }
+}
+
+/// A bounded-cardinality metric label for a rejection reason: its words without values
+/// (quoted strings, numbers, addresses), e.g. `port 70000 out of range 1..65535` →
+/// `port_out_of_range`, `invalid clusterIP "1.2.3"` → `invalid_clusterip`.
+pub fn reason_label(reason: &str) -> String {
+    let words: Vec<String> = reason
+        .split_whitespace()
+        .take_while(|w| !w.starts_with('('))
+        .filter(|w| !w.contains('"') && !w.chars().any(|c| c.is_ascii_digit()))
+        .map(|w| {
+            w.chars()
+                .filter(|c| c.is_ascii_alphanumeric())
+                .collect::<String>()
+                .to_ascii_lowercase()
+        })
+        .filter(|w| !w.is_empty())
+        .take(6)
+        .collect();
+    if words.is_empty() {
+        "other".to_string()
+    } else {
+        words.join("_")
+    }
 }
 
 impl std::fmt::Debug for Observer {
@@ -295,6 +356,89 @@ impl SyncObserver for Observer {
                 tracing::warn!(error = %e, "health-check node port");
             }
         });
+    }
+
+    fn rejected(&self, _family: Family, rejected: &[(String, String)]) {
+        let mut reported = match self.reported.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        for (key, reason) in rejected {
+            // Both families see the same objects; report each (object, reason) once. The set
+            // is bounded: past 10,000 entries it starts over (a repeat is reported again).
+            if reported.len() >= 10_000 {
+                reported.clear();
+            }
+            if !reported.insert((key.clone(), reason.clone())) {
+                continue;
+            }
+            let Some(r) = Rejection::from_key(key, reason) else {
+                continue;
+            };
+            self.metrics
+                .invalid_objects_total
+                .get_or_create(&crate::metrics::InvalidObjectLabels {
+                    kind: r.kind.clone(),
+                    reason: reason_label(reason),
+                })
+                .inc();
+            if let Some(tx) = &self.rejections {
+                let _ = tx.send(r);
+            }
+        }
+    }
+}
+
+/// Publishes each rejection as a Kubernetes Event (`events.k8s.io/v1`, type Warning, reason
+/// `InvalidObject`) regarding the object, until the sender is dropped. Failures are logged.
+pub async fn publish_rejections(
+    client: kube::Client,
+    node_name: String,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Rejection>,
+) {
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let recorder = Recorder::new(
+        client,
+        Reporter {
+            controller: "kube-ipvs".into(),
+            instance: Some(node_name),
+        },
+    );
+    while let Some(r) = rx.recv().await {
+        let api_version = match r.kind.as_str() {
+            "EndpointSlice" => "discovery.k8s.io/v1",
+            _ => "v1",
+        };
+        let reference = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some(api_version.into()),
+            kind: Some(r.kind.clone()),
+            namespace: Some(r.namespace.clone()),
+            name: Some(r.name.clone()),
+            ..Default::default()
+        };
+        let mut note = format!("kube-ipvs skipped this object: {}", r.reason);
+        if note.len() > 1000 {
+            let mut end = 1000;
+            while !note.is_char_boundary(end) {
+                end -= 1;
+            }
+            note.truncate(end);
+        }
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: "InvalidObject".into(),
+            note: Some(note),
+            action: "Skip".into(),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&ev, &reference).await {
+            tracing::warn!(
+                kind = %r.kind,
+                object = %format!("{}/{}", r.namespace, r.name),
+                error = %e,
+                "could not emit an Event for an invalid object"
+            );
+        }
     }
 }
 
@@ -498,6 +642,9 @@ impl Backend for IptablesBackend {
     }
     fn invalid_objects(&self) -> (usize, u64) {
         self.inner.invalid_objects()
+    }
+    fn take_rejections(&mut self) -> Vec<(String, String)> {
+        self.inner.take_rejections()
     }
     fn health_checks(
         &self,
