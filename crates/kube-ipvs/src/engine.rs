@@ -264,7 +264,8 @@ impl Rejection {
 
 /// A bounded-cardinality metric label for a rejection reason: its words without values
 /// (quoted strings, numbers, addresses), e.g. `port 70000 out of range 1..65535` →
-/// `port_out_of_range`, `invalid clusterIP "1.2.3"` → `invalid_clusterip`.
+/// `port_out_of_range`, `invalid clusterIP "1.2.3"` → `invalid_clusterip`,
+/// `10000 endpoints (max 1000)` → `too_many_endpoints`.
 pub fn reason_label(reason: &str) -> String {
     let words: Vec<String> = reason
         .split_whitespace()
@@ -279,10 +280,15 @@ pub fn reason_label(reason: &str) -> String {
         .filter(|w| !w.is_empty())
         .take(6)
         .collect();
-    if words.is_empty() {
+    let label = if words.is_empty() {
         "other".to_string()
     } else {
         words.join("_")
+    };
+    if reason.contains("(max ") {
+        format!("too_many_{label}")
+    } else {
+        label
     }
 }
 

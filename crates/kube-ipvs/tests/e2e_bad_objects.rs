@@ -1,0 +1,440 @@
+//! End-to-end scenario 5 (issue #9), in the VM: malformed Services and EndpointSlices mixed
+//! with good ones, served by the fake API server to the real daemon (`--kubeconfig`).
+//!
+//! Bad objects: a clusterIP that is not an IP, a port out of range, an unknown protocol, duplicate
+//! ports, an EndpointSlice with 10,000 endpoints (the API allows 1,000), an EndpointSlice with an
+//! invalid address, an EndpointSlice with a port out of range. Every good Service carries traffic
+//! (echo through IPVS NAT to the pods), each bad object is logged once with its name and reason,
+//! counted in `kube_ipvs_invalid_objects_total{kind,reason}`, and reported as one
+//! `events.k8s.io/v1` Warning Event (reason `InvalidObject`) that the fake API server records.
+//! The daemon keeps running and exits 0 on SIGTERM.
+//!
+//! A ClusterIP outside the cluster's service CIDR (172.30.5.5 here, vs 10.96.0.0/12): kube-ipvs
+//! has no service-CIDR setting (kube-proxy has none either; the API server validates it), so it is
+//! a valid address and is programmed like any other: the test proves it carries traffic.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use testkit::apiserver::FakeApiServer;
+use testkit::netns::{EchoServer, Netns, Pod};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kube-ipvs");
+
+/// The node namespace and its pods with echo servers (all removed on drop).
+struct Lab {
+    node: Netns,
+    _pods: Vec<(Pod, EchoServer)>,
+}
+
+impl Lab {
+    fn new(tag: &str, pod_ips: &[Ipv4Addr]) -> Lab {
+        let node = Netns::new(tag).unwrap();
+        node.ip(&["link", "add", "node0", "type", "dummy"]).unwrap();
+        node.ip(&["addr", "add", "192.168.0.10/24", "dev", "node0"])
+            .unwrap();
+        node.ip(&["link", "set", "node0", "up"]).unwrap();
+        node.ip(&["route", "add", "default", "via", "192.168.0.1"])
+            .unwrap();
+        node.sysctl("net.ipv4.ip_forward", "1").unwrap();
+        let pods = pod_ips
+            .iter()
+            .map(|ip| {
+                let pod = Pod::new(Some(&node), *ip).unwrap();
+                let srv = EchoServer::start(&pod.ns, SocketAddr::from((*ip, 8080))).unwrap();
+                (pod, srv)
+            })
+            .collect();
+        Lab { node, _pods: pods }
+    }
+
+    /// Runs an async body on a thread inside the node namespace (threads and processes it
+    /// starts inherit the namespace).
+    fn run<F, Fut>(&self, body: F)
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()>,
+    {
+        self.node
+            .enter(move || {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()?;
+                rt.block_on(body());
+                Ok(())
+            })
+            .expect("the test body failed inside the namespace (see its panic above)");
+    }
+}
+
+/// The daemon, killed on drop; stderr goes to a file (a pipe could fill up and block it).
+struct Daemon {
+    child: Child,
+    log: PathBuf,
+    healthz: SocketAddr,
+    metrics: SocketAddr,
+}
+
+impl Daemon {
+    fn start(kubeconfig: &str, extra: &[&str]) -> Daemon {
+        let (hp, mp) = (common::free_port(), common::free_port());
+        let healthz: SocketAddr = format!("127.0.0.1:{hp}").parse().unwrap();
+        let metrics: SocketAddr = format!("127.0.0.1:{mp}").parse().unwrap();
+        let log = std::env::temp_dir().join(format!("e2e-bad-{}-{hp}.log", std::process::id()));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(BIN)
+            .args(["--kubeconfig", kubeconfig, "--hostname-override", "node-1"])
+            .args(["--healthz-bind-address", &healthz.to_string()])
+            .args(["--metrics-bind-address", &metrics.to_string()])
+            .args(["--ipvs-fallback=false"])
+            .args(extra)
+            .env_remove("RUST_LOG")
+            .env_remove("KUBECONFIG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(file))
+            .spawn()
+            .unwrap();
+        Daemon {
+            child,
+            log,
+            healthz,
+            metrics,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// SIGTERM; returns the exit code and the log.
+    fn stop(mut self) -> (Option<i32>, String) {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let status = self.child.wait().unwrap();
+        (status.code(), self.log())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+fn sh(cmd: &str) -> String {
+    let out = Command::new("sh").args(["-c", cmd]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// Polls `ipvsadm -Sn` until `pred` holds; the deadline only prevents a hang.
+async fn wait_ipvs(what: &str, deadline: Duration, pred: impl Fn(&str) -> bool) -> String {
+    let start = Instant::now();
+    loop {
+        let t = sh("ipvsadm -Sn");
+        if pred(&t) {
+            return t;
+        }
+        assert!(start.elapsed() < deadline, "never saw {what}:\n{t}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn echo_once(to: SocketAddr, n: u64) -> Result<(), String> {
+    let payload = format!("request {n}\n").into_bytes();
+    let mut s =
+        TcpStream::connect_timeout(&to, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    s.write_all(&payload).map_err(|e| e.to_string())?;
+    s.shutdown(std::net::Shutdown::Write)
+        .map_err(|e| e.to_string())?;
+    let mut back = Vec::new();
+    s.read_to_end(&mut back).map_err(|e| e.to_string())?;
+    if back == payload {
+        Ok(())
+    } else {
+        Err(format!("echo mismatch: {back:?}"))
+    }
+}
+
+fn service(name: &str, cluster_ip: &str, ports: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"type": "ClusterIP", "clusterIP": cluster_ip, "clusterIPs": [cluster_ip],
+                 "ports": ports}
+    })
+}
+
+fn slice(name: &str, service: &str, port: i64, addresses: &[String]) -> Value {
+    let endpoints: Vec<Value> = addresses
+        .iter()
+        .map(|a| json!({"addresses": [a], "conditions": {"ready": true}}))
+        .collect();
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": "default",
+                     "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+        "endpoints": endpoints
+    })
+}
+
+fn tcp(port: i64) -> Value {
+    json!([{"name": "http", "port": port, "targetPort": 8080, "protocol": "TCP"}])
+}
+
+/// (kind, name, a piece of the reason the model gives) of every bad object.
+const BAD: &[(&str, &str, &str)] = &[
+    ("Service", "bad-cluster-ip", "invalid clusterIP"),
+    ("Service", "bad-port", "out of range"),
+    ("Service", "bad-protocol", "unknown protocol"),
+    ("Service", "dup-ports", "duplicate port"),
+    ("EndpointSlice", "huge-1", "10000 endpoints"),
+    ("EndpointSlice", "bad-addr-1", "invalid endpoint address"),
+    ("EndpointSlice", "bad-slice-port-1", "out of range"),
+];
+
+/// Good services: (name, VIP) — each reaches the pods.
+const GOOD: &[(&str, &str)] = &[
+    ("good-a", "10.96.0.30:80"),
+    ("good-b", "10.96.0.31:81"),
+    ("outside-cidr", "172.30.5.5:80"),
+    ("good-c", "10.96.0.32:80"),
+];
+
+fn objects() -> Vec<Value> {
+    let pods = vec!["10.244.0.7".to_string(), "10.244.0.8".to_string()];
+    let mut v = vec![json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "node-1", "labels": {"kubernetes.io/hostname": "node-1"}},
+        "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.10"}]}
+    })];
+    // Good ones, interleaved with the bad ones below.
+    v.push(service("good-a", "10.96.0.30", tcp(80)));
+    v.push(slice("good-a-1", "good-a", 8080, &pods));
+    v.push(service("bad-cluster-ip", "10.96.0.999", tcp(80)));
+    v.push(slice("bad-cluster-ip-1", "bad-cluster-ip", 8080, &pods));
+    v.push(service("good-b", "10.96.0.31", tcp(81)));
+    v.push(slice("good-b-1", "good-b", 8080, &pods[1..]));
+    v.push(service("bad-port", "10.96.0.40", tcp(70000)));
+    v.push(service(
+        "bad-protocol",
+        "10.96.0.41",
+        json!([{"name": "http", "port": 80, "targetPort": 8080, "protocol": "FOO"}]),
+    ));
+    v.push(service(
+        "dup-ports",
+        "10.96.0.42",
+        json!([{"name": "a", "port": 80, "targetPort": 8080, "protocol": "TCP"},
+               {"name": "b", "port": 80, "targetPort": 8081, "protocol": "TCP"}]),
+    ));
+    v.push(slice("dup-ports-1", "dup-ports", 8080, &pods));
+    v.push(service("outside-cidr", "172.30.5.5", tcp(80)));
+    v.push(slice("outside-cidr-1", "outside-cidr", 8080, &pods[..1]));
+    // good-c has one good slice and three bad ones: it works with the good slice alone.
+    v.push(service("good-c", "10.96.0.32", tcp(80)));
+    v.push(slice("good-c-1", "good-c", 8080, &pods[..1]));
+    let huge: Vec<String> = (0..10_000)
+        .map(|i| format!("10.245.{}.{}", i / 250, 1 + i % 250))
+        .collect();
+    v.push(slice("huge-1", "good-c", 8080, &huge));
+    v.push(slice(
+        "bad-addr-1",
+        "good-c",
+        8080,
+        &["10.244.0.300".to_string()],
+    ));
+    v.push(slice("bad-slice-port-1", "good-c", 99_999, &pods));
+    v
+}
+
+#[test]
+#[ignore = "vm"]
+fn vm_e2e_bad_objects_are_skipped_logged_counted_and_reported() {
+    let lab = Lab::new(
+        "e2e-bad",
+        &[Ipv4Addr::new(10, 244, 0, 7), Ipv4Addr::new(10, 244, 0, 8)],
+    );
+    lab.run(bad_objects);
+}
+
+async fn bad_objects() {
+    let api = FakeApiServer::start().await.unwrap();
+    let objs = objects();
+    let text = serde_json::to_string(&json!({"kind": "List", "items": objs})).unwrap();
+    assert_eq!(api.load_str(&text).unwrap(), objs.len());
+    let kc = std::env::temp_dir().join(format!("e2e-bad-kc-{}.yaml", std::process::id()));
+    api.write_kubeconfig(&kc).unwrap();
+    let mut d = Daemon::start(kc.to_str().unwrap(), &["--ipvs-sync-period", "5s"]);
+    let deadline = Duration::from_secs(120);
+
+    // Every good service is programmed with its real servers.
+    let table = wait_ipvs("the good services", deadline, |t| {
+        t.contains("-a -t 10.96.0.30:80 -r 10.244.0.7:8080 -m")
+            && t.contains("-a -t 10.96.0.30:80 -r 10.244.0.8:8080 -m")
+            && t.contains("-a -t 10.96.0.31:81 -r 10.244.0.8:8080 -m")
+            && t.contains("-a -t 172.30.5.5:80 -r 10.244.0.7:8080 -m")
+            && t.contains("-a -t 10.96.0.32:80 -r 10.244.0.7:8080 -m")
+    })
+    .await;
+    // Nothing of the bad services, and none of the bad slices' endpoints.
+    for bad in [
+        "10.96.0.40",
+        "10.96.0.41",
+        "10.96.0.42",
+        "10.245.",
+        "10.244.0.300",
+    ] {
+        assert!(!table.contains(bad), "{bad} programmed:\n{table}");
+    }
+    let good_c_servers = table
+        .lines()
+        .filter(|l| l.starts_with("-a -t 10.96.0.32:80 "))
+        .count();
+    assert_eq!(good_c_servers, 1, "{table}");
+    println!(
+        "ipvs: {} virtual servers, {} real servers",
+        table.lines().filter(|l| l.starts_with("-A")).count(),
+        table.lines().filter(|l| l.starts_with("-a")).count()
+    );
+
+    // Traffic to every good service.
+    let (mut attempted, mut succeeded, mut failed) = (0, 0, 0);
+    for (name, vip) in GOOD {
+        let to: SocketAddr = vip.parse().unwrap();
+        for n in 0..10 {
+            attempted += 1;
+            match echo_once(to, n) {
+                Ok(()) => succeeded += 1,
+                Err(e) => {
+                    failed += 1;
+                    println!("{name} {vip}: {e}");
+                }
+            }
+        }
+    }
+    println!("good services: {attempted} attempted, {succeeded} succeeded, {failed} failed");
+    assert_eq!(failed, 0);
+
+    // One Event per bad object (the publisher is asynchronous: wait for all of them).
+    let start = Instant::now();
+    let events = loop {
+        let ev = api.events();
+        if ev.len() >= BAD.len() {
+            break ev;
+        }
+        assert!(
+            start.elapsed() < deadline,
+            "{} events of {}: {ev:#?}\n{}",
+            ev.len(),
+            BAD.len(),
+            d.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // A few full syncs later nothing is reported again.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let events_later = api.events();
+    assert_eq!(events_later.len(), events.len(), "{events_later:#?}");
+    let mut event_hits = 0;
+    for (kind, name, why) in BAD {
+        let matching: Vec<&Value> = events
+            .iter()
+            .filter(|e| {
+                let r = e.get("regarding").or_else(|| e.get("involvedObject"));
+                r.and_then(|r| r.get("name")).and_then(Value::as_str) == Some(*name)
+                    && r.and_then(|r| r.get("kind")).and_then(Value::as_str) == Some(*kind)
+            })
+            .collect();
+        assert_eq!(matching.len(), 1, "{kind} {name}: {events:#?}");
+        let e = matching[0];
+        assert_eq!(e["type"], "Warning", "{e:#}");
+        assert_eq!(e["reason"], "InvalidObject", "{e:#}");
+        let note = e["note"]
+            .as_str()
+            .or(e["message"].as_str())
+            .unwrap_or_default();
+        assert!(note.contains(why), "{kind} {name}: {note:?} lacks {why:?}");
+        event_hits += 1;
+    }
+    println!(
+        "events: {} bad objects, {} events recorded, {event_hits} matched",
+        BAD.len(),
+        events.len()
+    );
+    assert_eq!(events.len(), BAD.len(), "{events:#?}");
+
+    // The metric counts each bad object once, by kind.
+    let m = common::get(d.metrics, "/metrics").await.unwrap().body;
+    let lines: Vec<&str> = m
+        .lines()
+        .filter(|l| l.starts_with("kube_ipvs_invalid_objects_total{"))
+        .collect();
+    for l in &lines {
+        println!("metric: {l}");
+    }
+    let sum = |kind: &str| -> f64 {
+        lines
+            .iter()
+            .filter(|l| l.contains(&format!("kind=\"{kind}\"")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let want = |kind: &str| BAD.iter().filter(|(k, _, _)| *k == kind).count() as f64;
+    assert_eq!(sum("Service"), want("Service"), "{m}");
+    assert_eq!(sum("EndpointSlice"), want("EndpointSlice"), "{m}");
+    assert!(
+        m.contains("reason=\"too_many_endpoints\"") && m.contains("reason=\"unknown_protocol\""),
+        "{m}"
+    );
+
+    // The daemon is alive, and each bad object was logged exactly once with name and reason.
+    assert!(d.alive(), "{}", d.log());
+    let h = common::get(d.healthz, "/healthz").await.unwrap();
+    assert_eq!(h.status, 200, "{h:?}");
+    let (code, log) = d.stop();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+    let skipped: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("skipping invalid object"))
+        .collect();
+    let mut logged_once = 0;
+    for (kind, name, why) in BAD {
+        let key = match *kind {
+            "Service" => format!("service default/{name}"),
+            _ => format!("endpointslice default/{name}"),
+        };
+        let n = skipped
+            .iter()
+            .filter(|l| l.contains(&format!("{key} ")) || l.contains(&format!("{key}\"")))
+            .filter(|l| l.contains(why))
+            .count();
+        assert_eq!(n, 1, "{key}: logged {n} times:\n{}", skipped.join("\n"));
+        logged_once += 1;
+    }
+    println!(
+        "log: {} 'skipping invalid object' lines, {logged_once} of {} bad objects logged exactly once",
+        skipped.len(),
+        BAD.len()
+    );
+    assert_eq!(skipped.len(), BAD.len(), "{}", skipped.join("\n"));
+    let _ = std::fs::remove_file(&kc);
+}

@@ -1,0 +1,458 @@
+//! End-to-end scenario 4 (issue #9), in the VM: the Kubernetes API server misbehaves while a
+//! client keeps using a ClusterIP.
+//!
+//! Lab: a "node" namespace (dummy `node0` with a default route, IP forwarding) with two pods
+//! (veth, /32, proxy ARP) running TCP echo servers, the in-process fake API server on 127.0.0.1,
+//! and the real `kube-ipvs` binary started with `--kubeconfig` inside the same namespace. A client
+//! thread echoes through the ClusterIP the whole time and counts attempts.
+//!
+//! Faults, in order: every watch dropped; the resourceVersion history reset (clients must relist
+//! after 410 Gone); the server gone for 60 s. Throughout, traffic keeps flowing on the last known
+//! state (0 failed). `/healthz` is sampled during the outage: it follows upstream kube-proxy's
+//! semantics (stale only when a queued change is not applied within 2 × syncPeriod), so with no
+//! change reaching the daemon it stays 200 — the daemon has no notion of watch staleness in
+//! `/healthz`. After the server returns, a new endpoint added (also while it was away) shows up in
+//! IPVS and carries traffic.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use testkit::apiserver::FakeApiServer;
+use testkit::netns::{EchoServer, Netns, Pod};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kube-ipvs");
+const VIP: &str = "10.96.0.20:80";
+
+/// The node namespace and its pods with echo servers (all removed on drop).
+struct Lab {
+    node: Netns,
+    _pods: Vec<(Pod, EchoServer)>,
+}
+
+impl Lab {
+    fn new(tag: &str, pod_ips: &[Ipv4Addr]) -> Lab {
+        let node = Netns::new(tag).unwrap();
+        node.ip(&["link", "add", "node0", "type", "dummy"]).unwrap();
+        node.ip(&["addr", "add", "192.168.0.10/24", "dev", "node0"])
+            .unwrap();
+        node.ip(&["link", "set", "node0", "up"]).unwrap();
+        node.ip(&["route", "add", "default", "via", "192.168.0.1"])
+            .unwrap();
+        node.sysctl("net.ipv4.ip_forward", "1").unwrap();
+        let pods = pod_ips
+            .iter()
+            .map(|ip| {
+                let pod = Pod::new(Some(&node), *ip).unwrap();
+                let srv = EchoServer::start(&pod.ns, SocketAddr::from((*ip, 8080))).unwrap();
+                (pod, srv)
+            })
+            .collect();
+        Lab { node, _pods: pods }
+    }
+
+    /// Runs an async body on a thread inside the node namespace (threads and processes it
+    /// starts inherit the namespace).
+    fn run<F, Fut>(&self, body: F)
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()>,
+    {
+        self.node
+            .enter(move || {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()?;
+                rt.block_on(body());
+                Ok(())
+            })
+            .expect("the test body failed inside the namespace (see its panic above)");
+    }
+}
+
+/// The daemon, killed on drop; stderr goes to a file (a pipe could fill up and block it).
+struct Daemon {
+    child: Child,
+    log: PathBuf,
+    healthz: SocketAddr,
+    metrics: SocketAddr,
+}
+
+impl Daemon {
+    fn start(kubeconfig: &str, extra: &[&str]) -> Daemon {
+        let (hp, mp) = (common::free_port(), common::free_port());
+        let healthz: SocketAddr = format!("127.0.0.1:{hp}").parse().unwrap();
+        let metrics: SocketAddr = format!("127.0.0.1:{mp}").parse().unwrap();
+        let log = std::env::temp_dir().join(format!("e2e-faults-{}-{hp}.log", std::process::id()));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(BIN)
+            .args(["--kubeconfig", kubeconfig, "--hostname-override", "node-1"])
+            .args(["--healthz-bind-address", &healthz.to_string()])
+            .args(["--metrics-bind-address", &metrics.to_string()])
+            .args(["--ipvs-fallback=false"])
+            .args(extra)
+            .env_remove("RUST_LOG")
+            .env_remove("KUBECONFIG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(file))
+            .spawn()
+            .unwrap();
+        Daemon {
+            child,
+            log,
+            healthz,
+            metrics,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// SIGTERM; returns the exit code and the log.
+    fn stop(mut self) -> (Option<i32>, String) {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let status = self.child.wait().unwrap();
+        (status.code(), self.log())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+fn sh(cmd: &str) -> String {
+    let out = Command::new("sh").args(["-c", cmd]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// Polls `ipvsadm -Sn` until `pred` holds; the deadline only prevents a hang.
+async fn wait_ipvs(what: &str, deadline: Duration, pred: impl Fn(&str) -> bool) -> String {
+    let start = Instant::now();
+    loop {
+        let t = sh("ipvsadm -Sn");
+        if pred(&t) {
+            return t;
+        }
+        assert!(start.elapsed() < deadline, "never saw {what}:\n{t}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Counts of the client that uses the ClusterIP the whole time.
+#[derive(Default)]
+struct Counts {
+    attempted: AtomicU64,
+    succeeded: AtomicU64,
+    failed: AtomicU64,
+    errors: Mutex<Vec<String>>,
+}
+
+impl Counts {
+    fn line(&self) -> String {
+        format!(
+            "{} attempted, {} succeeded, {} failed",
+            self.attempted.load(Ordering::SeqCst),
+            self.succeeded.load(Ordering::SeqCst),
+            self.failed.load(Ordering::SeqCst)
+        )
+    }
+}
+
+fn echo_once(to: SocketAddr, n: u64) -> Result<(), String> {
+    let payload = format!("request {n}\n").into_bytes();
+    let mut s =
+        TcpStream::connect_timeout(&to, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    s.write_all(&payload).map_err(|e| e.to_string())?;
+    s.shutdown(std::net::Shutdown::Write)
+        .map_err(|e| e.to_string())?;
+    let mut back = Vec::new();
+    s.read_to_end(&mut back).map_err(|e| e.to_string())?;
+    if back == payload {
+        Ok(())
+    } else {
+        Err(format!("echo mismatch: {back:?}"))
+    }
+}
+
+/// Starts the client on its own thread (inheriting the current thread's namespace).
+fn start_client(
+    to: SocketAddr,
+    stop: Arc<AtomicBool>,
+    counts: Arc<Counts>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut n = 0;
+        while !stop.load(Ordering::SeqCst) {
+            n += 1;
+            counts.attempted.fetch_add(1, Ordering::SeqCst);
+            match echo_once(to, n) {
+                Ok(()) => {
+                    counts.succeeded.fetch_add(1, Ordering::SeqCst);
+                }
+                Err(e) => {
+                    counts.failed.fetch_add(1, Ordering::SeqCst);
+                    counts.errors.lock().unwrap().push(format!("#{n}: {e}"));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+}
+
+const OBJECTS: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: node-1, labels: {kubernetes.io/hostname: node-1}}
+status:
+  addresses: [{type: InternalIP, address: 192.168.0.10}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  type: ClusterIP
+  clusterIP: 10.96.0.20
+  clusterIPs: [10.96.0.20]
+  ports: [{name: http, port: 80, targetPort: 8080, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: default
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.244.0.7]
+  conditions: {ready: true}
+"#;
+
+fn list_requests(api: &FakeApiServer) -> usize {
+    api.count_requests(|r| !r.watch && r.method == "GET" && r.status == 200)
+}
+
+async fn healthz(d: &Daemon) -> String {
+    match common::get(d.healthz, "/healthz").await {
+        Ok(r) => format!("{} {}", r.status, r.body),
+        Err(e) => format!("error {e}"),
+    }
+}
+
+async fn wait_until(what: &str, deadline: Duration, mut pred: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !pred() {
+        assert!(start.elapsed() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[test]
+#[ignore = "vm"]
+fn vm_e2e_api_faults_traffic_survives_and_converges() {
+    let lab = Lab::new(
+        "e2e-faults",
+        &[Ipv4Addr::new(10, 244, 0, 7), Ipv4Addr::new(10, 244, 0, 8)],
+    );
+    lab.run(api_faults);
+}
+
+async fn api_faults() {
+    let api = FakeApiServer::start().await.unwrap();
+    assert_eq!(api.load_str(OBJECTS).unwrap(), 3);
+    let kc = std::env::temp_dir().join(format!("e2e-faults-kc-{}.yaml", std::process::id()));
+    api.write_kubeconfig(&kc).unwrap();
+    // A short syncPeriod, so full syncs (drift checks on the last known state) run during the
+    // outage, and /healthz's timeout (2 × syncPeriod = 20 s) is well inside the 60 s outage.
+    let mut d = Daemon::start(
+        kc.to_str().unwrap(),
+        &["--ipvs-sync-period", "10s", "--ipvs-min-sync-period", "0s"],
+    );
+    let deadline = Duration::from_secs(120);
+    wait_ipvs("the first endpoint", deadline, |t| {
+        t.contains("-a -t 10.96.0.20:80 -r 10.244.0.7:8080 -m")
+    })
+    .await;
+    wait_until("3 watches", deadline, || api.open_watches() >= 3).await;
+
+    let vip: SocketAddr = VIP.parse().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let counts = Arc::new(Counts::default());
+    let client = start_client(vip, stop.clone(), counts.clone());
+    wait_until("first answers", deadline, || {
+        counts.succeeded.load(Ordering::SeqCst) >= 5
+    })
+    .await;
+    println!("baseline: {}", counts.line());
+
+    // 1. Every watch dropped (no terminating chunk): the watchers reconnect.
+    let lists0 = list_requests(&api);
+    let watches0 = api.count_requests(|r| r.watch);
+    let dropped = api.drop_watches();
+    println!("drop_watches: {dropped} watches dropped");
+    assert!(dropped >= 3, "{dropped}");
+    wait_until("watches re-established", deadline, || {
+        api.count_requests(|r| r.watch) >= watches0 + 3 && api.open_watches() >= 3
+    })
+    .await;
+    let h = healthz(&d).await;
+    println!("after drop_watches: /healthz {h}; {}", counts.line());
+    assert!(h.starts_with("200"), "{h}");
+
+    // 2. History reset (a restored control plane): resourceVersions jump, old ones are 410 Gone,
+    // every watch is dropped; the watchers must relist.
+    let lists1 = list_requests(&api);
+    api.reset_history(1_000_000);
+    wait_until("relists after 410 Gone", deadline, || {
+        list_requests(&api) >= lists1 + 3 && api.open_watches() >= 3
+    })
+    .await;
+    let gone = api.count_requests(|r| r.status == 410);
+    let relists = list_requests(&api) - lists0;
+    println!(
+        "after reset_history: {relists} lists since the faults began, {gone} requests answered 410; {}",
+        counts.line()
+    );
+    let h = healthz(&d).await;
+    assert!(h.starts_with("200"), "{h}");
+    let before_outage = sh("ipvsadm -Sn");
+
+    // 3. The server goes away for 60 s. The kernel state stays; /healthz is sampled.
+    api.pause().await;
+    let outage = Instant::now();
+    // A change made while the server is away: the daemon cannot see it yet.
+    let mut slice: EndpointSlice = api.get("default", "web-1").unwrap();
+    slice.endpoints.push(
+        serde_json::from_value(serde_json::json!({
+            "addresses": ["10.244.0.8"], "conditions": {"ready": true}
+        }))
+        .unwrap(),
+    );
+    api.apply(&slice).unwrap();
+    let mut samples = Vec::new();
+    while outage.elapsed() < Duration::from_secs(60) {
+        let h = healthz(&d).await;
+        samples.push(format!(
+            "t+{:>2}s {}",
+            outage.elapsed().as_secs(),
+            h.split(',').next().unwrap_or_default()
+        ));
+        assert!(
+            d.alive(),
+            "the daemon exited during the outage:\n{}",
+            d.log()
+        );
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    let during = sh("ipvsadm -Sn");
+    println!("/healthz during the outage:\n  {}", samples.join("\n  "));
+    println!("after 60 s outage: {}", counts.line());
+    assert_eq!(
+        during, before_outage,
+        "IPVS changed while the API server was away"
+    );
+    let healthy = samples.iter().filter(|s| s.contains(" 200 ")).count();
+    println!(
+        "/healthz samples during the outage: {} attempted, {healthy} answered 200, {} other",
+        samples.len(),
+        samples.len() - healthy
+    );
+    // Upstream semantics: no queued change → healthy (the daemon does not track watch staleness).
+    assert_eq!(healthy, samples.len(), "{samples:?}");
+
+    // 4. The server returns: the daemon relists and converges to the change made meanwhile.
+    api.resume().unwrap();
+    let back = Instant::now();
+    wait_ipvs("the second endpoint after the outage", deadline, |t| {
+        t.contains("-r 10.244.0.7:8080 -m") && t.contains("-r 10.244.0.8:8080 -m")
+    })
+    .await;
+    println!(
+        "converged {:.1} s after the server returned",
+        back.elapsed().as_secs_f64()
+    );
+    // And a live change after the outage arrives through the re-established watch.
+    let mut slice: EndpointSlice = api.get("default", "web-1").unwrap();
+    slice
+        .endpoints
+        .retain(|e| e.addresses != vec!["10.244.0.7".to_string()]);
+    api.apply(&slice).unwrap();
+    let t = wait_ipvs("10.244.0.7 draining or gone", deadline, |t| {
+        !t.contains("-r 10.244.0.7:8080 -m -w 1")
+    })
+    .await;
+    assert!(t.contains("-r 10.244.0.8:8080 -m -w 1"), "{t}");
+    // The new endpoint carries traffic: the IPVS connection table names it.
+    let start = counts.succeeded.load(Ordering::SeqCst);
+    wait_until("traffic after convergence", deadline, || {
+        counts.succeeded.load(Ordering::SeqCst) >= start + 10
+    })
+    .await;
+    let conns = sh("ipvsadm -Lnc");
+    assert!(
+        conns
+            .lines()
+            .any(|l| l.contains("10.96.0.20:80") && l.contains("10.244.0.8:8080")),
+        "{conns}"
+    );
+
+    stop.store(true, Ordering::SeqCst);
+    client.join().unwrap();
+    let errors = counts.errors.lock().unwrap().clone();
+    println!("client through the whole scenario: {}", counts.line());
+    assert_eq!(
+        counts.failed.load(Ordering::SeqCst),
+        0,
+        "failures: {errors:?}"
+    );
+    assert!(d.alive());
+    let m = common::get(d.metrics, "/metrics").await.unwrap().body;
+    for l in m.lines().filter(|l| {
+        l.starts_with("kubeproxy_sync_proxy_rules_endpoint_changes_total")
+            || l.starts_with("kubeproxy_sync_proxy_rules_duration_seconds_count")
+            || l.starts_with("kube_ipvs_drift_repairs_total")
+    }) {
+        println!("metric: {l}");
+    }
+    assert!(
+        m.contains("kubeproxy_sync_proxy_rules_endpoint_changes_total"),
+        "{m}"
+    );
+    let h = healthz(&d).await;
+    assert!(h.starts_with("200"), "{h}");
+    let (code, log) = d.stop();
+    let watch_errors = log
+        .lines()
+        .filter(|l| l.to_ascii_lowercase().contains("watch"))
+        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        .count();
+    println!(
+        "daemon log: {} lines, {watch_errors} watch warnings/errors",
+        log.lines().count()
+    );
+    assert_eq!(code, Some(0), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+    let _ = std::fs::remove_file(&kc);
+}
