@@ -123,7 +123,7 @@ fn loaded_config() -> kube_ipvs::config::Loaded {
         .unwrap();
     let cm = configmap();
     assert_eq!(
-        vol.config_map.and_then(|c| Some(c.name)),
+        vol.config_map.map(|c| c.name),
         cm.metadata.name,
         "--config must come from the kube-ipvs ConfigMap"
     );
