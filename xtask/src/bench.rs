@@ -1,12 +1,637 @@
-//! `cargo xtask bench`: benchmarks (not yet implemented; extend [`bench`]).
+//! `cargo xtask bench [NAME...] [--services N] [--reals M] [--json FILE]`: builds the release
+//! benchmark driver (`crates/controller/examples/controller-bench.rs`), runs it in one VM boot
+//! at every size of the scaling series and once for ipset (P5), prints one line per benchmark
+//! (`name value reference ratio target PASS/MISS`), writes the JSON and renders the scaling plot
+//! (SVG, hand-written) of time vs N.
+//!
+//! Names: `p1` full program, `p2` one change, `p3` memory, `p4` drift check, `p5` ipset and
+//! iptables processes, `scaling` (P1/P2/P4 at 1,000, 5,000 and N). No name: all of them.
 
-use crate::error::Result;
+mod svg;
+
+use crate::error::{Context, Error, Result};
+use crate::host;
+use crate::vm::{self, shell_quote, VmConfig};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const NAMES: [&str; 6] = ["p1", "p2", "p3", "p4", "p5", "scaling"];
+
+const USAGE: &str =
+    "usage: cargo xtask bench [p1|p2|p3|p4|p5|scaling]... [--services N] [--reals M]
+       [--sizes N1,N2,...] [--ipset-entries E] [--ipset-sample S] [--json FILE] [--svg FILE]
+       [--mem M] [--timeout SECS]";
+
+/// Parsed command line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Opts {
+    /// Selected benchmarks (all when empty).
+    pub names: Vec<String>,
+    /// N of the main run.
+    pub services: usize,
+    /// M.
+    pub reals: usize,
+    /// Scaling sizes (always include `services`).
+    pub sizes: Vec<usize>,
+    /// P5 entries.
+    pub ipset_entries: usize,
+    /// P5 per-entry processes actually timed (extrapolated to `ipset_entries`).
+    pub ipset_sample: usize,
+    /// JSON output.
+    pub json: PathBuf,
+    /// SVG plot output.
+    pub svg: PathBuf,
+    /// Guest memory (MiB).
+    pub mem_mb: u32,
+    /// VM time limit.
+    pub timeout: Duration,
+}
+
+impl Opts {
+    fn wants(&self, name: &str) -> bool {
+        self.names.is_empty() || self.names.iter().any(|n| n == name)
+    }
+
+    /// Sizes to run (ascending, deduplicated).
+    pub fn run_sizes(&self) -> Vec<usize> {
+        let mut v = vec![self.services];
+        if self.wants("scaling") {
+            v.extend(self.sizes.iter().copied().filter(|&s| s <= self.services));
+        }
+        if !["p1", "p2", "p3", "p4", "scaling"]
+            .iter()
+            .any(|n| self.wants(n))
+        {
+            v.clear();
+        }
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+}
+
+fn num(s: &str, what: &str) -> Result<usize> {
+    s.replace('_', "")
+        .parse()
+        .map_err(|_| Error::Usage(format!("{what} needs a number, got `{s}`\n{USAGE}")))
+}
+
+/// Parses the bench arguments.
+pub fn parse_args(args: &[String]) -> Result<Opts> {
+    let root = host::workspace_root();
+    let mut o = Opts {
+        names: Vec::new(),
+        services: 10_000,
+        reals: 10,
+        sizes: vec![1_000, 5_000],
+        ipset_entries: 10_000,
+        ipset_sample: 2_000,
+        json: host::target_dir().join("bench.json"),
+        svg: root.join("docs/benchmarks/scaling.svg"),
+        mem_mb: 2048,
+        timeout: Duration::from_secs(30 * 60),
+    };
+    let mut sizes_given = false;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--services" => o.services = num(crate::value(&mut it, a)?, a)?,
+            "--reals" => o.reals = num(crate::value(&mut it, a)?, a)?,
+            "--sizes" => {
+                sizes_given = true;
+                o.sizes = crate::value(&mut it, a)?
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(|s| num(s, "--sizes"))
+                    .collect::<Result<_>>()?;
+            }
+            "--ipset-entries" => o.ipset_entries = num(crate::value(&mut it, a)?, a)?,
+            "--ipset-sample" => o.ipset_sample = num(crate::value(&mut it, a)?, a)?,
+            "--json" => o.json = PathBuf::from(crate::value(&mut it, a)?),
+            "--svg" => o.svg = PathBuf::from(crate::value(&mut it, a)?),
+            "--mem" => o.mem_mb = crate::parse_mem(crate::value(&mut it, a)?)?,
+            "--timeout" => {
+                o.timeout = Duration::from_secs(num(crate::value(&mut it, a)?, a)? as u64)
+            }
+            "-h" | "--help" => return Err(Error::Usage(USAGE.into())),
+            n if NAMES.contains(&n.to_ascii_lowercase().as_str()) => {
+                o.names.push(n.to_ascii_lowercase())
+            }
+            other => {
+                return Err(Error::Usage(format!(
+                    "unknown bench argument `{other}`\n{USAGE}"
+                )))
+            }
+        }
+    }
+    if o.services == 0 || o.reals == 0 {
+        return Err(Error::Usage("--services and --reals must be >= 1".into()));
+    }
+    if !sizes_given && o.services < 10_000 {
+        // Shrunk run: scale the series with it.
+        o.sizes = vec![o.services / 10, o.services / 2];
+    }
+    o.sizes.retain(|&s| s > 0);
+    Ok(o)
+}
+
+fn build_driver() -> Result<PathBuf> {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(host::workspace_root()).args([
+        "build",
+        "--release",
+        "-p",
+        "controller",
+        "--example",
+        "controller-bench",
+    ]);
+    eprintln!("xtask: + {}", host::show(&cmd));
+    let st = cmd.status().ctx(|| "running cargo build")?;
+    if !st.success() {
+        return Err(Error::Command {
+            cmd: host::show(&cmd),
+            detail: format!("{st}"),
+        });
+    }
+    let exe = host::target_dir().join("release/examples/controller-bench");
+    if !exe.exists() {
+        return Err(Error::Parse(format!("{} was not built", exe.display())));
+    }
+    Ok(exe)
+}
+
+/// The guest script: the kernel version, then one driver run per size, then P5.
+pub fn script(exe: &str, o: &Opts) -> String {
+    let exe = shell_quote(exe);
+    let mut s = String::from("set -e\necho \"@@kernel $(uname -r)\"\n");
+    for n in o.run_sizes() {
+        s.push_str(&format!("{exe} run {n} {}\n", o.reals));
+    }
+    if o.wants("p5") {
+        s.push_str(&format!(
+            "{exe} ipset {} {}\n",
+            o.ipset_entries,
+            o.ipset_sample.min(o.ipset_entries)
+        ));
+    }
+    s
+}
+
+/// (kernel, size runs, ipset run) from the guest's stdout.
+pub fn parse_output(text: &str) -> (String, Vec<Value>, Option<Value>) {
+    let mut kernel = String::new();
+    let mut runs = Vec::new();
+    let mut ipset = None;
+    for line in text.lines() {
+        if let Some(k) = line.strip_prefix("@@kernel ") {
+            kernel = k.trim().to_string();
+        } else if let Some(j) = line.strip_prefix("BENCH-JSON ") {
+            let Ok(v) = serde_json::from_str::<Value>(j) else {
+                continue;
+            };
+            if v.get("entries").is_some() {
+                ipset = Some(v);
+            } else {
+                runs.push(v);
+            }
+        }
+    }
+    (kernel, runs, ipset)
+}
+
+/// One output line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    /// Benchmark name.
+    pub name: String,
+    /// Our figure.
+    pub value: f64,
+    /// Unit of value and reference.
+    pub unit: &'static str,
+    /// What we compare with (None: informational).
+    pub reference: Option<f64>,
+    /// `<= target` (of the ratio when there is a reference, else of the value).
+    pub target: Option<f64>,
+}
+
+impl Row {
+    fn ratio(&self) -> Option<f64> {
+        self.reference.filter(|r| *r > 0.0).map(|r| self.value / r)
+    }
+
+    fn status(&self) -> &'static str {
+        let Some(t) = self.target else { return "-" };
+        let x = self.ratio().unwrap_or(self.value);
+        if x <= t {
+            "PASS"
+        } else {
+            "MISS"
+        }
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "name": self.name,
+            "value": self.value,
+            "unit": self.unit,
+            "reference": self.reference,
+            "ratio": self.ratio(),
+            "target": self.target,
+            "status": self.status(),
+        })
+    }
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(f64::NAN)
+}
+
+fn row(
+    name: &str,
+    value: f64,
+    unit: &'static str,
+    reference: Option<f64>,
+    target: Option<f64>,
+) -> Row {
+    Row {
+        name: name.to_string(),
+        value,
+        unit,
+        reference,
+        target,
+    }
+}
+
+/// The benchmark lines of the main run (`run` at N) and of P5.
+pub fn rows(o: &Opts, run: Option<&Value>, ipset: Option<&Value>) -> Vec<Row> {
+    let mut v = Vec::new();
+    if let Some(r) = run {
+        let restore = f(&r["ipvsadm_restore_s"]);
+        let save = f(&r["p4"]["ipvsadm_save_s"]);
+        let full = f(&r["p4"]["total_s"]);
+        let m = r["reals"].as_f64().unwrap_or(o.reals as f64);
+        if o.wants("p1") {
+            v.push(row(
+                "P1.full-program.total",
+                f(&r["p1"]["total_s"]),
+                "s",
+                Some(restore),
+                Some(0.5),
+            ));
+            v.push(row(
+                "P1.full-program.ipvs",
+                f(&r["p1"]["ipvs_s"]),
+                "s",
+                Some(restore),
+                Some(0.5),
+            ));
+        }
+        if o.wants("p2") {
+            for (name, reqs) in [
+                ("endpoint", 10.0),
+                ("add-service", m + 2.0),
+                ("delete-service", 10.0),
+            ] {
+                let c = &r["p2"][name];
+                v.push(row(
+                    &format!("P2.{name}.time"),
+                    f(&c["wall_s"]),
+                    "s",
+                    Some(full),
+                    Some(0.01),
+                ));
+                v.push(row(
+                    &format!("P2.{name}.requests"),
+                    f(&c["netlink_requests"]),
+                    "req",
+                    None,
+                    Some(reqs),
+                ));
+            }
+        }
+        if o.wants("p3") {
+            v.push(row(
+                "P3.rss-peak",
+                f(&r["p3"]["rss_peak_kb"]) / 1024.0,
+                "MiB",
+                None,
+                None,
+            ));
+            v.push(row(
+                "P3.rss-steady",
+                f(&r["p3"]["rss_steady_kb"]) / 1024.0,
+                "MiB",
+                None,
+                None,
+            ));
+            v.push(row(
+                "P3.bytes-per-service",
+                f(&r["p3"]["bytes_per_service"]),
+                "B",
+                None,
+                None,
+            ));
+        }
+        if o.wants("p4") {
+            v.push(row(
+                "P4.drift-check.total",
+                full,
+                "s",
+                Some(save),
+                Some(1.5),
+            ));
+            v.push(row(
+                "P4.drift-check.ipvs",
+                f(&r["p4"]["ipvs_s"]),
+                "s",
+                Some(save),
+                Some(1.5),
+            ));
+        }
+        if o.wants("p5") {
+            let tables = r["p1"]["iptables_tables"].as_f64().unwrap_or(1.0).max(1.0);
+            v.push(row(
+                "P5.iptables.first-sync-per-table",
+                f(&r["p1"]["iptables_processes"]) / tables,
+                "proc",
+                None,
+                Some(1.0),
+            ));
+            v.push(row(
+                "P5.iptables.unchanged-sync",
+                f(&r["p2"]["endpoint"]["requests"]["iptables_processes"]),
+                "proc",
+                None,
+                Some(0.0),
+            ));
+            v.push(row(
+                "P5.iptables.full-resync-per-table",
+                f(&r["p4"]["requests"]["iptables_processes"]) / tables,
+                "proc",
+                None,
+                Some(1.0),
+            ));
+        }
+    }
+    if let (true, Some(i)) = (o.wants("p5"), ipset) {
+        v.push(row(
+            "P5.ipset",
+            f(&i["ours_s"]),
+            "s",
+            Some(f(&i["per_entry_s"])),
+            None,
+        ));
+    }
+    v
+}
+
+fn fmt_num(x: f64) -> String {
+    if !x.is_finite() {
+        "-".into()
+    } else if x == x.trunc() && x.abs() < 1e9 {
+        format!("{x:.0}")
+    } else if x.abs() >= 100.0 {
+        format!("{x:.1}")
+    } else if x.abs() >= 0.01 {
+        format!("{x:.3}")
+    } else {
+        format!("{x:.5}")
+    }
+}
+
+/// The printed line of a row.
+pub fn render_row(r: &Row) -> String {
+    let opt = |x: Option<f64>| x.map(fmt_num).unwrap_or_else(|| "-".into());
+    let target = r
+        .target
+        .map(|t| format!("<={}", fmt_num(t)))
+        .unwrap_or_else(|| "-".into());
+    format!(
+        "{:<36} {:>12} {:<4} {:>12} {:>9} {:>7} {}",
+        r.name,
+        fmt_num(r.value),
+        r.unit,
+        opt(r.reference),
+        opt(r.ratio()),
+        target,
+        r.status()
+    )
+}
+
+/// Today's date (UTC) as YYYY-MM-DD.
+fn today() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    civil(secs / 86_400)
+}
+
+/// Days since 1970-01-01 to YYYY-MM-DD (Howard Hinnant's algorithm).
+pub fn civil(days: u64) -> String {
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
 
 /// Entry point for `cargo xtask bench ARGS...`. Returns the process exit code.
-///
-/// To implement: build the benchmark binaries, then run them in the VM with
-/// [`crate::vm::run`] (see `test::vm_stage` for copying binaries in and parsing output).
 pub fn bench(args: &[String]) -> Result<u8> {
-    eprintln!("xtask bench: not yet implemented (args: {args:?})");
-    Ok(2)
+    let o = parse_args(args)?;
+    let started = Instant::now();
+    let exe = build_driver()?;
+    let exe_s = exe.to_string_lossy().into_owned();
+    let cfg = VmConfig {
+        mem_mb: o.mem_mb,
+        cpus: 2,
+        timeout: o.timeout,
+        files: vec![(exe.clone(), exe_s.clone())],
+        net_fwd: None,
+        env: Vec::new(),
+        cwd: None,
+        script: script(&exe_s, &o),
+        echo: true,
+    };
+    eprintln!(
+        "xtask bench: sizes {:?} x {} reals{}; one VM boot",
+        o.run_sizes(),
+        o.reals,
+        if o.wants("p5") {
+            format!(
+                ", ipset {} entries ({} timed per-entry)",
+                o.ipset_entries,
+                o.ipset_sample.min(o.ipset_entries)
+            )
+        } else {
+            String::new()
+        }
+    );
+    let out = vm::run(&cfg)?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (kernel, runs, ipset) = parse_output(&text);
+    let main = runs
+        .iter()
+        .find(|r| r["services"].as_u64() == Some(o.services as u64));
+    let rows = rows(&o, main, ipset.as_ref());
+    println!();
+    println!(
+        "{:<36} {:>12} {:<4} {:>12} {:>9} {:>7} status",
+        "benchmark", "value", "unit", "reference", "ratio", "target"
+    );
+    for r in &rows {
+        println!("{}", render_row(r));
+    }
+    if runs.len() > 1 {
+        println!();
+        println!("scaling (seconds):");
+        println!(
+            "{:>8} {:>10} {:>10} {:>12} {:>10} {:>12} {:>12}",
+            "N", "P1 total", "P1 ipvs", "ipvsadm -R", "P4 total", "ipvsadm -Sn", "P2 endpoint"
+        );
+        for r in &runs {
+            println!(
+                "{:>8} {:>10.3} {:>10.3} {:>12.3} {:>10.3} {:>12.3} {:>12.5}",
+                r["services"],
+                f(&r["p1"]["total_s"]),
+                f(&r["p1"]["ipvs_s"]),
+                f(&r["ipvsadm_restore_s"]),
+                f(&r["p4"]["total_s"]),
+                f(&r["p4"]["ipvsadm_save_s"]),
+                f(&r["p2"]["endpoint"]["wall_s"]),
+            );
+        }
+    }
+    let report = json!({
+        "date": today(),
+        "kernel": kernel,
+        "services": o.services,
+        "reals": o.reals,
+        "sizes": o.run_sizes(),
+        "vm": {"mem_mb": o.mem_mb, "cpus": 2, "boot_s": out.boot.as_secs_f64(), "total_s": out.total.as_secs_f64()},
+        "rows": rows.iter().map(Row::json).collect::<Vec<_>>(),
+        "runs": runs,
+        "ipset": ipset,
+    });
+    if let Some(dir) = o.json.parent() {
+        std::fs::create_dir_all(dir).ctx(|| format!("creating {}", dir.display()))?;
+    }
+    let pretty = serde_json::to_string_pretty(&report).unwrap_or_default();
+    std::fs::write(&o.json, pretty + "\n").ctx(|| format!("writing {}", o.json.display()))?;
+    println!();
+    println!("json: {}", o.json.display());
+    if runs.len() > 1 {
+        let plot = svg::scaling_plot(&runs, o.reals, &kernel, &today());
+        if let Some(dir) = o.svg.parent() {
+            std::fs::create_dir_all(dir).ctx(|| format!("creating {}", dir.display()))?;
+        }
+        std::fs::write(&o.svg, plot).ctx(|| format!("writing {}", o.svg.display()))?;
+        println!("plot: {}", o.svg.display());
+    }
+    let missing = o.run_sizes().len() - runs.len().min(o.run_sizes().len());
+    println!(
+        "bench: {} benchmarks, {} PASS, {} MISS, {} informational; {} of {} runs completed; kernel {kernel}; {:.0} s",
+        rows.len(),
+        rows.iter().filter(|r| r.status() == "PASS").count(),
+        rows.iter().filter(|r| r.status() == "MISS").count(),
+        rows.iter().filter(|r| r.status() == "-").count(),
+        runs.len(),
+        o.run_sizes().len(),
+        started.elapsed().as_secs_f64()
+    );
+    if out.code != 0 || missing > 0 || (o.wants("p5") && ipset.is_none()) {
+        eprintln!(
+            "xtask bench: the driver failed in the VM (exit {})",
+            out.code
+        );
+        return Ok(1);
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn defaults_run_the_scaling_series_and_p5() {
+        let o = parse_args(&[]).unwrap();
+        assert_eq!(o.run_sizes(), vec![1_000, 5_000, 10_000]);
+        let s = script("/x/controller-bench", &o);
+        assert!(s.contains("/x/controller-bench run 1000 10\n"), "{s}");
+        assert!(s.contains("/x/controller-bench run 10000 10\n"), "{s}");
+        assert!(s.contains("/x/controller-bench ipset 10000 2000\n"), "{s}");
+    }
+
+    #[test]
+    fn shrunk_and_filtered_runs() {
+        let o = parse_args(&args("p1 --services 2000 --reals 4")).unwrap();
+        assert_eq!(o.run_sizes(), vec![2_000]);
+        assert!(!script("/b", &o).contains("ipset"));
+        let o = parse_args(&args("scaling --services 2_000")).unwrap();
+        assert_eq!(o.run_sizes(), vec![200, 1_000, 2_000]);
+        let o = parse_args(&args("p5")).unwrap();
+        assert!(o.run_sizes().is_empty());
+        assert!(parse_args(&args("p9")).is_err());
+        assert!(parse_args(&args("--services 0")).is_err());
+    }
+
+    #[test]
+    fn rows_compute_ratios_and_verdicts() {
+        let o = parse_args(&args("--services 100")).unwrap();
+        let run: Value = serde_json::from_str(
+            r#"{"services":100,"reals":10,"ipvsadm_restore_s":4.0,
+                "p1":{"total_s":1.0,"ipvs_s":0.5,"iptables_processes":4,"iptables_tables":2},
+                "p2":{"endpoint":{"wall_s":0.01,"netlink_requests":2,"requests":{"iptables_processes":0}},
+                      "add-service":{"wall_s":0.02,"netlink_requests":12},
+                      "delete-service":{"wall_s":0.02,"netlink_requests":2}},
+                "p3":{"rss_peak_kb":2048,"rss_steady_kb":1024,"bytes_per_service":100},
+                "p4":{"total_s":0.5,"ipvs_s":0.1,"ipvsadm_save_s":0.2,"requests":{"iptables_processes":4}}}"#,
+        )
+        .unwrap();
+        let ipset: Value =
+            serde_json::from_str(r#"{"entries":10,"ours_s":0.1,"per_entry_s":10.0}"#).unwrap();
+        let rows = rows(&o, Some(&run), Some(&ipset));
+        let get = |n: &str| rows.iter().find(|r| r.name == n).unwrap();
+        assert_eq!(get("P1.full-program.total").ratio(), Some(0.25));
+        assert_eq!(get("P1.full-program.total").status(), "PASS");
+        // 0.5 s drift check vs 0.2 s ipvsadm -Sn = 2.5x > 1.5x.
+        assert_eq!(get("P4.drift-check.total").status(), "MISS");
+        assert_eq!(get("P2.endpoint.time").ratio(), Some(0.02));
+        assert_eq!(get("P2.endpoint.time").status(), "MISS");
+        assert_eq!(get("P2.add-service.requests").status(), "PASS");
+        assert_eq!(get("P5.iptables.first-sync-per-table").value, 2.0);
+        assert_eq!(get("P5.iptables.unchanged-sync").status(), "PASS");
+        assert_eq!(get("P3.rss-peak").status(), "-");
+        assert_eq!(get("P5.ipset").ratio(), Some(0.01));
+        let line = render_row(get("P1.full-program.total"));
+        assert!(line.contains("0.250") && line.ends_with("PASS"), "{line}");
+    }
+
+    #[test]
+    fn output_is_parsed() {
+        let text = "@@kernel 6.1.0-40-cloud-amd64\nnoise\nBENCH-JSON {\"services\":5}\nBENCH-JSON {\"entries\":3}\n";
+        let (k, runs, ipset) = parse_output(text);
+        assert_eq!(k, "6.1.0-40-cloud-amd64");
+        assert_eq!(runs.len(), 1);
+        assert_eq!(ipset.unwrap()["entries"], 3);
+    }
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(civil(0), "1970-01-01");
+        assert_eq!(civil(20_779), "2026-11-22");
+        assert_eq!(civil(11_016), "2000-02-29");
+    }
 }
