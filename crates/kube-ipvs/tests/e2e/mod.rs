@@ -75,7 +75,7 @@ pub struct Lab {
     pub dir: PathBuf,
     /// The daemon's stderr log.
     pub log: PathBuf,
-    daemon: Option<Child>,
+    daemon: std::sync::Mutex<Option<Child>>,
     next_if: u32,
 }
 
@@ -137,7 +137,7 @@ impl Lab {
             pods: Vec::new(),
             dir: dir.join("manifests"),
             log,
-            daemon: None,
+            daemon: std::sync::Mutex::new(None),
             next_if: 0,
         };
         lab.write("00-node", &node_yaml());
@@ -233,8 +233,9 @@ impl Lab {
     /// Start the daemon in the node namespace with the lab's defaults (`--source-dir`,
     /// `--hostname-override`, metrics/healthz on the namespace's loopback, `-v 2`) plus `extra`.
     /// Its stderr is appended to [`Lab::log`].
-    pub fn start_daemon(&mut self, extra: &[&str]) {
-        assert!(self.daemon.is_none(), "daemon already running");
+    pub fn start_daemon(&self, extra: &[&str]) {
+        let mut slot = self.daemon.lock().unwrap();
+        assert!(slot.is_none(), "daemon already running");
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -262,17 +263,17 @@ impl Lab {
             .stderr(Stdio::from(log))
             .spawn()
             .unwrap();
-        self.daemon = Some(child);
+        *slot = Some(child);
     }
 
     /// The daemon's pid.
     pub fn daemon_pid(&self) -> Option<u32> {
-        self.daemon.as_ref().map(Child::id)
+        self.daemon.lock().unwrap().as_ref().map(Child::id)
     }
 
     /// `kill -9` the daemon and reap it; its kernel state stays behind.
-    pub fn kill9(&mut self) {
-        if let Some(mut c) = self.daemon.take() {
+    pub fn kill9(&self) {
+        if let Some(mut c) = self.daemon.lock().unwrap().take() {
             c.kill().unwrap();
             let st = c.wait().unwrap();
             println!("daemon killed with SIGKILL: {st}");
@@ -280,8 +281,8 @@ impl Lab {
     }
 
     /// SIGTERM the daemon and wait for it; returns its exit code.
-    pub fn stop(&mut self) -> Option<i32> {
-        let mut c = self.daemon.take()?;
+    pub fn stop(&self) -> Option<i32> {
+        let mut c = self.daemon.lock().unwrap().take()?;
         let _ = Command::new("kill")
             .args(["-TERM", &c.id().to_string()])
             .status();
@@ -380,7 +381,8 @@ impl Lab {
 
 impl Drop for Lab {
     fn drop(&mut self) {
-        if let Some(mut c) = self.daemon.take() {
+        let child = self.daemon.get_mut().map(Option::take).unwrap_or(None);
+        if let Some(mut c) = child {
             let _ = c.kill();
             let _ = c.wait();
         }
