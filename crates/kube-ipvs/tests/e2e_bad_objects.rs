@@ -142,14 +142,23 @@ fn sh(cmd: &str) -> String {
 }
 
 /// Polls `ipvsadm -Sn` until `pred` holds; the deadline only prevents a hang.
-async fn wait_ipvs(what: &str, deadline: Duration, pred: impl Fn(&str) -> bool) -> String {
+async fn wait_ipvs(
+    d: &Daemon,
+    what: &str,
+    deadline: Duration,
+    pred: impl Fn(&str) -> bool,
+) -> String {
     let start = Instant::now();
     loop {
         let t = sh("ipvsadm -Sn");
         if pred(&t) {
             return t;
         }
-        assert!(start.elapsed() < deadline, "never saw {what}:\n{t}");
+        assert!(
+            start.elapsed() < deadline,
+            "never saw {what}:\n{t}\ndaemon log:\n{}",
+            d.log()
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -283,10 +292,10 @@ async fn bad_objects() {
     let kc = std::env::temp_dir().join(format!("e2e-bad-kc-{}.yaml", std::process::id()));
     api.write_kubeconfig(&kc).unwrap();
     let mut d = Daemon::start(kc.to_str().unwrap(), &["--ipvs-sync-period", "5s"]);
-    let deadline = Duration::from_secs(120);
+    let deadline = Duration::from_secs(90);
 
     // Every good service is programmed with its real servers.
-    let table = wait_ipvs("the good services", deadline, |t| {
+    let table = wait_ipvs(&d, "the good services", deadline, |t| {
         t.contains("-a -t 10.96.0.30:80 -r 10.244.0.7:8080 -m")
             && t.contains("-a -t 10.96.0.30:80 -r 10.244.0.8:8080 -m")
             && t.contains("-a -t 10.96.0.31:81 -r 10.244.0.8:8080 -m")

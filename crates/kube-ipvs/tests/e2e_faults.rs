@@ -146,14 +146,23 @@ fn sh(cmd: &str) -> String {
 }
 
 /// Polls `ipvsadm -Sn` until `pred` holds; the deadline only prevents a hang.
-async fn wait_ipvs(what: &str, deadline: Duration, pred: impl Fn(&str) -> bool) -> String {
+async fn wait_ipvs(
+    d: &Daemon,
+    what: &str,
+    deadline: Duration,
+    pred: impl Fn(&str) -> bool,
+) -> String {
     let start = Instant::now();
     loop {
         let t = sh("ipvsadm -Sn");
         if pred(&t) {
             return t;
         }
-        assert!(start.elapsed() < deadline, "never saw {what}:\n{t}");
+        assert!(
+            start.elapsed() < deadline,
+            "never saw {what}:\n{t}\ndaemon log:\n{}",
+            d.log()
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -290,8 +299,8 @@ async fn api_faults() {
         kc.to_str().unwrap(),
         &["--ipvs-sync-period", "10s", "--ipvs-min-sync-period", "0s"],
     );
-    let deadline = Duration::from_secs(120);
-    wait_ipvs("the first endpoint", deadline, |t| {
+    let deadline = Duration::from_secs(90);
+    wait_ipvs(&d, "the first endpoint", deadline, |t| {
         t.contains("-a -t 10.96.0.20:80 -r 10.244.0.7:8080 -m")
     })
     .await;
@@ -385,7 +394,7 @@ async fn api_faults() {
     // 4. The server returns: the daemon relists and converges to the change made meanwhile.
     api.resume().unwrap();
     let back = Instant::now();
-    wait_ipvs("the second endpoint after the outage", deadline, |t| {
+    wait_ipvs(&d, "the second endpoint after the outage", deadline, |t| {
         t.contains("-r 10.244.0.7:8080 -m") && t.contains("-r 10.244.0.8:8080 -m")
     })
     .await;
@@ -399,7 +408,7 @@ async fn api_faults() {
         .endpoints
         .retain(|e| e.addresses != vec!["10.244.0.7".to_string()]);
     api.apply(&slice).unwrap();
-    let t = wait_ipvs("10.244.0.7 draining or gone", deadline, |t| {
+    let t = wait_ipvs(&d, "10.244.0.7 draining or gone", deadline, |t| {
         !t.contains("-r 10.244.0.7:8080 -m -w 1")
     })
     .await;
