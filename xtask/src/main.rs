@@ -1,7 +1,8 @@
-//! Project automation: `cargo xtask vm|test|e2e|bench`.
+//! Project automation: `cargo xtask vm|test|e2e|bench|dist`.
 
 mod bench;
 mod cpio;
+mod dist;
 mod error;
 mod host;
 mod image;
@@ -20,7 +21,8 @@ usage:
                  [--timeout SECS] [--net-fwd HOSTPORT] -- CMD...
   cargo xtask test [--stage fmt|clippy|unit|netns|vm]... [-p PKG]... [--timeout SECS]
   cargo xtask e2e [--filter SUBSTRING] [-p PKG]... [--timeout SECS]
-  cargo xtask bench ...";
+  cargo xtask bench ...
+  cargo xtask dist [--gnu]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -43,6 +45,7 @@ fn dispatch(args: &[String]) -> Result<u8> {
         "test" => test::test_cmd(rest),
         "e2e" => test::e2e_cmd(rest),
         "bench" => bench::bench(rest),
+        "dist" => dist::dist_cmd(rest),
         "__fwd" => {
             let port = rest
                 .first()

@@ -449,3 +449,28 @@ fn cluster_role_grants_exactly_what_the_proxy_uses() {
     assert_eq!(subjects[0].name, "kube-ipvs");
     assert_eq!(subjects[0].namespace.as_deref(), Some("kube-system"));
 }
+
+#[test]
+fn containerfile_is_multi_stage_with_the_inspection_tools() {
+    let text = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../Containerfile"),
+    )
+    .unwrap();
+    let froms: Vec<&str> = text.lines().filter(|l| l.starts_with("FROM ")).collect();
+    assert_eq!(froms.len(), 2, "build stage + runtime stage: {froms:?}");
+    assert!(froms[0].contains(" AS build"), "{froms:?}");
+    assert!(text.contains("cargo build --release --locked -p kube-ipvs"));
+    // The runtime stage installs the tools kube-ipvs runs and operators inspect with, and the
+    // build fails if a backend is missing.
+    let runtime = &text[text.find(froms[1]).unwrap()..];
+    for tool in ["ipvsadm", "ipset", "iptables", "conntrack"] {
+        assert!(
+            runtime.contains(&format!(" {tool} ")),
+            "{tool} not installed"
+        );
+    }
+    for check in ["iptables-nft --version", "iptables-legacy --version"] {
+        assert!(runtime.contains(check), "{check}");
+    }
+    assert!(runtime.contains("COPY --from=build /out/kube-ipvs /usr/local/bin/kube-ipvs"));
+}
