@@ -553,8 +553,19 @@ impl StaticDirSource {
         };
         let (ntx, mut nrx) = mpsc::unbounded_channel::<()>();
         let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            if let Err(e) = &res {
-                tracing::warn!(source = "static-dir", "watch error: {e}");
+            match &res {
+                // notify's inotify mask includes IN_OPEN: the source's own reads would trigger
+                // a re-read, forever. Opening a file changes nothing.
+                Ok(ev)
+                    if matches!(
+                        ev.kind,
+                        notify::EventKind::Access(notify::event::AccessKind::Open(_))
+                    ) =>
+                {
+                    return
+                }
+                Err(e) => tracing::warn!(source = "static-dir", "watch error: {e}"),
+                Ok(_) => {}
             }
             let _ = ntx.send(());
         })
