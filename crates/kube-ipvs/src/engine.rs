@@ -340,6 +340,17 @@ impl SyncObserver for Observer {
         self.metrics
             .draining_destinations
             .set(backend.draining() as i64);
+        self.metrics
+            .conntrack_deleted_entries_total
+            .inc_by(report.conntrack_deleted);
+        if report.ipvs_ops > 0 {
+            self.metrics
+                .ipvs_requests_total
+                .get_or_create(&crate::metrics::OpLabel {
+                    op: "write".to_string(),
+                })
+                .inc_by(report.ipvs_ops as u64);
+        }
         let wanted: BTreeMap<u16, HealthCheckService> = backend
             .health_checks()
             .into_iter()

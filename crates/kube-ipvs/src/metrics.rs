@@ -113,6 +113,9 @@ pub struct Metrics {
     pub ipvs_destinations: Gauge,
     /// `kube_ipvs_health_check_node_ports`: health-check node port listeners open.
     pub health_check_node_ports: Gauge,
+    /// `kubeproxy_conntrack_reconciler_deleted_entries_total`: stale UDP conntrack entries
+    /// deleted (upstream's name).
+    pub conntrack_deleted_entries_total: Counter,
 }
 
 /// Upstream's network programming buckets: 0, 0.25 s, 0.5 s, 1..59 s, 60..115 s by 5, 2..5 min
@@ -157,6 +160,7 @@ impl Metrics {
             ipvs_services: Gauge::default(),
             ipvs_destinations: Gauge::default(),
             health_check_node_ports: Gauge::default(),
+            conntrack_deleted_entries_total: Counter::default(),
             registry: Registry::default(),
         };
         let k = "kubeproxy_";
@@ -219,6 +223,11 @@ impl Metrics {
             format!("{k}proxy_livez"),
             "Cumulative proxy livez HTTP status",
             m.proxy_livez_total.clone(),
+        );
+        r.register(
+            format!("{k}conntrack_reconciler_deleted_entries"),
+            "Stale conntrack entries deleted (UDP flows to removed endpoints or to services that had none)",
+            m.conntrack_deleted_entries_total.clone(),
         );
         let o = "kube_ipvs_";
         r.register(
