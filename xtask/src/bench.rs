@@ -22,7 +22,8 @@ const NAMES: [&str; 6] = ["p1", "p2", "p3", "p4", "p5", "scaling"];
 const USAGE: &str =
     "usage: cargo xtask bench [p1|p2|p3|p4|p5|scaling]... [--services N] [--reals M]
        [--sizes N1,N2,...] [--ipset-entries E] [--ipset-sample S] [--json FILE] [--svg FILE]
-       [--mem M] [--timeout SECS]";
+       [--mem M] [--timeout SECS]
+       cargo xtask bench --plot-from JSON [--svg FILE]";
 
 /// Parsed command line.
 #[derive(Debug, Clone, PartialEq)]
@@ -420,6 +421,32 @@ pub fn render_row(r: &Row) -> String {
     )
 }
 
+/// `bench --plot-from JSON [--svg FILE]`: re-render the plot of an earlier run.
+fn plot_from(json: &str, rest: &[String]) -> Result<u8> {
+    let o = parse_args(rest)?;
+    let text = std::fs::read_to_string(json).ctx(|| format!("reading {json}"))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| Error::Parse(format!("{json}: {e}")))?;
+    let runs = v["runs"].as_array().cloned().unwrap_or_default();
+    let plot = svg::scaling_plot(
+        &runs,
+        v["reals"].as_u64().unwrap_or(0) as usize,
+        v["kernel"].as_str().unwrap_or("?"),
+        v["date"].as_str().unwrap_or("?"),
+    );
+    std::fs::write(&o.svg, plot).ctx(|| format!("writing {}", o.svg.display()))?;
+    println!("plot: {}", o.svg.display());
+    Ok(0)
+}
+
+/// The host's 1-minute load average (TCG timings depend on it: other work on the host slows
+/// the guest unevenly).
+fn loadavg() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|x| x.parse().ok()))
+        .unwrap_or(f64::NAN)
+}
+
 /// Today's date (UTC) as YYYY-MM-DD.
 fn today() -> String {
     let secs = std::time::SystemTime::now()
@@ -445,6 +472,11 @@ pub fn civil(days: u64) -> String {
 
 /// Entry point for `cargo xtask bench ARGS...`. Returns the process exit code.
 pub fn bench(args: &[String]) -> Result<u8> {
+    if let [flag, json, rest @ ..] = args {
+        if flag == "--plot-from" {
+            return plot_from(json, rest);
+        }
+    }
     let o = parse_args(args)?;
     let started = Instant::now();
     let exe = build_driver()?;
@@ -474,7 +506,9 @@ pub fn bench(args: &[String]) -> Result<u8> {
             String::new()
         }
     );
+    let load_before = loadavg();
     let out = vm::run(&cfg)?;
+    let load_after = loadavg();
     let text = String::from_utf8_lossy(&out.stdout);
     let (kernel, runs, ipset) = parse_output(&text);
     let main = runs
@@ -499,7 +533,7 @@ pub fn bench(args: &[String]) -> Result<u8> {
         for r in &runs {
             println!(
                 "{:>8} {:>10.3} {:>10.3} {:>12.3} {:>10.3} {:>12.3} {:>12.5}",
-                r["services"],
+                r["services"].as_u64().unwrap_or(0),
                 f(&r["p1"]["total_s"]),
                 f(&r["p1"]["ipvs_s"]),
                 f(&r["ipvsadm_restore_s"]),
@@ -515,6 +549,7 @@ pub fn bench(args: &[String]) -> Result<u8> {
         "services": o.services,
         "reals": o.reals,
         "sizes": o.run_sizes(),
+        "host_loadavg": {"before": load_before, "after": load_after, "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)},
         "vm": {"mem_mb": o.mem_mb, "cpus": 2, "boot_s": out.boot.as_secs_f64(), "total_s": out.total.as_secs_f64()},
         "rows": rows.iter().map(Row::json).collect::<Vec<_>>(),
         "runs": runs,
@@ -536,6 +571,9 @@ pub fn bench(args: &[String]) -> Result<u8> {
         println!("plot: {}", o.svg.display());
     }
     let missing = o.run_sizes().len() - runs.len().min(o.run_sizes().len());
+    println!(
+        "host load average: {load_before:.1} before, {load_after:.1} after (TCG timings are only comparable within one run)"
+    );
     println!(
         "bench: {} benchmarks, {} PASS, {} MISS, {} informational; {} of {} runs completed; kernel {kernel}; {:.0} s",
         rows.len(),

@@ -7,7 +7,7 @@ const W: f64 = 760.0;
 const H: f64 = 460.0;
 const LEFT: f64 = 70.0;
 const RIGHT: f64 = 230.0;
-const TOP: f64 = 40.0;
+const TOP: f64 = 48.0;
 const BOTTOM: f64 = 50.0;
 
 /// (label, colour, dashed, JSON pointer into a run).
@@ -61,7 +61,8 @@ pub fn scaling_plot(runs: &[Value], reals: usize, kernel: &str, date: &str) -> S
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" viewBox=\"0 0 {W} {H}\" font-family=\"sans-serif\" font-size=\"12\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"{LEFT}\" y=\"22\" font-size=\"14\" font-weight=\"bold\">kube-ipvs: time vs services ({reals} reals each; {} {}; QEMU TCG)</text>\n",
+         <text x=\"{LEFT}\" y=\"18\" font-size=\"14\" font-weight=\"bold\">kube-ipvs: time vs services ({reals} reals each)</text>\n\
+         <text x=\"{LEFT}\" y=\"33\" font-size=\"11\" fill=\"#555\">kernel {}, {}, QEMU TCG; dashed: reference tools</text>\n",
         esc(kernel),
         esc(date)
     );
