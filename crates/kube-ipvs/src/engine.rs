@@ -466,6 +466,31 @@ pub struct Engine {
     thread: Option<std::thread::JoinHandle<Exit>>,
 }
 
+/// The observer as the sync loop sees it: queued changes are tracked for `/healthz` only in the
+/// families that have a backend (like upstream, where each family's proxier reports its own), so
+/// a single-stack node does not wait forever for an IPv6 sync that never comes.
+struct LoopObserver {
+    inner: Observer,
+    families: Vec<IpFamily>,
+}
+
+impl SyncObserver for LoopObserver {
+    fn queued(&self, changes: &Changes) {
+        if !changes.dirty.is_empty() || changes.node_changed {
+            self.inner.metrics.record_queued();
+            for f in &self.families {
+                self.inner.health.queued_update(*f);
+            }
+        }
+    }
+    fn synced(&self, family: Family, report: &SyncReport, backend: &dyn Backend) {
+        self.inner.synced(family, report, backend);
+    }
+    fn rejected(&self, family: Family, rejected: &[(String, String)]) {
+        self.inner.rejected(family, rejected);
+    }
+}
+
 impl Engine {
     /// Starts the sync loop on its own thread.
     pub fn start(
@@ -474,6 +499,10 @@ impl Engine {
         cfg: LoopConfig,
         observer: Observer,
     ) -> Engine {
+        let observer = LoopObserver {
+            families: backends.iter().map(|b| ip_family(b.family())).collect(),
+            inner: observer,
+        };
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("sync-loop".into())
