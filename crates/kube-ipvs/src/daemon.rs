@@ -218,8 +218,12 @@ async fn node_address_tracker() -> Option<netif::NodeAddresses> {
 
 /// Runs kube-ipvs until SIGTERM/SIGINT (or, with `--once`, until the first sync is done).
 pub async fn run_daemon(config: Config) -> Result<()> {
-    let scheduler = config.ipvs.scheduler.clone();
-    let mode = crate::mode::select(&config, || crate::engine::probe_ipvs(&scheduler))?;
+    let probe = match config.mode {
+        ProxyMode::Ipvs => crate::engine::probe_ipvs(&config.ipvs.scheduler),
+        ProxyMode::Iptables => Ok(()),
+    };
+    let mode = crate::mode::select(&config, || probe.clone())?;
+    let fell_back = config.mode == ProxyMode::Ipvs && mode == ProxyMode::Iptables;
     tracing::info!(
         mode = mode.as_str(),
         node = %config.node_name,
@@ -275,6 +279,15 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         Some(_) => None,
         None => Some(kube_client(&config.kube).await?),
     };
+    if let (true, Some(c), Err(reason)) = (fell_back, &client, &probe) {
+        // Loud, in three places: the log (mode::select), the metric, and an Event on the Node.
+        tokio::spawn(crate::engine::publish_node_event(
+            c.clone(),
+            config.node_name.clone(),
+            "IPVSUnavailable",
+            format!("kube-ipvs runs in iptables mode: {reason}"),
+        ));
+    }
     let (rejections_tx, rejections_rx) = tokio::sync::mpsc::unbounded_channel();
     let publisher = client.clone().map(|c| {
         tokio::spawn(crate::engine::publish_rejections(

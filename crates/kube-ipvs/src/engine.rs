@@ -459,6 +459,39 @@ pub async fn publish_rejections(
     }
 }
 
+/// Publishes one Warning Event regarding this node's Node object (e.g. the IPVS fallback).
+pub async fn publish_node_event(
+    client: kube::Client,
+    node_name: String,
+    reason: &'static str,
+    note: String,
+) {
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let recorder = Recorder::new(
+        client,
+        Reporter {
+            controller: "kube-ipvs".into(),
+            instance: Some(node_name.clone()),
+        },
+    );
+    let reference = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node_name),
+        ..Default::default()
+    };
+    let ev = Event {
+        type_: EventType::Warning,
+        reason: reason.into(),
+        note: Some(note),
+        action: "SelectProxyMode".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&ev, &reference).await {
+        tracing::warn!(error = %e, reason, "could not emit an Event on the Node");
+    }
+}
+
 /// The running engine: the sync-loop thread and its input channel.
 #[derive(Debug)]
 pub struct Engine {

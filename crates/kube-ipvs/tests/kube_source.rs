@@ -109,8 +109,32 @@ async fn daemon_watches_the_api_server_via_kubeconfig_and_master() {
         "kubeproxy_sync_proxy_rules_endpoint_changes_total 10",
     )
     .await;
-    let r = get(hz, "/healthz").await.unwrap();
+    // Healthy once the first sync has programmed the namespace.
+    let mut r = get(hz, "/healthz").await.unwrap();
+    for _ in 0..600 {
+        if r.status == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        r = get(hz, "/healthz").await.unwrap();
+    }
     assert_eq!(r.status, 200, "{r:?}");
+    if !std::path::Path::new("/proc/net/ip_vs").exists() {
+        // No IPVS here: the fallback to iptables mode is announced with an Event on the Node.
+        let mut found = false;
+        for _ in 0..300 {
+            found = api.events().iter().any(|e| {
+                e["reason"] == "IPVSUnavailable"
+                    && e["regarding"]["kind"] == "Node"
+                    && e["regarding"]["name"] == "node-1"
+            });
+            if found {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(found, "no IPVSUnavailable Event: {:?}", api.events());
+    }
 
     // This Node is deleted while a finalizer holds it, so it gets a deletionTimestamp (set by
     // the server, as in a real cluster): /healthz fails, /livez stays up.
