@@ -19,6 +19,8 @@ use e2e::{tcp_name, wait_until, Ep, Lab, Netns, Persistent, Port, Svc, Tally};
 const SERVICES: usize = 1000;
 const HELD: usize = 50;
 const WAIT: Duration = Duration::from_secs(10);
+/// Read timeout of the held connections' echo (generous: only bounds a hang).
+const PING_WAIT: Duration = Duration::from_secs(60);
 
 fn cluster_ip(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 97, (i / 250) as u8, (i % 250 + 1) as u8)
@@ -93,6 +95,9 @@ impl Churn {
                         failed += 1;
                         errors.push(format!("{to}: {e}"));
                     }
+                    // Throttled: an unthrottled loop made ~27,000 connections in one run and
+                    // starved the held connections' echo threads under TCG.
+                    std::thread::sleep(Duration::from_millis(20));
                 }
                 Ok((failed, errors))
             })
@@ -200,7 +205,7 @@ fn vm_e2e_restart_kill9_keeps_connections_and_adopts_the_table() {
     let client = &lab.pods[a + 2].ns;
     let vip = |i: usize| SocketAddr::new(IpAddr::V4(cluster_ip(i)), 80);
     let mut held: Vec<Persistent> = (0..HELD)
-        .map(|i| Persistent::open(client, vip(i * 7), WAIT).unwrap())
+        .map(|i| Persistent::open(client, vip(i * 7), PING_WAIT).unwrap())
         .collect();
     let (f, errs) = ping_all(&mut held, "before");
     t.check(
