@@ -485,8 +485,14 @@ pub fn render_ipvs_mode(input: &IpvsModeInput) -> Result<RuleSet> {
     filter(
         &mut rs,
         format!(
-            "-A {IPVS_FILTER} -m conntrack --ctstate NEW -m set --match-set {} dst -j REJECT",
-            set(SetKind::IpvsIps)
+            "-A {IPVS_FILTER} -m conntrack --ctstate NEW -m set --match-set {} dst -j REJECT --reject-with {}",
+            set(SetKind::IpvsIps),
+            // Spelled out the way iptables-save prints the default, so a drift check can
+            // compare the kernel's rules with ours line by line.
+            match fam {
+                Family::V4 => "icmp-port-unreachable",
+                Family::V6 => "icmp6-port-unreachable",
+            }
         ),
     );
 
@@ -497,7 +503,8 @@ pub fn render_ipvs_mode(input: &IpvsModeInput) -> Result<RuleSet> {
     );
     nat(
         &mut rs,
-        format!("-A {POSTROUTING} -j MARK --xor-mark {mark}"),
+        // `--xor-mark M`, in iptables-save's spelling.
+        format!("-A {POSTROUTING} -j MARK --set-xmark {mark}/0x0"),
     );
     let rf = if input.random_fully {
         " --random-fully"
@@ -510,7 +517,8 @@ pub fn render_ipvs_mode(input: &IpvsModeInput) -> Result<RuleSet> {
             "-A {POSTROUTING} -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE{rf}"
         ),
     );
-    nat(&mut rs, format!("-A {MARK_MASQ} -j MARK --or-mark {mark}"));
+    // `--or-mark M`, in iptables-save's spelling.
+    nat(&mut rs, format!("-A {MARK_MASQ} -j MARK --set-xmark {mark}/{mark}"));
     Ok(rs)
 }
 
@@ -539,9 +547,9 @@ mod tests {
                 "-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT",
                 "-A KUBE-LOAD-BALANCER -j KUBE-MARK-MASQ",
                 "-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN",
-                "-A KUBE-POSTROUTING -j MARK --xor-mark 0x4000",
+                "-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0",
                 "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully",
-                "-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000",
+                "-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000",
                 "COMMIT",
             ]
         );
@@ -556,7 +564,7 @@ mod tests {
             assert!(filter.contains(&format!(":{chain} - [0:0]\n")), "{chain}");
         }
         assert!(filter.contains(
-            "-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst -j REJECT\n"
+            "-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst -j REJECT --reject-with icmp-port-unreachable\n"
         ));
         assert!(filter.contains("-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark 0x4000/0x4000 -j ACCEPT\n"));
         assert!(filter.contains("-A KUBE-NODE-PORT -m comment --comment \"Kubernetes health check node port\" -m set --match-set KUBE-HEALTH-CHECK-NODE-PORT dst -j ACCEPT\n"));
@@ -621,14 +629,14 @@ mod tests {
         input.masquerade_bit = 0;
         input.random_fully = false;
         let nat = render_ipvs_mode(&input).unwrap().nat();
-        assert!(nat.contains("-A KUBE-MARK-MASQ -j MARK --or-mark 0x1\n"));
+        assert!(nat.contains("-A KUBE-MARK-MASQ -j MARK --set-xmark 0x1/0x1\n"));
         assert!(nat.contains("-j MASQUERADE\n"));
         assert!(!nat.contains("random-fully"));
         input.masquerade_bit = 31;
         assert!(render_ipvs_mode(&input)
             .unwrap()
             .nat()
-            .contains("--or-mark 0x80000000\n"));
+            .contains("--set-xmark 0x80000000/0x80000000\n"));
         input.masquerade_bit = 32;
         assert!(render_ipvs_mode(&input).is_err());
         input.masquerade_bit = 14;

@@ -210,6 +210,14 @@ fn rules_applied_and_second_apply_is_free(backend: Backend, family: Family) {
         1
     );
 
+    // A forced resync (the periodic drift check) that finds nothing changed only reads: one
+    // iptables-save per table, no restore.
+    ipt.force_resync();
+    let out = ipt.apply(&render_ipvs_mode(&input).unwrap()).unwrap();
+    assert_eq!(out.processes, 2, "{out:?}");
+    assert!(out.restored.is_empty(), "{out:?}");
+    assert_eq!(out.unchanged, vec![Table::Nat, Table::Filter]);
+
     // Drift: someone flushes KUBE-SERVICES and deletes a jump; a forced resync repairs both.
     ns.sh(&format!(
         "{foreign_cmd}-{b} -w -t nat -F KUBE-SERVICES && \
