@@ -411,6 +411,40 @@ impl Iptables {
     }
 }
 
+/// True when `saved` (`iptables-save -t TABLE`) shows every chain of `rules` for `table` with
+/// exactly its rules, in order (chain by chain: iptables-save groups rules by chain). Lines are
+/// compared as iptables-save prints them (it escapes `'` in comments as `\'`), so any other
+/// difference in rendering just means a restore, never a missed repair.
+fn chains_match(rules: &RuleSet, table: Table, saved: &str) -> bool {
+    let Some((chains, lines)) = rules.tables.get(&table) else {
+        return true;
+    };
+    let chain_of = |l: &str| -> Option<String> {
+        l.strip_prefix("-A ")
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(str::to_string)
+    };
+    for c in chains {
+        if !saved.lines().any(|l| l.starts_with(&format!(":{c} "))) {
+            return false;
+        }
+        let have: Vec<String> = saved
+            .lines()
+            .filter(|l| chain_of(l).as_deref() == Some(c.as_str()))
+            .map(|l| l.trim_end().replace("\\'", "'"))
+            .collect();
+        let want: Vec<&str> = lines
+            .iter()
+            .filter(|l| chain_of(l).as_deref() == Some(c.as_str()))
+            .map(|l| l.trim_end())
+            .collect();
+        if have.len() != want.len() || have.iter().zip(&want).any(|(a, b)| a != b) {
+            return false;
+        }
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -452,38 +486,4 @@ mod tests {
         assert!(matches!(err, Error::MissingBinary { .. }), "{err}");
         assert!(err.to_string().contains("iptables-kube-ipvs-test-restore"));
     }
-}
-
-/// True when `saved` (`iptables-save -t TABLE`) shows every chain of `rules` for `table` with
-/// exactly its rules, in order (chain by chain: iptables-save groups rules by chain). Lines are
-/// compared as iptables-save prints them (it escapes `'` in comments as `\'`), so any other
-/// difference in rendering just means a restore, never a missed repair.
-fn chains_match(rules: &RuleSet, table: Table, saved: &str) -> bool {
-    let Some((chains, lines)) = rules.tables.get(&table) else {
-        return true;
-    };
-    let chain_of = |l: &str| -> Option<String> {
-        l.strip_prefix("-A ")
-            .and_then(|rest| rest.split_whitespace().next())
-            .map(str::to_string)
-    };
-    for c in chains {
-        if !saved.lines().any(|l| l.starts_with(&format!(":{c} "))) {
-            return false;
-        }
-        let have: Vec<String> = saved
-            .lines()
-            .filter(|l| chain_of(l).as_deref() == Some(c.as_str()))
-            .map(|l| l.trim_end().replace("\\'", "'"))
-            .collect();
-        let want: Vec<&str> = lines
-            .iter()
-            .filter(|l| chain_of(l).as_deref() == Some(c.as_str()))
-            .map(|l| l.trim_end())
-            .collect();
-        if have.len() != want.len() || have.iter().zip(&want).any(|(a, b)| a != b) {
-            return false;
-        }
-    }
-    true
 }

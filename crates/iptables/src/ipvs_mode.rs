@@ -518,7 +518,10 @@ pub fn render_ipvs_mode(input: &IpvsModeInput) -> Result<RuleSet> {
         ),
     );
     // `--or-mark M`, in iptables-save's spelling.
-    nat(&mut rs, format!("-A {MARK_MASQ} -j MARK --set-xmark {mark}/{mark}"));
+    nat(
+        &mut rs,
+        format!("-A {MARK_MASQ} -j MARK --set-xmark {mark}/{mark}"),
+    );
     Ok(rs)
 }
 
