@@ -176,6 +176,11 @@ pub async fn kube_client(cfg: &KubeClientConfig) -> Result<kube::Client> {
             .parse()
             .map_err(|e| Error::Kube(format!("--master {master:?}: {e}")))?;
     }
+    if config.cluster_url.scheme_str() == Some("http") && config.root_cert.is_none() {
+        // Plain HTTP never uses TLS: an empty root set keeps the client from loading the
+        // system trust store, which minimal images (and the test VM) do not have.
+        config.root_cert = Some(Vec::new());
+    }
     kube::Client::try_from(config).map_err(|e| kerr(&e))
 }
 
