@@ -454,7 +454,12 @@ impl Kernel for FakeKernel {
                 continue;
             };
             let name = table.as_str().to_string();
-            if force || self.iptables.get(&name) != Some(&text) {
+            // Like the real applier: a forced resync reads the table (one process) and
+            // restores only when it differs.
+            if force {
+                self.counters.iptables_processes += 1;
+            }
+            if self.iptables.get(&name) != Some(&text) {
                 self.counters.iptables_processes += 1;
                 self.iptables.insert(name, text);
                 ran = true;

@@ -132,6 +132,7 @@ pub struct Proxier {
     drain_due: Option<Instant>,
     drain_stats: DrainStats,
     conntrack: Vec<ConntrackFilter>,
+    last_rules: Option<String>,
 }
 
 /// Graceful termination of real servers.
@@ -201,6 +202,7 @@ impl Proxier {
             drain_due: None,
             drain_stats: DrainStats::default(),
             conntrack: Vec::new(),
+            last_rules: None,
         }
     }
 
@@ -592,7 +594,38 @@ impl Proxier {
             other => other.clone(),
         };
         input.non_empty_sets = sets.unwrap_or_else(|| non_empty(&self.set_counts));
+        input.no_node_access = self.no_node_access();
         iptables::render_ipvs_mode(&input).map_err(|e| e.to_string())
+    }
+
+    /// Load-balancer IPs whose source ranges do not admit this node: IPVS takes the node's own
+    /// connections to them at LOCAL_OUT, before the INPUT firewall sees them, so they are
+    /// dropped in OUTPUT instead (k/k#119656).
+    fn no_node_access(&self) -> Vec<iptables::NoNodeAccess> {
+        let mut fw = BTreeSet::new();
+        let mut allowed = BTreeSet::new();
+        for e in self.desired.ipset_entries() {
+            match (e.set, e.entry) {
+                (SetKind::LoadBalancerFw, ipset::Entry::IpPort { ip, proto, port }) => {
+                    fw.insert((ip, proto, port));
+                }
+                (
+                    SetKind::LoadBalancerSourceIp,
+                    ipset::Entry::IpPortIp {
+                        ip,
+                        proto,
+                        port,
+                        ip2,
+                    },
+                ) if ip == ip2 => {
+                    allowed.insert((ip, proto, port));
+                }
+                _ => {}
+            }
+        }
+        fw.difference(&allowed)
+            .map(|&(ip, proto, port)| iptables::NoNodeAccess { ip, proto, port })
+            .collect()
     }
 
     fn apply_rules(
@@ -609,8 +642,18 @@ impl Proxier {
                 return;
             }
         };
+        let text = rules.render();
         match kernel.apply_iptables(&rules, force) {
-            Ok(ran) => report.iptables_restored |= ran,
+            Ok(ran) => {
+                report.iptables_restored |= ran;
+                // A forced (drift-check) restore of the very rules applied last time means
+                // someone changed them behind our back.
+                if ran && force && self.applied_once && self.last_rules.as_deref() == Some(&text) {
+                    tracing::warn!(subsystem = "iptables", "repairing drift");
+                    *report.drift.entry("iptables").or_default() += 1;
+                }
+                self.last_rules = Some(text);
+            }
             Err(e) => {
                 tracing::error!(error = %e, "iptables-restore failed");
                 report.errors.push(e.to_string());

@@ -303,15 +303,18 @@ fn resync_without_drift_reads_once_and_writes_nothing() {
 #[test]
 fn drift_is_repaired_and_counted() {
     let (store, mut p, mut k) = programmed(100);
-    // Behind the proxier's back: flush IPVS, drop an address, empty a set.
+    // Behind the proxier's back: flush IPVS, drop an address, flush the nat rules.
     k.ipvs.clear();
     k.addresses.remove(&vip(3));
+    k.iptables.insert("nat".into(), String::new());
     let before = k.counters();
     p.request_full();
     let r = p.sync(&store, &node_addrs(), &mut k);
     assert!(r.ok(), "{:?}", r.errors);
     assert_eq!(r.drift.get("ipvs"), Some(&1100));
     assert_eq!(r.drift.get("address"), Some(&1));
+    assert_eq!(r.drift.get("iptables"), Some(&1));
+    assert!(k.iptables["nat"].contains("KUBE-SERVICES"));
     assert_eq!(k.ipvs.len(), 100);
     assert!(k.addresses.contains(&vip(3)));
     assert_eq!(k.counters().ipvs_writes - before.ipvs_writes, 1100);
