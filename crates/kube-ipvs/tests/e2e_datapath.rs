@@ -265,16 +265,12 @@ fn vm_e2e_reachability() {
         format!("{o:?}"),
     );
     // From the node itself with the node's IP outside the ranges: upstream lets it through
-    // (k/k#119656). kube-ipvs has the KUBE-IPVS-OUT-FILTER rule for it, but the controller does
-    // not fill `IpvsModeInput::no_node_access` yet, so this is printed, not asserted.
+    // (k/k#119656); kube-ipvs drops it in KUBE-IPVS-OUT-FILTER.
     let o = tcp_name(node, lb_a_addr, DROP_WAIT);
-    println!(
-        "  NOTE  LB TCP from the node, node IP not in the ranges: {o:?} ({})",
-        if o.name().is_some() {
-            "reached: KNOWN GAP, k/k#119656 not closed"
-        } else {
-            "denied"
-        }
+    t.check(
+        "LB TCP from the node, node IP not in the ranges: denied",
+        o.name().is_none(),
+        format!("{o:?}"),
     );
     let o = tcp_name(node, sa(v4(198, 51, 100, 31), 80), OK_WAIT);
     t.check(

@@ -119,7 +119,7 @@ fn vm_e2e_drift_is_repaired_and_counted() {
         Case {
             what: "iptables -t nat -F KUBE-SERVICES",
             cmd: &["iptables", "-t", "nat", "-F", "KUBE-SERVICES"],
-            subsystem: None,
+            subsystem: Some("iptables"),
             repaired: iptables_ok,
         },
     ];

@@ -277,12 +277,13 @@ fn vm_e2e_restart_kill9_keeps_connections_and_adopts_the_table() {
         "restart 2 (1 service added, 1 endpoint removed) first sync: {}",
         ops(&s5)
     );
-    // Real differences: +1 virtual server, +2 real servers, -1 real server; +1 VIP;
-    // +1 KUBE-CLUSTER-IP entry.
+    // Real differences: +1 virtual server, +2 real servers, and the removed real server set to
+    // weight 0 to drain (deleted by a later drain check, not this sync); +1 VIP; +1
+    // KUBE-CLUSTER-IP entry and +1 KUBE-IPVS-IPS entry for the new VIP.
     for (k, want) in [
         ("ipvs_ops", "4"),
         ("address_ops", "1"),
-        ("ipset_changes", "1"),
+        ("ipset_changes", "2"),
         ("errors", "0"),
     ] {
         let got = s5.get(k).cloned().unwrap_or_default();
