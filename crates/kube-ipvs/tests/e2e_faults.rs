@@ -16,156 +16,20 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod api_lab;
 mod common;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use api_lab::{sh, wait_ipvs, Daemon, Lab};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use testkit::apiserver::FakeApiServer;
-use testkit::netns::{EchoServer, Netns, Pod};
 
-const BIN: &str = env!("CARGO_BIN_EXE_kube-ipvs");
 const VIP: &str = "10.96.0.20:80";
-
-/// The node namespace and its pods with echo servers (all removed on drop).
-struct Lab {
-    node: Netns,
-    _pods: Vec<(Pod, EchoServer)>,
-}
-
-impl Lab {
-    fn new(tag: &str, pod_ips: &[Ipv4Addr]) -> Lab {
-        let node = Netns::new(tag).unwrap();
-        node.ip(&["link", "add", "node0", "type", "dummy"]).unwrap();
-        node.ip(&["addr", "add", "192.168.0.10/24", "dev", "node0"])
-            .unwrap();
-        node.ip(&["link", "set", "node0", "up"]).unwrap();
-        node.ip(&["route", "add", "default", "via", "192.168.0.1"])
-            .unwrap();
-        node.sysctl("net.ipv4.ip_forward", "1").unwrap();
-        let pods = pod_ips
-            .iter()
-            .map(|ip| {
-                let pod = Pod::new(Some(&node), *ip).unwrap();
-                let srv = EchoServer::start(&pod.ns, SocketAddr::from((*ip, 8080))).unwrap();
-                (pod, srv)
-            })
-            .collect();
-        Lab { node, _pods: pods }
-    }
-
-    /// Runs an async body on a thread inside the node namespace (threads and processes it
-    /// starts inherit the namespace).
-    fn run<F, Fut>(&self, body: F)
-    where
-        F: FnOnce() -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = ()>,
-    {
-        self.node
-            .enter(move || {
-                let rt = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .enable_all()
-                    .build()?;
-                rt.block_on(body());
-                Ok(())
-            })
-            .expect("the test body failed inside the namespace (see its panic above)");
-    }
-}
-
-/// The daemon, killed on drop; stderr goes to a file (a pipe could fill up and block it).
-struct Daemon {
-    child: Child,
-    log: PathBuf,
-    healthz: SocketAddr,
-    metrics: SocketAddr,
-}
-
-impl Daemon {
-    fn start(kubeconfig: &str, extra: &[&str]) -> Daemon {
-        let (hp, mp) = (common::free_port(), common::free_port());
-        let healthz: SocketAddr = format!("127.0.0.1:{hp}").parse().unwrap();
-        let metrics: SocketAddr = format!("127.0.0.1:{mp}").parse().unwrap();
-        let log = std::env::temp_dir().join(format!("e2e-faults-{}-{hp}.log", std::process::id()));
-        let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(BIN)
-            .args(["--kubeconfig", kubeconfig, "--hostname-override", "node-1"])
-            .args(["--healthz-bind-address", &healthz.to_string()])
-            .args(["--metrics-bind-address", &metrics.to_string()])
-            .args(["--ipvs-fallback=false"])
-            .args(extra)
-            .env_remove("RUST_LOG")
-            .env_remove("KUBECONFIG")
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(file))
-            .spawn()
-            .unwrap();
-        Daemon {
-            child,
-            log,
-            healthz,
-            metrics,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn alive(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-
-    /// SIGTERM; returns the exit code and the log.
-    fn stop(mut self) -> (Option<i32>, String) {
-        let pid = self.child.id().to_string();
-        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        let status = self.child.wait().unwrap();
-        (status.code(), self.log())
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
-    }
-}
-
-fn sh(cmd: &str) -> String {
-    let out = Command::new("sh").args(["-c", cmd]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).to_string()
-}
-
-/// Polls `ipvsadm -Sn` until `pred` holds; the deadline only prevents a hang.
-async fn wait_ipvs(
-    d: &Daemon,
-    what: &str,
-    deadline: Duration,
-    pred: impl Fn(&str) -> bool,
-) -> String {
-    let start = Instant::now();
-    loop {
-        let t = sh("ipvsadm -Sn");
-        if pred(&t) {
-            return t;
-        }
-        assert!(
-            start.elapsed() < deadline,
-            "never saw {what}:\n{t}\ndaemon log:\n{}",
-            d.log()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 /// Counts of the client that uses the ClusterIP the whole time.
 #[derive(Default)]
