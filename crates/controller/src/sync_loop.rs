@@ -76,6 +76,10 @@ pub trait Backend {
     fn draining(&self) -> usize {
         0
     }
+    /// Real servers deleted after draining so far: (last connection ended, cap reached).
+    fn drained(&self) -> (u64, u64) {
+        (0, 0)
+    }
     /// Objects currently skipped as invalid, and the total counted.
     fn invalid_objects(&self) -> (usize, u64) {
         (0, 0)
@@ -129,6 +133,10 @@ impl Backend for FamilyProxier {
     }
     fn draining(&self) -> usize {
         self.proxier.draining()
+    }
+    fn drained(&self) -> (u64, u64) {
+        let s = self.proxier.drain_stats();
+        (s.removed_drained, s.removed_cap)
     }
     fn invalid_objects(&self) -> (usize, u64) {
         let r = self.proxier.rejections();

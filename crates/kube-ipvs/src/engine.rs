@@ -228,6 +228,8 @@ pub struct Observer {
     pub rejections: Option<tokio::sync::mpsc::UnboundedSender<Rejection>>,
     /// `(key, reason)` already reported, so dual-stack nodes report a rejection once.
     pub reported: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
+    /// Drain totals already counted, per family (the proxier keeps running totals).
+    pub drained_seen: std::sync::Mutex<BTreeMap<Family, (u64, u64)>>,
 }
 
 /// An object skipped as invalid, to be reported as a Kubernetes Event.
@@ -343,6 +345,20 @@ impl SyncObserver for Observer {
         self.metrics
             .conntrack_deleted_entries_total
             .inc_by(report.conntrack_deleted);
+        let (drained, cap) = backend.drained();
+        if let Ok(mut seen) = self.drained_seen.lock() {
+            let before = seen.insert(family, (drained, cap)).unwrap_or((0, 0));
+            for (reason, now, was) in [("drained", drained, before.0), ("cap", cap, before.1)] {
+                if now > was {
+                    self.metrics
+                        .drained_destinations_total
+                        .get_or_create(&crate::metrics::ReasonLabel {
+                            reason: reason.to_string(),
+                        })
+                        .inc_by(now - was);
+                }
+            }
+        }
         if report.ipvs_ops > 0 {
             self.metrics
                 .ipvs_requests_total

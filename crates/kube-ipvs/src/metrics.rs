@@ -116,6 +116,16 @@ pub struct Metrics {
     /// `kubeproxy_conntrack_reconciler_deleted_entries_total`: stale UDP conntrack entries
     /// deleted (upstream's name).
     pub conntrack_deleted_entries_total: Counter,
+    /// `kube_ipvs_drained_destinations_total{reason}`: drained real servers deleted, because
+    /// their last connection ended (`drained`) or the drain cap passed (`cap`).
+    pub drained_destinations_total: Family<ReasonLabel, Counter>,
+}
+
+/// `reason` label of `kube_ipvs_drained_destinations_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// `drained` or `cap`.
+    pub reason: String,
 }
 
 /// Upstream's network programming buckets: 0, 0.25 s, 0.5 s, 1..59 s, 60..115 s by 5, 2..5 min
@@ -161,6 +171,7 @@ impl Metrics {
             ipvs_destinations: Gauge::default(),
             health_check_node_ports: Gauge::default(),
             conntrack_deleted_entries_total: Counter::default(),
+            drained_destinations_total: Family::default(),
             registry: Registry::default(),
         };
         let k = "kubeproxy_";
@@ -230,6 +241,19 @@ impl Metrics {
             m.conntrack_deleted_entries_total.clone(),
         );
         let o = "kube_ipvs_";
+        for reason in ["drained", "cap"] {
+            // Both series exist from the start (0), so rate() and alerts see them.
+            m.drained_destinations_total
+                .get_or_create(&ReasonLabel {
+                    reason: reason.to_string(),
+                })
+                .inc_by(0);
+        }
+        r.register(
+            format!("{o}drained_destinations"),
+            "Draining real servers deleted, by reason: last connection ended (drained) or drain cap passed (cap)",
+            m.drained_destinations_total.clone(),
+        );
         r.register(
             format!("{o}proxy_mode"),
             "Proxy mode in use (1 for the active mode)",
