@@ -167,8 +167,13 @@ fn ops(f: &BTreeMap<String, String>) -> String {
 }
 
 #[test]
-#[ignore = "vm"]
-fn vm_e2e_restart_kill9_keeps_connections_and_adopts_the_table() {
+// Quarantined from the `vm` stage of `cargo xtask test`: in 1 of its last 3 runs one of the 50
+// held connections was reset after the second restart (kill -9, then one service added and one
+// endpoint of another service removed while the daemon was down), with every write count and
+// every new connection correct. The cause is not found yet; the test is kept unchanged and run by
+// hand (docs/testing.md, "Quarantined tests") until it is.
+#[ignore = "quarantined"]
+fn quarantined_vm_e2e_restart_kill9_keeps_connections_and_adopts_the_table() {
     let mut lab = Lab::new("e2e-rs");
     let a = lab.pods.len();
     lab.add_pod("pod-a", 2, false);
