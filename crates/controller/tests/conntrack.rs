@@ -448,18 +448,42 @@ fn netns_delete_is_exact_by_id() {
         ct.dump(AF_INET, DumpScope::Filter(&f))
     });
     assert_eq!(stale.len(), 1);
-    // Replace the entry: delete it with the CLI, then the same client recreates it.
-    lab.node
-        .run(&["conntrack", "-D", "-p", "udp", "--orig-port-src", "5353"])
-        .unwrap();
-    assert_eq!(query(&lab.client, 5353, VIP1), Answer::From("A".into()));
+    // Replace the entry: delete it with the CLI, then the same client recreates it. The kernel
+    // derives an entry's id from its memory address, so a new entry that lands in the slot the
+    // old one freed gets the old id back: other flows are created in between to take that slot,
+    // and the replacement is retried until its id really differs (the precondition of this test).
+    let f = ConntrackFilter::endpoint_removed(Protocol::Udp, ip(VIP1), 53, ip(A));
+    let mut replaced = false;
+    let mut fillers = Vec::new();
+    for round in 0..5u16 {
+        lab.node
+            .run(&["conntrack", "-D", "-p", "udp", "--orig-port-src", "5353"])
+            .unwrap();
+        for filler in 0..3u16 {
+            let port = 5400 + round * 3 + filler;
+            assert_eq!(query(&lab.client, port, VIP1), Answer::From("A".into()));
+            fillers.push(port);
+        }
+        assert_eq!(query(&lab.client, 5353, VIP1), Answer::From("A".into()));
+        let now = in_node(&lab.node, move |ct| ct.dump(AF_INET, DumpScope::Filter(&f)));
+        let now: Vec<_> = now.iter().filter(|e| e.orig == stale[0].orig).collect();
+        assert_eq!(now.len(), 1);
+        if now[0].id != stale[0].id {
+            replaced = true;
+            break;
+        }
+    }
+    assert!(replaced, "the kernel kept reusing the old entry's id");
     let mut r = DeleteReport::default();
     let r = in_node(&lab.node, move |ct| {
         ct.delete_entries(&stale, &mut r)?;
         Ok(r)
     });
     assert_eq!((r.deleted, r.not_found), (0, 1), "{r:?}");
-    assert_eq!(cli_entries(&lab.node), BTreeSet::from([ce(5353, VIP1, A)]));
+    // Only the (new) entry of 5353 and the fillers' entries exist: nothing was deleted.
+    let mut want = BTreeSet::from([ce(5353, VIP1, A)]);
+    want.extend(fillers.iter().map(|p| ce(*p, VIP1, A)));
+    assert_eq!(cli_entries(&lab.node), want);
 }
 
 /// Figures, not assertions on time: N entries for VIP1 and N for VIP3 (both to A); delete
