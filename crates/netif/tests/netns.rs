@@ -9,36 +9,9 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::time::Duration;
 
-use common::{NetNs, Ns};
-use netif::{diff_addresses, Error, Netif, NodeAddressSet, NodeAddresses, DUMMY_LINK};
-use tokio::sync::watch;
-
-fn ips(items: &[&str]) -> BTreeSet<IpAddr> {
-    items.iter().map(|s| s.parse().unwrap()).collect()
-}
-
-/// Wait (at most 1 s per change notification) until `pred` holds for the tracked set.
-async fn wait_for(
-    rx: &mut watch::Receiver<NodeAddressSet>,
-    what: &str,
-    pred: impl Fn(&NodeAddressSet) -> bool,
-) -> NodeAddressSet {
-    loop {
-        if pred(&rx.borrow_and_update()) {
-            return rx.borrow().clone();
-        }
-        match tokio::time::timeout(Duration::from_secs(1), rx.changed()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) => panic!("tracker stopped while waiting for {what}"),
-            Err(_) => panic!(
-                "no change within 1 s while waiting for {what}: {:?}",
-                rx.borrow()
-            ),
-        }
-    }
-}
+use common::{ips, wait_for, NetNs, Ns};
+use netif::{diff_addresses, Error, Netif, NodeAddresses, DUMMY_LINK};
 
 fn make_fake_dummy(ns: &Ns) {
     // A veth named kube-ipvs0 stands in for the dummy link on a kernel without dummy support.

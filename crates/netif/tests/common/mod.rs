@@ -3,12 +3,17 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::future::Future;
+use std::net::IpAddr;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
+use netif::NodeAddressSet;
 use nix::sched::{setns, CloneFlags};
+use tokio::sync::watch;
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
@@ -139,5 +144,31 @@ impl Drop for NetNs {
         let _ = Command::new("ip")
             .args(["netns", "del", &self.name])
             .output();
+    }
+}
+
+/// Parses addresses.
+pub fn ips(items: &[&str]) -> BTreeSet<IpAddr> {
+    items.iter().map(|s| s.parse().unwrap()).collect()
+}
+
+/// Wait (at most 1 s per change notification) until `pred` holds for the tracked set.
+pub async fn wait_for(
+    rx: &mut watch::Receiver<NodeAddressSet>,
+    what: &str,
+    pred: impl Fn(&NodeAddressSet) -> bool,
+) -> NodeAddressSet {
+    loop {
+        if pred(&rx.borrow_and_update()) {
+            return rx.borrow().clone();
+        }
+        match tokio::time::timeout(Duration::from_secs(1), rx.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => panic!("tracker stopped while waiting for {what}"),
+            Err(_) => panic!(
+                "no change within 1 s while waiting for {what}: {:?}",
+                rx.borrow()
+            ),
+        }
     }
 }
