@@ -64,8 +64,11 @@ pub struct SyncReport {
     pub kind: SyncKind,
     /// Services re-derived.
     pub services_derived: usize,
-    /// IPVS operations sent.
+    /// IPVS operations sent (including `drained`).
     pub ipvs_ops: usize,
+    /// Of `ipvs_ops`: draining real servers deleted by the drain check that ran at the end of
+    /// this sync (their connections ended, or the cap passed).
+    pub drained: usize,
     /// IPVS operations that failed.
     pub ipvs_failures: usize,
     /// Addresses bound or unbound.
@@ -92,6 +95,7 @@ impl SyncReport {
             kind,
             services_derived: 0,
             ipvs_ops: 0,
+            drained: 0,
             ipvs_failures: 0,
             address_ops: 0,
             ipset_changes: 0,
@@ -838,6 +842,7 @@ impl Proxier {
         for d in done {
             self.draining.remove(&d);
         }
+        report.drained += ops.len();
         self.apply_ipvs(&ops, kernel, report);
         self.drain_due = if self.draining.is_empty() {
             None

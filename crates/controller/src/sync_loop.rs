@@ -279,6 +279,7 @@ fn log_report(family: Family, r: &SyncReport) {
         kind = ?r.kind,
         services = r.services_derived,
         ipvs_ops = r.ipvs_ops,
+        drained = r.drained,
         address_ops = r.address_ops,
         ipset_changes = r.ipset_changes,
         iptables_restored = r.iptables_restored,

@@ -11,8 +11,8 @@ mod e2e;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use e2e::{tcp_name, wait_until, Ep, Lab, Netns, Persistent, Port, Svc, Tally};
 
@@ -21,6 +21,18 @@ const HELD: usize = 50;
 const WAIT: Duration = Duration::from_secs(10);
 /// Read timeout of the held connections' echo (generous: only bounds a hang).
 const PING_WAIT: Duration = Duration::from_secs(60);
+/// Client port of held connection #0 (#i uses `HELD_PORT + i`), below the ephemeral range
+/// (32768–60999) that the churn's ports come from.
+///
+/// IPVS in NAT mode does not resolve a 4-tuple collision at the backend: when one client port
+/// reaches the same backend through two different virtual servers at once, the backend sees one
+/// 4-tuple for two connections and resets the older one (kubernetes#90042; documented in
+/// docs/troubleshooting.md). With kernel-chosen ports the churn below picked a held
+/// connection's port for another service with the same backend about once per run and reset it,
+/// whether or not the daemon was running. That is a data-path property that kube-proxy's IPVS
+/// mode shares, not what this test is about, so the held connections' ports are fixed and
+/// distinct.
+const HELD_PORT: u16 = 20000;
 
 fn cluster_ip(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 97, (i / 250) as u8, (i % 250 + 1) as u8)
@@ -69,11 +81,25 @@ fn first_sync(lab: &Lab, after: usize, family: &str) -> BTreeMap<String, String>
 /// Failed count and error descriptions of a churn run.
 type ChurnResult = (u32, Vec<String>);
 
+/// One churn connection, kept for the diagnosis of a held connection's failure.
+#[derive(Clone)]
+struct ChurnRec {
+    /// Since the churn started.
+    at: Duration,
+    /// The client's port, when the connect got that far.
+    port: Option<u16>,
+    to: SocketAddr,
+    /// Pod name, or the error.
+    result: String,
+}
+
 /// Opens, reads the pod name and closes connections to `targets` in a loop until stopped (on
 /// one thread inside the client's namespace).
 struct Churn {
     stop: Arc<AtomicBool>,
     attempted: Arc<AtomicU32>,
+    recs: Arc<Mutex<Vec<ChurnRec>>>,
+    start: Instant,
     thread: Option<std::thread::JoinHandle<std::io::Result<ChurnResult>>>,
 }
 
@@ -81,7 +107,9 @@ impl Churn {
     fn start(ns: &Netns, targets: Vec<SocketAddr>) -> Churn {
         let stop = Arc::new(AtomicBool::new(false));
         let attempted = Arc::new(AtomicU32::new(0));
-        let (s, a) = (stop.clone(), attempted.clone());
+        let recs = Arc::new(Mutex::new(Vec::new()));
+        let start = Instant::now();
+        let (s, a, r) = (stop.clone(), attempted.clone(), recs.clone());
         let thread = ns
             .spawn(move || {
                 let mut errors = Vec::new();
@@ -91,10 +119,22 @@ impl Churn {
                     let to = targets[i % targets.len()];
                     i += 1;
                     a.fetch_add(1, Ordering::Relaxed);
-                    if let Err(e) = one(to) {
-                        failed += 1;
-                        errors.push(format!("{to}: {e}"));
-                    }
+                    let at = start.elapsed();
+                    let (port, res) = one(to);
+                    let result = match res {
+                        Ok(pod) => pod,
+                        Err(e) => {
+                            failed += 1;
+                            errors.push(format!("{to} from port {port:?}: {e}"));
+                            format!("error: {e}")
+                        }
+                    };
+                    r.lock().unwrap().push(ChurnRec {
+                        at,
+                        port,
+                        to,
+                        result,
+                    });
                     // Throttled: an unthrottled loop made ~27,000 connections in one run and
                     // starved the held connections' echo threads under TCG.
                     std::thread::sleep(Duration::from_millis(20));
@@ -105,12 +145,23 @@ impl Churn {
         Churn {
             stop,
             attempted,
+            recs,
+            start,
             thread: Some(thread),
         }
     }
 
     fn attempted(&self) -> u32 {
         self.attempted.load(Ordering::Relaxed)
+    }
+
+    /// Churn connections that used client port `port`.
+    fn with_port(&self, port: u16) -> Vec<ChurnRec> {
+        let recs = self.recs.lock().unwrap();
+        recs.iter()
+            .filter(|r| r.port == Some(port))
+            .cloned()
+            .collect()
     }
 
     /// Stop; (attempted, failed, errors).
@@ -121,29 +172,145 @@ impl Churn {
     }
 }
 
-/// One new connection: connect, read the pod name, close.
-fn one(to: SocketAddr) -> std::io::Result<String> {
+/// One new connection: connect, read the pod name, close. Returns the client port used too.
+fn one(to: SocketAddr) -> (Option<u16>, std::io::Result<String>) {
     use std::io::BufRead;
-    let mut c = std::net::TcpStream::connect_timeout(&to, WAIT)?;
-    c.set_read_timeout(Some(WAIT))?;
-    let mut line = String::new();
-    std::io::BufReader::new(&mut c).read_line(&mut line)?;
-    if line.trim().starts_with("pod-") {
-        Ok(line.trim().to_string())
-    } else {
-        Err(std::io::Error::other(format!("bad answer {line:?}")))
+    let mut c = match std::net::TcpStream::connect_timeout(&to, WAIT) {
+        Ok(c) => c,
+        Err(e) => return (None, Err(e)),
+    };
+    let port = c.local_addr().ok().map(|a| a.port());
+    let res = (|| {
+        c.set_read_timeout(Some(WAIT))?;
+        let mut line = String::new();
+        std::io::BufReader::new(&mut c).read_line(&mut line)?;
+        if line.trim().starts_with("pod-") {
+            Ok(line.trim().to_string())
+        } else {
+            Err(std::io::Error::other(format!("bad answer {line:?}")))
+        }
+    })();
+    (port, res)
+}
+
+/// TCP reset/challenge counters of a namespace (from its `/proc/net/{snmp,netstat}`).
+fn tcp_counters(ns: &Netns) -> String {
+    const WANT: [&str; 7] = [
+        "EstabResets",
+        "OutRsts",
+        "AttemptFails",
+        "TCPChallengeACK",
+        "TCPSYNChallenge",
+        "TCPAbortOnData",
+        "TCPAbortOnClose",
+    ];
+    let text = ns
+        .enter(|| {
+            let mut t = std::fs::read_to_string("/proc/thread-self/net/snmp")?;
+            t.push_str(&std::fs::read_to_string("/proc/thread-self/net/netstat")?);
+            Ok(t)
+        })
+        .unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for pair in lines.chunks(2) {
+        let [names, values] = pair else { continue };
+        for (n, v) in names.split_whitespace().zip(values.split_whitespace()) {
+            if WANT.contains(&n) && v != "0" {
+                out.push(format!("{n}={v}"));
+            }
+        }
+    }
+    out.join(" ")
+}
+
+/// Conntrack table size and the per-CPU error counters summed, in the node namespace.
+fn conntrack_counters(lab: &Lab) -> String {
+    let count = lab
+        .node
+        .run(&["cat", "/proc/sys/net/netfilter/nf_conntrack_count"])
+        .unwrap_or_default();
+    let stats = lab.node.run(&["conntrack", "-S"]).unwrap_or_default();
+    let mut sums: BTreeMap<String, u64> = BTreeMap::new();
+    for w in stats.split_whitespace() {
+        if let Some((k, v)) = w.split_once('=') {
+            if let Ok(v) = v.parse::<u64>() {
+                if k != "cpu" && k != "found" && k != "searched" {
+                    *sums.entry(k.to_string()).or_default() += v;
+                }
+            }
+        }
+    }
+    let nonzero: Vec<String> = sums
+        .iter()
+        .filter(|(_, v)| **v > 0)
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    format!("count={} {}", count.trim(), nonzero.join(" "))
+}
+
+/// Counters of every namespace involved, printed at each round so a failure can be located.
+fn counters(lab: &Lab, round: &str) {
+    println!("[{round}] node conntrack: {}", conntrack_counters(lab));
+    println!("[{round}] node tcp: {}", tcp_counters(&lab.node));
+    for p in &lab.pods {
+        println!("[{round}] {} tcp: {}", p.name, tcp_counters(&p.ns));
     }
 }
 
-/// Pings every held connection once; returns how many failed (reset or broken).
-fn ping_all(held: &mut [Persistent], round: &str) -> (u32, Vec<String>) {
+/// Everything known about the failed held connections: their ports, the churn connections that
+/// used the same client port, the kernel's conntrack and IPVS entries for them.
+fn diagnose(lab: &Lab, churn: &Churn, held: &[Persistent], errs: &[(usize, String)]) {
+    println!(
+        "DIAGNOSIS at {:?} since the churn started",
+        churn.start.elapsed()
+    );
+    counters(lab, "diagnosis");
+    for (i, e) in errs {
+        let p = &held[*i];
+        let port = p.local.port();
+        println!("held #{i}: {e}; client {} pod {}", p.local, p.pod);
+        for r in churn.with_port(port) {
+            println!(
+                "  churn with the same client port at {:?}: to {} -> {}",
+                r.at, r.to, r.result
+            );
+        }
+        let ct = lab
+            .node
+            .run(&["conntrack", "-L", "-p", "tcp", "--sport", &port.to_string()])
+            .unwrap_or_else(|e| format!("conntrack: {e}"));
+        println!("  conntrack:\n{ct}");
+        let c = lab.node.run(&["ipvsadm", "-Lnc"]).unwrap_or_default();
+        let needle = format!(":{port} ");
+        for l in c.lines().filter(|l| l.contains(&needle)) {
+            println!("  ipvs conn: {l}");
+        }
+    }
+}
+
+/// Pings every held connection once; returns how many failed (reset or broken), diagnosing
+/// each failure (see [`diagnose`]).
+fn ping_all(
+    lab: &Lab,
+    churn: Option<&Churn>,
+    held: &mut [Persistent],
+    round: &str,
+) -> (u32, Vec<String>) {
     let mut errs = Vec::new();
     for (i, p) in held.iter_mut().enumerate() {
         if let Err(e) = p.ping(&format!("{round}-{i}")) {
-            errs.push(format!("held #{i} ({round}): {e}"));
+            errs.push((i, format!("held #{i} ({round}): {e}")));
         }
     }
-    (errs.len() as u32, errs)
+    counters(lab, round);
+    if let (Some(churn), false) = (churn, errs.is_empty()) {
+        diagnose(lab, churn, held, &errs);
+    }
+    (
+        errs.len() as u32,
+        errs.into_iter().map(|(_, e)| e).collect(),
+    )
 }
 
 fn count_prefix(table: &str, prefix: &str) -> usize {
@@ -155,6 +322,7 @@ fn ops(f: &BTreeMap<String, String>) -> String {
         "kind",
         "services",
         "ipvs_ops",
+        "drained",
         "address_ops",
         "ipset_changes",
         "iptables_restored",
@@ -167,13 +335,8 @@ fn ops(f: &BTreeMap<String, String>) -> String {
 }
 
 #[test]
-// Quarantined from the `vm` stage of `cargo xtask test`: in 1 of its last 3 runs one of the 50
-// held connections was reset after the second restart (kill -9, then one service added and one
-// endpoint of another service removed while the daemon was down), with every write count and
-// every new connection correct. The cause is not found yet; the test is kept unchanged and run by
-// hand (docs/testing.md, "Quarantined tests") until it is.
-#[ignore = "quarantined"]
-fn quarantined_vm_e2e_restart_kill9_keeps_connections_and_adopts_the_table() {
+#[ignore = "vm"]
+fn vm_e2e_restart_kill9_keeps_connections_and_adopts_the_table() {
     let mut lab = Lab::new("e2e-rs");
     let a = lab.pods.len();
     lab.add_pod("pod-a", 2, false);
@@ -210,9 +373,11 @@ fn quarantined_vm_e2e_restart_kill9_keeps_connections_and_adopts_the_table() {
     let client = &lab.pods[a + 2].ns;
     let vip = |i: usize| SocketAddr::new(IpAddr::V4(cluster_ip(i)), 80);
     let mut held: Vec<Persistent> = (0..HELD)
-        .map(|i| Persistent::open(client, vip(i * 7), PING_WAIT).unwrap())
+        .map(|i| {
+            Persistent::open_from_port(client, vip(i * 7), HELD_PORT + i as u16, PING_WAIT).unwrap()
+        })
         .collect();
-    let (f, errs) = ping_all(&mut held, "before");
+    let (f, errs) = ping_all(&lab, None, &mut held, "before");
     t.check(
         "50 held connections answer before the kill",
         f == 0,
@@ -227,7 +392,7 @@ fn quarantined_vm_e2e_restart_kill9_keeps_connections_and_adopts_the_table() {
     lab.kill9();
     let n0 = churn.attempted();
     wait_until(WAIT, || churn.attempted() >= n0 + 5);
-    let (f, errs) = ping_all(&mut held, "down");
+    let (f, errs) = ping_all(&lab, Some(&churn), &mut held, "down");
     t.check(
         "held connections answer while the daemon is dead",
         f == 0,
@@ -258,7 +423,7 @@ fn quarantined_vm_e2e_restart_kill9_keeps_connections_and_adopts_the_table() {
     );
     let n1 = churn.attempted();
     wait_until(WAIT, || churn.attempted() >= n1 + 5);
-    let (f, errs) = ping_all(&mut held, "restart1");
+    let (f, errs) = ping_all(&lab, Some(&churn), &mut held, "restart1");
     t.check(
         "held connections answer after restart 1",
         f == 0,
@@ -283,13 +448,22 @@ fn quarantined_vm_e2e_restart_kill9_keeps_connections_and_adopts_the_table() {
         ops(&s5)
     );
     // Real differences: +1 virtual server, +2 real servers, and the removed real server set to
-    // weight 0 to drain (deleted by a later drain check, not this sync); +1 VIP; +1
-    // KUBE-CLUSTER-IP entry and +1 KUBE-IPVS-IPS entry for the new VIP.
+    // weight 0 to drain; +1 VIP; +1 KUBE-CLUSTER-IP entry and +1 KUBE-IPVS-IPS entry for the new
+    // VIP. Nothing connects to bulk-999, so the drain check deletes that real server as soon as it
+    // runs: at the end of this same sync when the sync outlasts the drain interval (`drained=1`,
+    // one more IPVS operation), else in a later pass.
+    let drained = s5.get("drained").cloned().unwrap_or_default();
+    t.check(
+        "restart 2: drained",
+        drained == "0" || drained == "1",
+        format!("{drained} (want 0 or 1)"),
+    );
+    let want_ipvs = 4 + drained.parse::<usize>().unwrap_or(0);
     for (k, want) in [
-        ("ipvs_ops", "4"),
-        ("address_ops", "1"),
-        ("ipset_changes", "2"),
-        ("errors", "0"),
+        ("ipvs_ops", want_ipvs.to_string()),
+        ("address_ops", "1".to_string()),
+        ("ipset_changes", "2".to_string()),
+        ("errors", "0".to_string()),
     ] {
         let got = s5.get(k).cloned().unwrap_or_default();
         t.check(
@@ -303,6 +477,13 @@ fn quarantined_vm_e2e_restart_kill9_keeps_connections_and_adopts_the_table() {
         &[&format!("-a -t {added_ip}:80 -r 10.244.1.3:8080 -m -w 1")],
         Duration::from_secs(60),
     );
+    // Drained (weight 0) by the sync, deleted by the drain check within a drain interval.
+    let removed = format!("-a -t {last}:80 -r 10.244.1.3:8080");
+    t.check(
+        "restart 2: bulk-999 lost pod-b",
+        wait_until(WAIT, || !lab.ipvs_save().contains(&removed)),
+        "ipvsadm -Sn",
+    );
     let after2 = lab.ipvs_save();
     t.check(
         "restart 2: 1,001 virtual servers, 2,001 real servers",
@@ -313,11 +494,6 @@ fn quarantined_vm_e2e_restart_kill9_keeps_connections_and_adopts_the_table() {
             count_prefix(&after2, "-A "),
             count_prefix(&after2, "-a ")
         ),
-    );
-    t.check(
-        "restart 2: bulk-999 lost pod-b",
-        !after2.contains(&format!("-a -t {last}:80 -r 10.244.1.3:8080")),
-        "ipvsadm -Sn",
     );
     let n2 = churn.attempted();
     wait_until(WAIT, || churn.attempted() >= n2 + 5);
@@ -331,7 +507,7 @@ fn quarantined_vm_e2e_restart_kill9_keeps_connections_and_adopts_the_table() {
         o.name().is_some(),
         format!("{o:?}"),
     );
-    let (f, errs) = ping_all(&mut held, "restart2");
+    let (f, errs) = ping_all(&lab, Some(&churn), &mut held, "restart2");
     t.check(
         "held connections answer after restart 2",
         f == 0,
@@ -349,5 +525,6 @@ fn quarantined_vm_e2e_restart_kill9_keeps_connections_and_adopts_the_table() {
         format!("{attempted} attempted, errors {errors:?}"),
     );
     println!("held connections: {HELD} attempted, {HELD} opened, pinged 4 times each");
+
     t.finish();
 }

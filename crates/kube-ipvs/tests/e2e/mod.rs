@@ -884,13 +884,42 @@ pub struct Persistent {
     stream: BufReader<TcpStream>,
     /// The pod that answered.
     pub pod: String,
+    /// The client's end of the connection.
+    pub local: SocketAddr,
 }
 
 impl Persistent {
     /// Open from inside `ns` to `to` and read the pod name.
     pub fn open(ns: &Netns, to: SocketAddr, timeout: Duration) -> io::Result<Persistent> {
         let s = ns.enter(move || TcpStream::connect_timeout(&to, timeout))?;
+        Persistent::greeted(s, timeout)
+    }
+
+    /// Like [`Persistent::open`], from the client port `port` (bound before connecting).
+    pub fn open_from_port(
+        ns: &Netns,
+        to: SocketAddr,
+        port: u16,
+        timeout: Duration,
+    ) -> io::Result<Persistent> {
+        let s = ns.enter(move || {
+            use socket2::{Domain, Socket, Type};
+            let sock = Socket::new(Domain::for_address(to), Type::STREAM, None)?;
+            let any: IpAddr = match to {
+                SocketAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+                SocketAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+            };
+            sock.bind(&SocketAddr::new(any, port).into())?;
+            sock.connect_timeout(&to.into(), timeout)?;
+            Ok(TcpStream::from(sock))
+        })?;
+        Persistent::greeted(s, timeout)
+    }
+
+    /// Reads the pod's greeting (its name) on a fresh connection.
+    fn greeted(s: TcpStream, timeout: Duration) -> io::Result<Persistent> {
         s.set_read_timeout(Some(timeout))?;
+        let local = s.local_addr()?;
         let mut stream = BufReader::new(s);
         let mut pod = String::new();
         stream.read_line(&mut pod)?;
@@ -900,6 +929,7 @@ impl Persistent {
         Ok(Persistent {
             stream,
             pod: pod.trim().to_string(),
+            local,
         })
     }
 
