@@ -6,7 +6,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use controller::conntrack::codec::{self, Reply, CTA_TUPLE_ORIG};
+use controller::conntrack::codec::{self, CtMessage, Reply, CTA_TUPLE_ORIG};
 use controller::conntrack::{Entry, Tuple};
 use proptest::prelude::*;
 
@@ -20,7 +20,7 @@ fn decode_all(buf: &[u8]) -> usize {
         );
         let Ok(reply) = m else { continue };
         let _ = reply.seq();
-        if let Reply::Data { attrs, .. } = reply {
+        if let Reply::Data(CtMessage { attrs, .. }) = reply {
             let _ = codec::decode_entry(attrs);
             for a in codec::attrs(attrs).flatten() {
                 let _ = codec::decode_tuple(a.payload);
@@ -92,7 +92,7 @@ proptest! {
         codec::put_delete(&mut buf, 42, &e);
         let mut seen = 0;
         for m in codec::messages(&buf) {
-            let Reply::Data { seq, attrs, .. } = m.unwrap() else {
+            let Reply::Data(CtMessage { seq, attrs, .. }) = m.unwrap() else {
                 panic!("a delete request is a data message");
             };
             prop_assert_eq!(seq, 42);

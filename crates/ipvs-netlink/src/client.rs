@@ -1,4 +1,4 @@
-//! Blocking IPVS client over a generic netlink socket (neli owns the socket).
+//! Blocking IPVS client over a generic netlink [`Socket`].
 //!
 //! Writes are pipelined: [`Client::apply`] packs many requests into each `send`, keeps a
 //! bounded window of unanswered requests (sized from the socket receive buffer so ACKs are
@@ -6,13 +6,10 @@
 
 use std::io;
 
-use neli::consts::socket::{Msg, NlFamily};
-use neli::socket::NlSocket;
-use neli::utils::Groups;
-
 use crate::codec::consts::{IPVS_CMD_NEW_DEST, IPVS_CMD_NEW_SERVICE, IPVS_GENL_NAME};
-use crate::codec::{self, Reply};
+use crate::codec::{self, Genl};
 use crate::error::{libc_errno, OpKind};
+use crate::netlink::{End, Pending, Socket, SocketProtocol};
 use crate::types::{Counters, Destination, Info, Op, Service, ServiceKey, Timeouts};
 use crate::Error;
 
@@ -22,50 +19,25 @@ const MAX_SEND: usize = 64 * 1024;
 const WANT_RCVBUF: usize = 8 * 1024 * 1024;
 /// Receive-buffer budget per unanswered request (an ACK's or error's skb truesize is below this).
 const BUDGET_PER_REPLY: usize = 3072;
-/// Receive buffer for one datagram; kernel dump datagrams are at most 32 KiB.
-const RECV_BUF: usize = 128 * 1024;
-const ENOBUFS: i32 = 105;
 
 /// A blocking IPVS client. One netlink socket, family resolved once.
 pub struct Client {
-    sock: NlSocket,
+    sock: Socket,
     family: u16,
-    seq: u32,
     window: usize,
-    sbuf: Vec<u8>,
-    rbuf: Vec<u8>,
     counters: Counters,
-}
-
-fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> Error {
-    move |source| Error::Io { what, source }
-}
-
-fn effective_rcvbuf() -> usize {
-    let max = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
-        .ok()
-        .and_then(|s| s.trim().parse::<usize>().ok())
-        .unwrap_or(212_992);
-    // The kernel doubles the requested value for bookkeeping.
-    WANT_RCVBUF.min(max) * 2
 }
 
 impl Client {
     /// Opens a generic netlink socket and resolves the "IPVS" family.
     /// Returns [`Error::FamilyMissing`] when the kernel has no IPVS.
     pub fn new() -> Result<Client, Error> {
-        let sock = NlSocket::connect(NlFamily::Generic, None, Groups::empty())
-            .map_err(io_err("connect"))?;
-        sock.set_recv_buffer_size(WANT_RCVBUF)
-            .map_err(io_err("set SO_RCVBUF"))?;
-        let window = (effective_rcvbuf() / BUDGET_PER_REPLY).clamp(16, 8192);
+        let sock = Socket::connect(SocketProtocol::Generic, WANT_RCVBUF)?;
+        let window = (sock.rcvbuf() / BUDGET_PER_REPLY).clamp(16, 8192);
         let mut c = Client {
             sock,
             family: 0,
-            seq: std::process::id().wrapping_mul(7919),
             window,
-            sbuf: Vec::with_capacity(MAX_SEND + 1024),
-            rbuf: vec![0; RECV_BUF],
             counters: Counters::default(),
         };
         c.family = c.resolve_family()?;
@@ -91,76 +63,47 @@ impl Client {
 
     /// Request counters since the client was created.
     pub fn counters(&self) -> Counters {
-        self.counters
-    }
-
-    fn next_seq(&mut self) -> u32 {
-        self.seq = self.seq.wrapping_add(1);
-        self.seq
-    }
-
-    fn send_buf(&mut self) -> Result<(), Error> {
-        let n = self
-            .sock
-            .send(&self.sbuf, Msg::empty())
-            .map_err(io_err("send"))?;
-        self.counters.sends += 1;
-        if n != self.sbuf.len() {
-            return Err(Error::Io {
-                what: "send",
-                source: io::Error::new(io::ErrorKind::WriteZero, "short netlink send"),
-            });
+        Counters {
+            sends: self.sock.sends(),
+            ..self.counters
         }
-        self.sbuf.clear();
-        Ok(())
     }
 
-    /// Receives one datagram into `rbuf`; returns its length.
-    fn recv_one(&mut self, flags: Msg) -> Result<usize, Error> {
-        let (n, _) = self
-            .sock
-            .recv(&mut self.rbuf[..], flags | Msg::TRUNC)
-            .map_err(io_err("recv"))?;
-        if n > self.rbuf.len() {
-            return Err(Error::Truncated("datagram larger than the receive buffer"));
-        }
-        Ok(n)
+    /// Sends the one request `put` appends (given the family id and a sequence number);
+    /// returns its sequence number.
+    fn send_one(&mut self, put: impl FnOnce(&mut Vec<u8>, u16, u32)) -> Result<u32, Error> {
+        let seq = self.sock.next_seq();
+        put(self.sock.buf(), self.family, seq);
+        self.sock.send()?;
+        self.counters.requests += 1;
+        Ok(seq)
+    }
+
+    /// Receives until the replies to request `seq` end, passing every data message to `each`.
+    fn recv_replies(
+        &mut self,
+        seq: u32,
+        mut each: impl FnMut(Genl<'_>) -> Result<(), Error>,
+    ) -> Result<End, Error> {
+        self.sock.recv_replies(seq, |d| each(Genl::parse(d)?))
     }
 
     fn resolve_family(&mut self) -> Result<u16, Error> {
-        let seq = self.next_seq();
-        self.sbuf.clear();
-        codec::put_get_family(&mut self.sbuf, seq, IPVS_GENL_NAME);
-        self.send_buf()?;
-        self.counters.requests += 1;
+        let seq = self.send_one(|b, _, seq| codec::put_get_family(b, seq, IPVS_GENL_NAME))?;
         let mut family = None;
-        loop {
-            let n = self.recv_one(Msg::empty())?;
-            for m in codec::messages(&self.rbuf[..n]) {
-                match m? {
-                    Reply::Data { header, attrs, .. } if header.seq == seq => {
-                        family = Some(codec::netlink::decode_family_id(codec::AttrIter::new(
-                            attrs,
-                        ))?);
-                    }
-                    Reply::Ack { seq: s } if s == seq => {
-                        return family.ok_or(Error::NoReply {
-                            op: OpKind::ResolveFamily,
-                        });
-                    }
-                    Reply::Error { seq: s, errno } if s == seq => {
-                        return Err(if errno == libc_errno::ENOENT {
-                            Error::FamilyMissing
-                        } else {
-                            Error::Kernel {
-                                op: OpKind::ResolveFamily,
-                                errno,
-                            }
-                        });
-                    }
-                    _ => {}
-                }
-            }
+        let end = self.recv_replies(seq, |m| {
+            family = Some(codec::netlink::decode_family_id(m.attr_iter())?);
+            Ok(())
+        })?;
+        match end.errno() {
+            None => family.ok_or(Error::NoReply {
+                op: OpKind::ResolveFamily,
+            }),
+            Some(libc_errno::ENOENT) => Err(Error::FamilyMissing),
+            Some(errno) => Err(Error::Kernel {
+                op: OpKind::ResolveFamily,
+                errno,
+            }),
         }
     }
 
@@ -172,21 +115,22 @@ impl Client {
         let mut next = 0;
         while next < ops.len() {
             // Build and send one window.
-            let base_seq = self.seq.wrapping_add(1);
+            let base_seq = self.sock.seq().wrapping_add(1);
             let mut in_window: Vec<usize> = Vec::with_capacity(self.window.min(ops.len() - next));
-            self.sbuf.clear();
             let mut send_failed = None;
             while next < ops.len() && in_window.len() < self.window {
-                let seq = base_seq.wrapping_add(u32::try_from(in_window.len()).unwrap_or(0));
-                let before = self.sbuf.len();
-                match codec::put_op(&mut self.sbuf, self.family, seq, &ops[next]) {
+                // An op that fails to encode does not use up a sequence number, so the
+                // window's numbers stay contiguous from `base_seq`.
+                let seq = self.sock.seq().wrapping_add(1);
+                let before = self.sock.buf().len();
+                match codec::put_op(self.sock.buf(), self.family, seq, &ops[next]) {
                     Ok(()) => {
-                        self.seq = seq;
+                        self.sock.next_seq();
                         in_window.push(next);
                         self.counters.requests += 1;
                     }
                     Err(e) => {
-                        self.sbuf.truncate(before);
+                        self.sock.buf().truncate(before);
                         results[next] = Some(Err(e));
                         self.counters.errors += 1;
                         next += 1;
@@ -194,19 +138,18 @@ impl Client {
                     }
                 }
                 next += 1;
-                if self.sbuf.len() >= MAX_SEND {
-                    if let Err(e) = self.send_buf() {
+                if self.sock.buf().len() >= MAX_SEND {
+                    if let Err(e) = self.sock.send() {
                         send_failed = Some(e);
                         break;
                     }
                 }
             }
-            if send_failed.is_none() && !self.sbuf.is_empty() {
-                if let Err(e) = self.send_buf() {
+            if send_failed.is_none() && !self.sock.buf().is_empty() {
+                if let Err(e) = self.sock.send() {
                     send_failed = Some(e);
                 }
             }
-            self.sbuf.clear();
             if let Some(e) = send_failed {
                 // Requests of this window may or may not have been sent; collect what the
                 // kernel answered, the rest fail with the send error.
@@ -248,40 +191,28 @@ impl Client {
         ops: &[Op],
         results: &mut [Option<Result<(), Error>>],
     ) {
-        let mut pending = in_window.len();
-        while pending > 0 {
-            let n = match self.recv_one(Msg::DONTWAIT) {
-                Ok(n) => n,
+        let mut pending = Pending::new(base_seq, in_window.len());
+        while pending.left() > 0 {
+            let datagram = match self.sock.try_recv() {
+                Ok(d) => d,
                 // The overrun is reported once; the replies that fit are still queued.
-                Err(Error::Io { source, .. }) if source.raw_os_error() == Some(ENOBUFS) => {
+                Err(e) if e.is_overrun() => {
                     self.counters.overruns += 1;
                     continue;
                 }
                 Err(_) => break,
             };
-            for m in codec::messages(&self.rbuf[..n]) {
-                let Ok(m) = m else { break };
-                let (seq, res) = match m {
-                    Reply::Ack { seq } => (seq, Ok(())),
-                    Reply::Error { seq, errno } => (seq, Err(errno)),
-                    _ => continue,
-                };
-                let idx = usize::try_from(seq.wrapping_sub(base_seq)).unwrap_or(usize::MAX);
-                let Some(&op_idx) = in_window.get(idx) else {
-                    continue;
-                };
-                if results[op_idx].is_some() {
-                    continue;
-                }
-                results[op_idx] = Some(res.map_err(|errno| {
+            // A malformed message ends this datagram; the next one is still read.
+            let _ = pending.take(datagram, |i, result| {
+                let op_idx = in_window[i];
+                results[op_idx] = Some(result.map_err(|errno| {
                     self.counters.errors += 1;
                     Error::Kernel {
                         op: codec::ipvs::op_kind(&ops[op_idx]),
                         errno,
                     }
                 }));
-                pending -= 1;
-            }
+            });
         }
     }
 
@@ -294,56 +225,31 @@ impl Client {
             }))
     }
 
-    /// Runs a dump whose request `put` appends, calling `each` on every data message.
+    /// Runs a dump whose request `put` appends, calling `each` on every data message. The
+    /// dump is read to its end even when `each` fails; the first failure is returned.
     fn dump_with(
         &mut self,
         op: OpKind,
         put: impl FnOnce(&mut Vec<u8>, u16, u32),
-        mut each: impl FnMut(&Reply<'_>) -> Result<(), Error>,
+        mut each: impl FnMut(&Genl<'_>) -> Result<(), Error>,
     ) -> Result<(), Error> {
-        let seq = self.next_seq();
-        self.sbuf.clear();
-        put(&mut self.sbuf, self.family, seq);
-        self.send_buf()?;
-        self.counters.requests += 1;
+        let seq = self.send_one(put)?;
         self.counters.dumps += 1;
         let mut first_err = None;
-        loop {
-            let n = self.recv_one(Msg::empty())?;
-            for m in codec::messages(&self.rbuf[..n]) {
-                let m = m?;
-                if m.seq() != seq {
-                    continue;
-                }
-                match m {
-                    Reply::Data { .. } => {
-                        if first_err.is_none() {
-                            if let Err(e) = each(&m) {
-                                first_err = Some(e);
-                            }
-                        }
-                    }
-                    Reply::Done { errno, .. } => {
-                        if let Some(e) = first_err {
-                            return Err(e);
-                        }
-                        return if errno == 0 {
-                            Ok(())
-                        } else {
-                            Err(Error::Kernel { op, errno })
-                        };
-                    }
-                    Reply::Error { errno, .. } => return Err(Error::Kernel { op, errno }),
-                    Reply::Ack { .. } => {
-                        if let Some(e) = first_err {
-                            return Err(e);
-                        }
-                        return Ok(());
-                    }
-                    Reply::Other { .. } => {}
-                }
+        let end = self.recv_replies(seq, |m| {
+            if first_err.is_none() {
+                first_err = each(&m).err();
             }
+            Ok(())
+        })?;
+        if let End::Error { errno } = end {
+            return Err(Error::Kernel { op, errno });
         }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        end.errno()
+            .map_or(Ok(()), |errno| Err(Error::Kernel { op, errno }))
     }
 
     /// Runs a request that has one data reply (GET_INFO, GET_CONFIG, GET_SERVICE).
@@ -351,32 +257,17 @@ impl Client {
         &mut self,
         op: OpKind,
         put: impl FnOnce(&mut Vec<u8>, u16, u32),
-        decode: impl Fn(&Reply<'_>) -> Result<T, Error>,
+        decode: impl Fn(&Genl<'_>) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        let seq = self.next_seq();
-        self.sbuf.clear();
-        put(&mut self.sbuf, self.family, seq);
-        self.send_buf()?;
-        self.counters.requests += 1;
+        let seq = self.send_one(put)?;
         let mut value = None;
-        loop {
-            let n = self.recv_one(Msg::empty())?;
-            for m in codec::messages(&self.rbuf[..n]) {
-                let m = m?;
-                if m.seq() != seq {
-                    continue;
-                }
-                match m {
-                    Reply::Data { .. } => value = Some(decode(&m)?),
-                    Reply::Ack { .. } | Reply::Done { errno: 0, .. } => {
-                        return value.ok_or(Error::NoReply { op });
-                    }
-                    Reply::Error { errno, .. } | Reply::Done { errno, .. } => {
-                        return Err(Error::Kernel { op, errno })
-                    }
-                    Reply::Other { .. } => {}
-                }
-            }
+        let end = self.recv_replies(seq, |m| {
+            value = Some(decode(&m)?);
+            Ok(())
+        })?;
+        match end.errno() {
+            None => value.ok_or(Error::NoReply { op }),
+            Some(errno) => Err(Error::Kernel { op, errno }),
         }
     }
 
@@ -384,10 +275,8 @@ impl Client {
     pub fn services(&mut self) -> Result<Vec<Service>, Error> {
         let mut out = Vec::new();
         self.dump_with(OpKind::GetService, codec::put_dump_services, |m| {
-            if let Reply::Data { cmd, .. } = m {
-                if *cmd == IPVS_CMD_NEW_SERVICE {
-                    out.push(codec::decode_service(m.attr_iter())?);
-                }
+            if m.cmd == IPVS_CMD_NEW_SERVICE {
+                out.push(codec::decode_service(m.attr_iter())?);
             }
             Ok(())
         })?;
@@ -417,10 +306,8 @@ impl Client {
             OpKind::GetDest,
             |b, f, s| codec::put_dump_dests(b, f, s, key),
             |m| {
-                if let Reply::Data { cmd, .. } = m {
-                    if *cmd == IPVS_CMD_NEW_DEST {
-                        out.push(codec::decode_dest(m.attr_iter(), family)?);
-                    }
+                if m.cmd == IPVS_CMD_NEW_DEST {
+                    out.push(codec::decode_dest(m.attr_iter(), family)?);
                 }
                 Ok(())
             },

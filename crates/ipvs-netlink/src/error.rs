@@ -1,4 +1,5 @@
-//! The crate's error type: kernel errors keep the errno and the operation.
+//! The crate's error type (codec, client and the shared netlink layer): kernel errors keep
+//! the errno and the operation.
 
 use std::fmt;
 
@@ -71,7 +72,8 @@ impl fmt::Display for ParseError {
 
 impl std::error::Error for ParseError {}
 
-/// Errors of the IPVS codec and client.
+/// Errors of the IPVS codec and client and of the netlink framing and socket in
+/// [`crate::netlink`].
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The "IPVS" generic netlink family is not registered: IPVS is not available in this kernel.
@@ -153,6 +155,12 @@ impl Error {
     pub fn is_invalid(&self) -> bool {
         self.errno() == Some(libc_errno::EINVAL)
     }
+
+    /// True when a receive failed with ENOBUFS: the socket's receive buffer overflowed and
+    /// the kernel dropped replies (the ones that fit are still queued).
+    pub fn is_overrun(&self) -> bool {
+        matches!(self, Error::Io { source, .. } if source.raw_os_error() == Some(libc_errno::ENOBUFS))
+    }
 }
 
 /// Linux errno values used by the error helpers.
@@ -171,4 +179,6 @@ pub mod libc_errno {
     pub const EAFNOSUPPORT: i32 = 97;
     /// Out of memory.
     pub const ENOMEM: i32 = 12;
+    /// No buffer space available (a netlink receive buffer overflowed).
+    pub const ENOBUFS: i32 = 105;
 }

@@ -1,5 +1,7 @@
-//! IPVS generic netlink codec and client.
+//! IPVS generic netlink codec and client, on a netlink layer other families reuse.
 //!
+//! - [`netlink`]: family-independent netlink framing (pure) and a blocking socket; the
+//!   controller's ctnetlink (conntrack) code is built on it too.
 //! - [`codec`]: pure encode/decode of every IPVS command (no IO).
 //! - [`Client`]: a blocking client with pipelined batches ([`Client::apply`]) and dumps.
 //! - [`savefmt`]: parser and renderer of the `ipvsadm -S` text format.
@@ -7,6 +9,7 @@
 pub mod client;
 pub mod codec;
 pub mod error;
+pub mod netlink;
 pub mod savefmt;
 pub mod types;
 

@@ -6,7 +6,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipvs_netlink::codec::{self, AttrIter, Reply};
+use ipvs_netlink::codec::{self, AttrIter, Genl, Reply};
 use ipvs_netlink::{Destination, Family, Op, Protocol, Service, ServiceKey};
 use proptest::prelude::*;
 
@@ -24,7 +24,7 @@ fn decode_all(buf: &[u8]) -> usize {
         );
         let Ok(reply) = m else { continue };
         let _ = reply.seq();
-        if let Reply::Data { attrs, .. } = reply {
+        if let Reply::Data(Genl { attrs, .. }) = reply {
             let _ = codec::decode_service(AttrIter::new(attrs));
             let _ = codec::ipvs::decode_dest(AttrIter::new(attrs), Family::Inet);
             let _ = codec::ipvs::decode_dest(AttrIter::new(attrs), Family::Inet6);
@@ -85,7 +85,7 @@ fn encoded(op: &Op) -> Vec<u8> {
 
 fn data_attrs(buf: &[u8]) -> &[u8] {
     match codec::messages(buf).next() {
-        Some(Ok(Reply::Data { attrs, .. })) => attrs,
+        Some(Ok(Reply::Data(Genl { attrs, .. }))) => attrs,
         other => panic!("not a data message: {other:?}"),
     }
 }

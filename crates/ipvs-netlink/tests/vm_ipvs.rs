@@ -609,7 +609,7 @@ fn vm_overrun_loses_replies_but_never_hangs() {
 #[test]
 #[ignore = "vm"]
 fn vm_kernel_allows_one_dump_per_socket() {
-    use ipvs_netlink::codec::{self, Reply};
+    use ipvs_netlink::codec::{self, Genl, Reply};
     use neli::consts::socket::{Msg, NlFamily};
     use neli::socket::NlSocket;
     use neli::utils::Groups;
@@ -628,7 +628,7 @@ fn vm_kernel_allows_one_dump_per_socket() {
         let (n, _) = sock.recv(&mut rbuf[..], Msg::empty()).unwrap();
         for m in codec::messages(&rbuf[..n]) {
             match m.unwrap() {
-                Reply::Data { header, .. } if header.seq == 1 => dests1 += 1,
+                Reply::Data(Genl { header, .. }) if header.seq == 1 => dests1 += 1,
                 Reply::Done { seq: 1, .. } => done1 = true,
                 Reply::Error { seq: 2, errno } => {
                     assert_eq!(errno, 16, "EBUSY");

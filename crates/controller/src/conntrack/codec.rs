@@ -8,27 +8,16 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use ipvs_netlink::netlink::{self, put_message, AttrIter, AttrWriter, Data, Message, Sequenced};
+
 use super::{ConntrackError, ConntrackFilter, Protocol};
 
-// linux/netlink.h
-/// `NLMSG_ERROR` (an ACK when the error code is 0).
-pub const NLMSG_ERROR: u16 = 2;
-/// `NLMSG_DONE`, the end of a dump.
-pub const NLMSG_DONE: u16 = 3;
-/// `NLM_F_REQUEST`.
-pub const NLM_F_REQUEST: u16 = 0x1;
-/// `NLM_F_ACK`.
-pub const NLM_F_ACK: u16 = 0x4;
-/// `NLM_F_DUMP` (`NLM_F_ROOT | NLM_F_MATCH`).
-pub const NLM_F_DUMP: u16 = 0x300;
-/// `NLA_F_NESTED`: required on `CTA_FILTER` (parsed with strict `nla_parse_nested`).
-pub const NLA_F_NESTED: u16 = 0x8000;
-/// Attribute type without the NESTED / NET_BYTEORDER bits.
-pub const NLA_TYPE_MASK: u16 = 0x3fff;
-/// `sizeof(struct nlmsghdr)`.
-pub const NLMSG_HDRLEN: usize = 16;
-/// `NLA_HDRLEN`.
-pub const NLA_HDRLEN: usize = 4;
+// linux/netlink.h: the shared netlink layer's constants (NLA_F_NESTED is required on
+// CTA_FILTER, which the kernel parses with strict `nla_parse_nested`).
+pub use ipvs_netlink::netlink::consts::{
+    NLA_F_NESTED, NLA_HDRLEN, NLA_TYPE_MASK, NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN, NLM_F_ACK,
+    NLM_F_DUMP, NLM_F_REQUEST,
+};
 
 // linux/netfilter/nfnetlink.h
 /// `sizeof(struct nfgenmsg)` (family u8, version u8, res_id be16).
@@ -136,57 +125,34 @@ pub struct Entry {
     pub zone: Option<u16>,
 }
 
-/// Appends one attribute with a raw payload (padded to 4 bytes).
-fn put_attr(buf: &mut Vec<u8>, ty: u16, payload: &[u8]) {
-    let len = NLA_HDRLEN + payload.len();
-    // Payloads here are at most 16 bytes, so the length always fits.
-    buf.extend_from_slice(&u16::try_from(len).unwrap_or(u16::MAX).to_ne_bytes());
-    buf.extend_from_slice(&ty.to_ne_bytes());
-    buf.extend_from_slice(payload);
-    pad(buf);
+/// Appends a nested attribute with `NLA_F_NESTED` whose body `f` writes.
+fn put_nested(w: &mut AttrWriter<'_>, ty: u16, f: impl FnOnce(&mut AttrWriter<'_>)) {
+    w.nested(ty | NLA_F_NESTED, f);
 }
 
-fn pad(buf: &mut Vec<u8>) {
-    while buf.len() % 4 != 0 {
-        buf.push(0);
-    }
-}
-
-/// Appends a nested attribute (with `NLA_F_NESTED`) whose body `f` writes.
-fn put_nested(buf: &mut Vec<u8>, ty: u16, f: impl FnOnce(&mut Vec<u8>)) {
-    let start = buf.len();
-    buf.extend_from_slice(&[0, 0]);
-    buf.extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
-    f(buf);
-    let len = u16::try_from(buf.len() - start).unwrap_or(u16::MAX);
-    buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
-}
-
-/// Appends `nlmsghdr` + `nfgenmsg` and the attributes `attrs` writes; patches the length.
+/// Appends `nlmsghdr` + `nfgenmsg` and the attributes `attrs` writes.
 fn put_msg(
     buf: &mut Vec<u8>,
     op: u16,
     flags: u16,
     seq: u32,
     family: u8,
-    attrs: impl FnOnce(&mut Vec<u8>),
+    attrs: impl FnOnce(&mut AttrWriter<'_>),
 ) {
-    let start = buf.len();
-    buf.extend_from_slice(&[0; 4]);
-    buf.extend_from_slice(&msg_type(op).to_ne_bytes());
-    buf.extend_from_slice(&flags.to_ne_bytes());
-    buf.extend_from_slice(&seq.to_ne_bytes());
-    buf.extend_from_slice(&0u32.to_ne_bytes());
-    buf.extend_from_slice(&[family, NFNETLINK_V0, 0, 0]);
-    attrs(buf);
-    let len = u32::try_from(buf.len() - start).unwrap_or(u32::MAX);
-    buf[start..start + 4].copy_from_slice(&len.to_ne_bytes());
+    put_message(
+        buf,
+        msg_type(op),
+        flags,
+        seq,
+        &[family, NFNETLINK_V0, 0, 0],
+        attrs,
+    );
 }
 
-fn put_ip(buf: &mut Vec<u8>, v4: u16, v6: u16, ip: &IpAddr) {
+fn put_ip(w: &mut AttrWriter<'_>, v4: u16, v6: u16, ip: &IpAddr) {
     match ip {
-        IpAddr::V4(a) => put_attr(buf, v4, &a.octets()),
-        IpAddr::V6(a) => put_attr(buf, v6, &a.octets()),
+        IpAddr::V4(a) => w.bytes(v4, &a.octets()),
+        IpAddr::V6(a) => w.bytes(v6, &a.octets()),
     }
 }
 
@@ -218,15 +184,11 @@ pub fn put_dump(buf: &mut Vec<u8>, seq: u32, family: u8, scope: DumpScope<'_>) {
             DumpScope::Protocol(p) => {
                 put_nested(b, CTA_TUPLE_ORIG, |b| {
                     put_nested(b, CTA_TUPLE_PROTO, |b| {
-                        put_attr(b, CTA_PROTO_NUM, &[p.number()]);
+                        b.bytes(CTA_PROTO_NUM, &[p.number()]);
                     });
                 });
                 put_nested(b, CTA_FILTER, |b| {
-                    put_attr(
-                        b,
-                        CTA_FILTER_ORIG_FLAGS,
-                        &CTA_FILTER_F_PROTO_NUM.to_ne_bytes(),
-                    );
+                    b.bytes(CTA_FILTER_ORIG_FLAGS, &CTA_FILTER_F_PROTO_NUM.to_ne_bytes());
                 });
             }
             DumpScope::Filter(f) => put_filter(b, family, f),
@@ -234,7 +196,7 @@ pub fn put_dump(buf: &mut Vec<u8>, seq: u32, family: u8, scope: DumpScope<'_>) {
     );
 }
 
-fn put_filter(b: &mut Vec<u8>, family: u8, f: &ConntrackFilter) {
+fn put_filter(b: &mut AttrWriter<'_>, family: u8, f: &ConntrackFilter) {
     let ips = family == AF_INET;
     let mut orig_flags = CTA_FILTER_F_PROTO_NUM;
     put_nested(b, CTA_TUPLE_ORIG, |b| {
@@ -245,10 +207,10 @@ fn put_filter(b: &mut Vec<u8>, family: u8, f: &ConntrackFilter) {
             });
         }
         put_nested(b, CTA_TUPLE_PROTO, |b| {
-            put_attr(b, CTA_PROTO_NUM, &[f.proto.number()]);
+            b.bytes(CTA_PROTO_NUM, &[f.proto.number()]);
             if let Some(p) = f.orig_dst_port {
                 orig_flags |= CTA_FILTER_F_PROTO_DST_PORT;
-                put_attr(b, CTA_PROTO_DST_PORT, &p.to_be_bytes());
+                b.bytes(CTA_PROTO_DST_PORT, &p.to_be_bytes());
             }
         });
     });
@@ -265,18 +227,18 @@ fn put_filter(b: &mut Vec<u8>, family: u8, f: &ConntrackFilter) {
             // Port flags are only accepted together with the protocol number.
             reply_flags |= CTA_FILTER_F_PROTO_NUM;
             put_nested(b, CTA_TUPLE_PROTO, |b| {
-                put_attr(b, CTA_PROTO_NUM, &[f.proto.number()]);
+                b.bytes(CTA_PROTO_NUM, &[f.proto.number()]);
                 if let Some(p) = f.reply_src_port {
                     reply_flags |= CTA_FILTER_F_PROTO_SRC_PORT;
-                    put_attr(b, CTA_PROTO_SRC_PORT, &p.to_be_bytes());
+                    b.bytes(CTA_PROTO_SRC_PORT, &p.to_be_bytes());
                 }
             });
         });
     }
     put_nested(b, CTA_FILTER, |b| {
-        put_attr(b, CTA_FILTER_ORIG_FLAGS, &orig_flags.to_ne_bytes());
+        b.bytes(CTA_FILTER_ORIG_FLAGS, &orig_flags.to_ne_bytes());
         if reply_flags != 0 {
-            put_attr(b, CTA_FILTER_REPLY_FLAGS, &reply_flags.to_ne_bytes());
+            b.bytes(CTA_FILTER_REPLY_FLAGS, &reply_flags.to_ne_bytes());
         }
     });
 }
@@ -298,232 +260,88 @@ pub fn put_delete(buf: &mut Vec<u8>, seq: u32, entry: &Entry) {
                     put_ip(b, CTA_IP_V4_DST, CTA_IP_V6_DST, &t.dst);
                 });
                 put_nested(b, CTA_TUPLE_PROTO, |b| {
-                    put_attr(b, CTA_PROTO_NUM, &[t.proto]);
+                    b.bytes(CTA_PROTO_NUM, &[t.proto]);
                     if let Some(p) = t.src_port {
-                        put_attr(b, CTA_PROTO_SRC_PORT, &p.to_be_bytes());
+                        b.bytes(CTA_PROTO_SRC_PORT, &p.to_be_bytes());
                     }
                     if let Some(p) = t.dst_port {
-                        put_attr(b, CTA_PROTO_DST_PORT, &p.to_be_bytes());
+                        b.bytes(CTA_PROTO_DST_PORT, &p.to_be_bytes());
                     }
                 });
             });
             if let Some(z) = entry.zone {
-                put_attr(b, CTA_ZONE, &z.to_be_bytes());
+                b.bytes(CTA_ZONE, &z.to_be_bytes());
             }
             if let Some(id) = entry.id {
-                put_attr(b, CTA_ID, &id.to_be_bytes());
+                b.bytes(CTA_ID, &id.to_be_bytes());
             }
         },
     );
 }
 
-/// A classified netlink message from the kernel.
+/// A ctnetlink data message (`IPCTNL_MSG_CT_NEW` for dumped entries): its `nfgenmsg` read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reply<'a> {
-    /// `NLMSG_ERROR` with code 0.
-    Ack {
-        /// Sequence number of the acknowledged request.
-        seq: u32,
-    },
-    /// `NLMSG_ERROR` with a non-zero code.
-    Error {
-        /// Sequence number of the failed request.
-        seq: u32,
-        /// Positive errno.
-        errno: i32,
-    },
-    /// `NLMSG_DONE`: the dump with this sequence number is complete.
-    Done {
-        /// Sequence number of the dump.
-        seq: u32,
-        /// Positive errno carried by DONE (0 on success).
-        errno: i32,
-    },
-    /// A ctnetlink data message (`IPCTNL_MSG_CT_NEW` for dumped entries).
-    Data {
-        /// Sequence number.
-        seq: u32,
-        /// `nlmsg_type`.
-        ty: u16,
-        /// `nfgen_family`.
-        family: u8,
-        /// Top-level attributes after the `nfgenmsg` header.
-        attrs: &'a [u8],
-    },
-    /// NOOP / OVERRUN / anything else.
-    Other {
-        /// Sequence number.
-        seq: u32,
-    },
+pub struct CtMessage<'a> {
+    /// Sequence number.
+    pub seq: u32,
+    /// `nlmsg_type`.
+    pub ty: u16,
+    /// `nfgen_family`.
+    pub family: u8,
+    /// Top-level attributes after the `nfgenmsg` header.
+    pub attrs: &'a [u8],
 }
 
-impl Reply<'_> {
-    /// The sequence number this message answers.
-    pub fn seq(&self) -> u32 {
-        match self {
-            Reply::Ack { seq }
-            | Reply::Error { seq, .. }
-            | Reply::Done { seq, .. }
-            | Reply::Data { seq, .. }
-            | Reply::Other { seq } => *seq,
-        }
+impl Sequenced for CtMessage<'_> {
+    fn seq(&self) -> u32 {
+        self.seq
     }
 }
 
-fn ne_u16(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_ne_bytes(b.get(at..at + 2)?.try_into().ok()?))
-}
+/// A classified netlink message from the kernel; NOOP, OVERRUN and data messages of other
+/// nfnetlink subsystems are [`Message::Other`].
+pub type Reply<'a> = Message<CtMessage<'a>>;
 
-fn ne_u32(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
+/// Reads a data message as ctnetlink: its `nfgenmsg`, or [`Message::Other`] when the message
+/// is not ctnetlink's.
+pub fn read(data: Data<'_>) -> Result<Reply<'_>, ConntrackError> {
+    let Data { header, payload } = data;
+    if header.ty >> 8 != NFNL_SUBSYS_CTNETLINK {
+        return Ok(Message::Other { header });
+    }
+    let h = payload
+        .get(..NFGENMSG_LEN)
+        .ok_or(ConntrackError::Truncated("nfgenmsg header"))?;
+    Ok(Message::Data(CtMessage {
+        seq: header.seq,
+        ty: header.ty,
+        family: h[0],
+        attrs: &payload[NFGENMSG_LEN..],
+    }))
 }
 
 /// Iterator over the netlink messages of one datagram; yields one error and stops on
 /// truncation.
-#[derive(Debug, Clone)]
-pub struct Messages<'a> {
-    rest: &'a [u8],
-    failed: bool,
-}
+pub type Messages<'a> = netlink::Messages<'a, CtMessage<'a>, ConntrackError>;
 
 /// Splits a received datagram into classified messages.
 pub fn messages(buf: &[u8]) -> Messages<'_> {
-    Messages {
-        rest: buf,
-        failed: false,
-    }
-}
-
-impl<'a> Iterator for Messages<'a> {
-    type Item = Result<Reply<'a>, ConntrackError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.failed || self.rest.is_empty() {
-            return None;
-        }
-        let r = self.next_inner();
-        if r.is_err() {
-            self.failed = true;
-        }
-        Some(r)
-    }
-}
-
-impl<'a> Messages<'a> {
-    fn next_inner(&mut self) -> Result<Reply<'a>, ConntrackError> {
-        let b = self.rest;
-        let (Some(len), Some(ty), Some(seq)) = (ne_u32(b, 0), ne_u16(b, 4), ne_u32(b, 8)) else {
-            return Err(ConntrackError::Truncated("netlink header"));
-        };
-        if b.len() < NLMSG_HDRLEN {
-            return Err(ConntrackError::Truncated("netlink header"));
-        }
-        let len = usize::try_from(len).unwrap_or(usize::MAX);
-        if len < NLMSG_HDRLEN {
-            return Err(ConntrackError::Malformed(format!(
-                "netlink message length {len}"
-            )));
-        }
-        let msg = b
-            .get(..len)
-            .ok_or(ConntrackError::Truncated("netlink message"))?;
-        self.rest = &b[align4(len).min(b.len())..];
-        let payload = &msg[NLMSG_HDRLEN..];
-        let code = |what| {
-            let c = ne_u32(payload, 0).ok_or(ConntrackError::Truncated(what))?;
-            // The kernel sends a negative errno.
-            let c = i32::from_ne_bytes(c.to_ne_bytes());
-            Ok::<i32, ConntrackError>(c.checked_neg().unwrap_or(i32::MAX))
-        };
-        match ty {
-            NLMSG_ERROR => {
-                let errno = code("netlink error code")?;
-                // The echoed request header carries the request's sequence number.
-                let seq = ne_u32(payload, 4 + 8).unwrap_or(seq);
-                Ok(if errno == 0 {
-                    Reply::Ack { seq }
-                } else {
-                    Reply::Error { seq, errno }
-                })
-            }
-            NLMSG_DONE => {
-                let errno = if payload.is_empty() {
-                    0
-                } else {
-                    code("netlink done code")?
-                };
-                Ok(Reply::Done { seq, errno })
-            }
-            t if t >> 8 == NFNL_SUBSYS_CTNETLINK => {
-                let h = payload
-                    .get(..NFGENMSG_LEN)
-                    .ok_or(ConntrackError::Truncated("nfgenmsg header"))?;
-                Ok(Reply::Data {
-                    seq,
-                    ty: t,
-                    family: h[0],
-                    attrs: &payload[NFGENMSG_LEN..],
-                })
-            }
-            _ => Ok(Reply::Other { seq }),
-        }
-    }
-}
-
-fn align4(n: usize) -> usize {
-    n.saturating_add(3) & !3
+    netlink::messages_with(buf, read)
 }
 
 /// One attribute: type (flag bits masked off) and payload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Attr<'a> {
-    /// Attribute type.
-    pub ty: u16,
-    /// Payload without padding.
-    pub payload: &'a [u8],
-}
+pub use ipvs_netlink::netlink::Attr;
 
-/// Bounds-checked iterator over a run of attributes.
-#[derive(Debug, Clone)]
-pub struct Attrs<'a> {
-    rest: &'a [u8],
-    failed: bool,
-}
+/// Bounds-checked iterator over a run of attributes (the shared one, with this module's
+/// error type).
+pub type Attrs<'a> = std::iter::Map<
+    AttrIter<'a>,
+    fn(Result<Attr<'a>, ipvs_netlink::Error>) -> Result<Attr<'a>, ConntrackError>,
+>;
 
 /// Iterates the attributes in `buf`.
 pub fn attrs(buf: &[u8]) -> Attrs<'_> {
-    Attrs {
-        rest: buf,
-        failed: false,
-    }
-}
-
-impl<'a> Iterator for Attrs<'a> {
-    type Item = Result<Attr<'a>, ConntrackError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.failed || self.rest.is_empty() {
-            return None;
-        }
-        let (Some(len), Some(ty)) = (ne_u16(self.rest, 0), ne_u16(self.rest, 2)) else {
-            self.failed = true;
-            return Some(Err(ConntrackError::Truncated("attribute header")));
-        };
-        let len = usize::from(len);
-        let ty = ty & NLA_TYPE_MASK;
-        if len < NLA_HDRLEN {
-            self.failed = true;
-            return Some(Err(ConntrackError::Malformed(format!(
-                "attribute {ty} with length {len}"
-            ))));
-        }
-        let Some(payload) = self.rest.get(NLA_HDRLEN..len) else {
-            self.failed = true;
-            return Some(Err(ConntrackError::Truncated("attribute payload")));
-        };
-        self.rest = &self.rest[align4(len).min(self.rest.len())..];
-        Some(Ok(Attr { ty, payload }))
-    }
+    AttrIter::new(buf).map(|a| a.map_err(ConntrackError::from))
 }
 
 fn exact<const N: usize>(a: &Attr<'_>, what: &str) -> Result<[u8; N], ConntrackError> {

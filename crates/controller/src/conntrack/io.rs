@@ -1,14 +1,13 @@
-//! The ctnetlink socket: filtered dumps, then pipelined exact deletes (thin IO over [`codec`]).
+//! The ctnetlink client: filtered dumps, then pipelined exact deletes (thin IO over [`codec`],
+//! on the shared netlink [`Socket`]).
 //!
 //! The socket belongs to the network namespace of the thread that creates it.
 
 use std::collections::{BTreeMap, HashSet};
 
-use neli::consts::socket::{Msg, NlFamily};
-use neli::socket::NlSocket;
-use neli::utils::Groups;
+use ipvs_netlink::netlink::{Message, Pending, Socket, SocketProtocol};
 
-use super::codec::{self, DumpScope, Entry, Reply, IPCTNL_MSG_CT_NEW};
+use super::codec::{self, DumpScope, Entry, IPCTNL_MSG_CT_NEW};
 use super::{ConntrackCounters, ConntrackError, ConntrackFilter, DeleteReport, Protocol};
 
 /// Largest request datagram we build.
@@ -17,8 +16,6 @@ const MAX_SEND: usize = 32 * 1024;
 const WANT_RCVBUF: usize = 4 * 1024 * 1024;
 /// Receive-buffer budget per unanswered delete (an ACK's skb truesize is well below this).
 const BUDGET_PER_REPLY: usize = 2048;
-/// Receive buffer for one datagram (dump datagrams are at most 32 KiB).
-const RECV_BUF: usize = 128 * 1024;
 /// Above this many filters for one (family, protocol), one protocol-wide dump replaces the
 /// per-filter dumps. Each filtered dump is a walk of the whole hash table in the kernel:
 /// measured on the 6.18 host (release build, 20,000 UDP entries), one filtered dump took
@@ -34,50 +31,32 @@ const ENOBUFS: i32 = 105;
 
 /// A blocking ctnetlink client for targeted conntrack deletes.
 pub struct Conntrack {
-    sock: NlSocket,
-    seq: u32,
+    sock: Socket,
     window: usize,
     per_filter_dumps: usize,
     kernel_filter: bool,
-    sbuf: Vec<u8>,
-    rbuf: Vec<u8>,
     counters: ConntrackCounters,
-}
-
-fn io_err(what: &'static str) -> impl FnOnce(std::io::Error) -> ConntrackError {
-    move |source| ConntrackError::Io { what, source }
-}
-
-fn effective_rcvbuf() -> usize {
-    let max = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
-        .ok()
-        .and_then(|s| s.trim().parse::<usize>().ok())
-        .unwrap_or(212_992);
-    WANT_RCVBUF.min(max) * 2
 }
 
 impl Conntrack {
     /// Opens a NETLINK_NETFILTER socket in the calling thread's network namespace.
     pub fn new() -> Result<Conntrack, ConntrackError> {
-        let sock = NlSocket::connect(NlFamily::Netfilter, None, Groups::empty())
-            .map_err(io_err("connect"))?;
-        sock.set_recv_buffer_size(WANT_RCVBUF)
-            .map_err(io_err("set SO_RCVBUF"))?;
+        let sock = Socket::connect(SocketProtocol::Netfilter, WANT_RCVBUF)?;
         Ok(Conntrack {
+            window: (sock.rcvbuf() / BUDGET_PER_REPLY).clamp(16, 4096),
             sock,
-            seq: std::process::id().wrapping_mul(104_729),
-            window: (effective_rcvbuf() / BUDGET_PER_REPLY).clamp(16, 4096),
             per_filter_dumps: DEFAULT_PER_FILTER_DUMPS,
             kernel_filter: true,
-            sbuf: Vec::with_capacity(MAX_SEND + 512),
-            rbuf: vec![0; RECV_BUF],
             counters: ConntrackCounters::default(),
         })
     }
 
     /// Cumulative counters.
     pub fn counters(&self) -> ConntrackCounters {
-        self.counters
+        ConntrackCounters {
+            sends: self.sock.sends(),
+            ..self.counters
+        }
     }
 
     /// Maximum number of unanswered deletes in flight.
@@ -102,78 +81,32 @@ impl Conntrack {
         self.kernel_filter = on;
     }
 
-    fn next_seq(&mut self) -> u32 {
-        self.seq = self.seq.wrapping_add(1);
-        self.seq
-    }
-
-    fn send_buf(&mut self) -> Result<(), ConntrackError> {
-        let n = self
-            .sock
-            .send(&self.sbuf, Msg::empty())
-            .map_err(io_err("send"))?;
-        self.counters.sends += 1;
-        let len = self.sbuf.len();
-        self.sbuf.clear();
-        if n != len {
-            return Err(ConntrackError::Io {
-                what: "send",
-                source: std::io::Error::new(std::io::ErrorKind::WriteZero, "short netlink send"),
-            });
-        }
-        Ok(())
-    }
-
-    fn recv_one(&mut self, flags: Msg) -> Result<usize, ConntrackError> {
-        let (n, _) = self
-            .sock
-            .recv(&mut self.rbuf[..], flags | Msg::TRUNC)
-            .map_err(io_err("recv"))?;
-        if n > self.rbuf.len() {
-            return Err(ConntrackError::Truncated(
-                "datagram larger than the receive buffer",
-            ));
-        }
-        Ok(n)
-    }
-
     /// Every entry of `family` that the kernel returns for `scope` (one dump).
     pub fn dump(&mut self, family: u8, scope: DumpScope<'_>) -> Result<Vec<Entry>, ConntrackError> {
-        let seq = self.next_seq();
-        self.sbuf.clear();
-        codec::put_dump(&mut self.sbuf, seq, family, scope);
-        self.send_buf()?;
+        let seq = self.sock.next_seq();
+        codec::put_dump(self.sock.buf(), seq, family, scope);
+        self.sock.send()?;
         self.counters.requests += 1;
         let mut out = Vec::new();
         let mut first_err = None;
-        loop {
-            let n = self.recv_one(Msg::empty())?;
-            for m in codec::messages(&self.rbuf[..n]) {
-                let m = m?;
-                if m.seq() != seq {
-                    continue;
-                }
-                match m {
-                    Reply::Data { ty, attrs, .. } if ty == codec::msg_type(IPCTNL_MSG_CT_NEW) => {
-                        match codec::decode_entry(attrs) {
-                            Ok(e) => out.push(e),
-                            Err(e) => {
-                                first_err.get_or_insert(e);
-                            }
+        let end = self.sock.recv_replies(seq, |d| {
+            match codec::read(d)? {
+                Message::Data(m) if m.ty == codec::msg_type(IPCTNL_MSG_CT_NEW) => {
+                    match codec::decode_entry(m.attrs) {
+                        Ok(e) => out.push(e),
+                        Err(e) => {
+                            first_err.get_or_insert(e);
                         }
                     }
-                    Reply::Done { errno: 0, .. } | Reply::Ack { .. } => {
-                        return match first_err {
-                            Some(e) => Err(e),
-                            None => Ok(out),
-                        };
-                    }
-                    Reply::Done { errno, .. } | Reply::Error { errno, .. } => {
-                        return Err(ConntrackError::Kernel { op: "dump", errno });
-                    }
-                    Reply::Data { .. } | Reply::Other { .. } => {}
                 }
+                _ => {}
             }
+            Ok::<(), ConntrackError>(())
+        })?;
+        match (end.errno(), first_err) {
+            (Some(errno), _) => Err(ConntrackError::Kernel { op: "dump", errno }),
+            (None, Some(e)) => Err(e),
+            (None, None) => Ok(out),
         }
     }
 
@@ -268,21 +201,19 @@ impl Conntrack {
     ) -> Result<(), ConntrackError> {
         let mut next = 0;
         while next < entries.len() {
-            let base = self.seq.wrapping_add(1);
+            let base = self.sock.seq().wrapping_add(1);
             let end = (next + self.window).min(entries.len());
-            self.sbuf.clear();
-            for (i, e) in entries[next..end].iter().enumerate() {
-                let seq = base.wrapping_add(u32::try_from(i).unwrap_or(u32::MAX));
-                codec::put_delete(&mut self.sbuf, seq, e);
-                self.seq = seq;
+            for e in &entries[next..end] {
+                let seq = self.sock.next_seq();
+                codec::put_delete(self.sock.buf(), seq, e);
                 report.requests += 1;
                 self.counters.requests += 1;
-                if self.sbuf.len() >= MAX_SEND {
-                    self.send_buf()?;
+                if self.sock.buf().len() >= MAX_SEND {
+                    self.sock.send()?;
                 }
             }
-            if !self.sbuf.is_empty() {
-                self.send_buf()?;
+            if !self.sock.buf().is_empty() {
+                self.sock.send()?;
             }
             self.drain(base, end - next, report)?;
             next = end;
@@ -297,44 +228,28 @@ impl Conntrack {
         count: usize,
         report: &mut DeleteReport,
     ) -> Result<(), ConntrackError> {
-        let mut answered = vec![false; count];
-        let mut pending = count;
-        while pending > 0 {
-            let n = match self.recv_one(Msg::empty()) {
-                Ok(n) => n,
-                Err(ConntrackError::Io { source, .. })
-                    if source.raw_os_error() == Some(ENOBUFS) =>
-                {
+        let mut pending = Pending::new(base, count);
+        while pending.left() > 0 {
+            let datagram = match self.sock.recv() {
+                Ok(d) => d,
+                Err(e) if e.is_overrun() => {
                     // ACKs were dropped: the deletes may or may not have happened.
-                    report.failed += pending as u64;
+                    report.failed += pending.left() as u64;
                     return Err(ConntrackError::Kernel {
                         op: "delete (ACKs lost)",
                         errno: ENOBUFS,
                     });
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             };
-            for m in codec::messages(&self.rbuf[..n]) {
-                let m = m?;
-                let idx = usize::try_from(m.seq().wrapping_sub(base)).unwrap_or(usize::MAX);
-                let Some(slot) = answered.get_mut(idx) else {
-                    continue;
-                };
-                if *slot {
-                    continue;
+            pending.take(datagram, |_, result| match result {
+                Ok(()) => report.deleted += 1,
+                Err(ENOENT) => report.not_found += 1,
+                Err(errno) => {
+                    tracing::debug!(errno, "conntrack delete refused");
+                    report.failed += 1;
                 }
-                match m {
-                    Reply::Ack { .. } => report.deleted += 1,
-                    Reply::Error { errno: ENOENT, .. } => report.not_found += 1,
-                    Reply::Error { errno, .. } => {
-                        tracing::debug!(errno, "conntrack delete refused");
-                        report.failed += 1;
-                    }
-                    _ => continue,
-                }
-                *slot = true;
-                pending -= 1;
-            }
+            })?;
         }
         Ok(())
     }

@@ -32,8 +32,9 @@
 //! server's entries are also dropped by IPVS itself (expire_nodest_conn, kernel ≥ 5.9);
 //! `endpoint_removed` is what the iptables mode and older kernels need.
 //!
-//! - [`codec`]: pure encode/decode (byte-level tests).
-//! - [`io`]: the netlink socket ([`Conntrack`]).
+//! - [`codec`]: pure encode/decode (byte-level tests), on the netlink framing of
+//!   [`ipvs_netlink::netlink`].
+//! - [`io`]: the requests and their replies ([`Conntrack`]), over that crate's netlink socket.
 
 pub mod codec;
 pub mod io;
@@ -71,6 +72,19 @@ pub enum ConntrackError {
     /// A filter is inconsistent (e.g. an IPv4 service with an IPv6 endpoint).
     #[error("invalid conntrack filter: {0}")]
     InvalidFilter(String),
+}
+
+impl From<ipvs_netlink::Error> for ConntrackError {
+    /// The shared netlink framing and socket ([`ipvs_netlink::netlink`]) raise only socket,
+    /// truncation and malformed-data errors; they keep their variant here.
+    fn from(e: ipvs_netlink::Error) -> Self {
+        match e {
+            ipvs_netlink::Error::Io { what, source } => ConntrackError::Io { what, source },
+            ipvs_netlink::Error::Truncated(what) => ConntrackError::Truncated(what),
+            ipvs_netlink::Error::Malformed(m) => ConntrackError::Malformed(m),
+            other => ConntrackError::Malformed(other.to_string()),
+        }
+    }
 }
 
 /// Transport protocol of a service port.

@@ -337,19 +337,19 @@ fn decodes_dumped_entries_v4_and_v6_and_skips_unknown_attributes() {
     ]);
     let msgs: Vec<Reply<'_>> = messages(&dgram).map(|m| m.unwrap()).collect();
     assert_eq!(msgs.len(), 3);
-    let Reply::Data {
+    let Reply::Data(CtMessage {
         seq: 5,
         ty: 0x0100,
         family: 2,
         attrs,
-    } = msgs[0]
+    }) = msgs[0]
     else {
         panic!("{:?}", msgs[0])
     };
     assert_eq!(decode_entry(attrs).unwrap(), entry_v4());
-    let Reply::Data {
+    let Reply::Data(CtMessage {
         family: 10, attrs, ..
-    } = msgs[1]
+    }) = msgs[1]
     else {
         panic!("{:?}", msgs[1])
     };
@@ -460,7 +460,7 @@ fn mutated_replies_never_panic() {
             m[j] = (x >> 40) as u8;
         }
         for r in messages(&m) {
-            if let Ok(Reply::Data { attrs, .. }) = r {
+            if let Ok(Reply::Data(CtMessage { attrs, .. })) = r {
                 let _ = decode_entry(attrs);
             }
         }

@@ -423,7 +423,7 @@ fn decode_service_reply() {
     let mut it = messages(&bytes);
     let m = it.next().unwrap().unwrap();
     assert!(it.next().is_none());
-    let Reply::Data { header, cmd, .. } = m else {
+    let Reply::Data(Genl { header, cmd, .. }) = m else {
         panic!("not data: {m:?}")
     };
     assert_eq!((header.seq, header.ty, cmd), (42, FAM, 1));
@@ -694,7 +694,7 @@ fn family_reply() {
 fn decode_all(b: &[u8]) -> Result<(), Error> {
     for m in messages(b) {
         let m = m?;
-        if let Reply::Data { cmd, .. } = m {
+        if let Reply::Data(Genl { cmd, .. }) = m {
             match cmd {
                 1 => {
                     decode_service(m.attr_iter())?;

@@ -3,9 +3,9 @@
 use super::consts::{NLA_HDRLEN, NLA_TYPE_MASK};
 use crate::Error;
 
-/// Round up to the netlink 4-byte alignment.
+/// Round up to the netlink 4-byte alignment (saturating, so a corrupt length cannot overflow).
 pub fn align4(n: usize) -> usize {
-    (n + 3) & !3
+    n.saturating_add(3) & !3
 }
 
 /// Appends attributes to a message buffer.
