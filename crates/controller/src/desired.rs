@@ -130,6 +130,10 @@ pub struct ServiceDesired {
     pub health_check: Option<HealthCheck>,
     /// Depends on the node's addresses (NodePorts, LB source ranges).
     pub node_dependent: bool,
+    /// Ports whose internalTrafficPolicy Local leaves them without endpoints here.
+    pub no_local_internal: u32,
+    /// Ports whose externalTrafficPolicy Local leaves them without endpoints here.
+    pub no_local_external: u32,
 }
 
 /// Result of deriving one service.
@@ -198,6 +202,8 @@ pub fn service_desired(
             rejected.entry(name).or_insert(why);
         }
         let sel = select_endpoints(sp, &merged.endpoints, node.zone.as_deref());
+        d.no_local_internal += u32::from(sel.no_local.internal);
+        d.no_local_external += u32::from(sel.no_local.external);
         let proto = sp.name.protocol;
         let sproto = set_proto(proto);
         let make = |addr: IpAddr, port: u16, eps: &[crate::model::Endpoint]| {
@@ -655,6 +661,16 @@ impl Desired {
             health_check_node_ports: on(Features::HEALTH_CHECK_NODE_PORTS),
             loop_back: on(Features::LOOP_BACK),
         }
+    }
+
+    /// Service ports left without endpoints by a Local traffic policy: (internal, external).
+    pub fn no_local_endpoints(&self) -> (usize, usize) {
+        self.services.values().fold((0, 0), |(i, e), s| {
+            (
+                i + s.no_local_internal as usize,
+                e + s.no_local_external as usize,
+            )
+        })
     }
 
     /// Health-check node ports by service.

@@ -30,10 +30,11 @@ use iptables::{Iptables, Table};
 use ipvs_netlink::{Family, Protocol};
 
 use crate::desired::set_family;
+use crate::desired::HealthCheck;
 use crate::kernel::KernelError;
 use crate::model::{
-    endpoints, select_endpoints, service_ports, Endpoint, Invalid, NodeInfo, ProxyConfig,
-    Rejections, ServiceName, ServicePort,
+    endpoints, select_endpoints, service_ports, Endpoint, Invalid, NoLocalEndpoints, NodeInfo,
+    ProxyConfig, Rejections, ServiceName, ServicePort,
 };
 use crate::proxier::{RulesConfig, SyncKind, SyncReport};
 use crate::store::{Changes, Store};
@@ -620,6 +621,7 @@ impl IptablesProxier {
             }
             Err(e) => {
                 tracing::error!(error = %e, "iptables-restore failed; next sync is full");
+                report.iptables_restore_failed = true;
                 report.errors.push(e.to_string());
                 // What the kernel holds is unknown now: rewrite everything next time.
                 self.full_requested = true;
@@ -667,6 +669,43 @@ impl Backend for IptablesProxier {
     }
     fn invalid_objects(&self) -> (usize, u64) {
         (self.rejections.current(), self.rejections.total())
+    }
+    fn no_local_endpoints(&self) -> (usize, usize) {
+        let mut n = (0, 0);
+        for r in self.services.values().flatten().map(|p| &p.rules) {
+            let externally = r.external_local
+                || r.node_port.is_some()
+                || !r.external_ips.is_empty()
+                || !r.load_balancer_ips.is_empty();
+            let gap = NoLocalEndpoints::of(
+                r.internal_local,
+                r.external_local,
+                externally,
+                !r.cluster_endpoints.is_empty(),
+                !r.local_endpoints.is_empty(),
+            );
+            n.0 += usize::from(gap.internal);
+            n.1 += usize::from(gap.external);
+        }
+        n
+    }
+    fn health_checks(&self) -> BTreeMap<ServiceName, HealthCheck> {
+        let mut out: BTreeMap<ServiceName, HealthCheck> = BTreeMap::new();
+        for (name, ports) in &self.services {
+            for r in ports.iter().map(|p| &p.rules) {
+                let Some(node_port) = r.health_check_node_port else {
+                    continue;
+                };
+                let n = r.local_endpoints.len();
+                out.entry(name.clone())
+                    .and_modify(|h| h.local_endpoints = h.local_endpoints.max(n))
+                    .or_insert(HealthCheck {
+                        node_port,
+                        local_endpoints: n,
+                    });
+            }
+        }
+        out
     }
     fn take_rejections(&mut self) -> Vec<(String, String)> {
         self.rejections

@@ -290,6 +290,49 @@ pub struct ServicePort {
     pub health_check_node_port: Option<u16>,
 }
 
+impl ServicePort {
+    /// Reachable from outside the cluster: a NodePort, externalIPs or load-balancer IPs.
+    pub fn externally_accessible(&self) -> bool {
+        self.external_local
+            || self.node_port.is_some()
+            || !self.external_ips.is_empty()
+            || !self.load_balancer_ips.is_empty()
+    }
+}
+
+/// Which Local traffic policies of a service port leave it without endpoints on this node while
+/// it has endpoints it could otherwise reach (kube-proxy's
+/// `sync_proxy_rules_no_local_endpoints_total{traffic_policy}`: such traffic is dropped; a port
+/// with no reachable endpoint at all is rejected instead and not counted).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NoLocalEndpoints {
+    /// internalTrafficPolicy Local and no local endpoint.
+    pub internal: bool,
+    /// externalTrafficPolicy Local and no local endpoint.
+    pub external: bool,
+}
+
+impl NoLocalEndpoints {
+    /// For a port with these policies, given whether it has cluster-wide and local endpoints
+    /// (each as selected before the traffic policies apply).
+    pub fn of(
+        internal_local: bool,
+        external_local: bool,
+        externally_accessible: bool,
+        has_cluster: bool,
+        has_local: bool,
+    ) -> NoLocalEndpoints {
+        let uses_cluster = !internal_local || (externally_accessible && !external_local);
+        let uses_local = internal_local || external_local;
+        let reachable = (uses_cluster && has_cluster) || (uses_local && has_local);
+        let gap = reachable && !has_local;
+        NoLocalEndpoints {
+            internal: gap && internal_local,
+            external: gap && external_local,
+        }
+    }
+}
+
 /// One endpoint (pod address and target port) of a service port.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Endpoint {
@@ -732,6 +775,8 @@ pub struct SelectedEndpoints {
     pub external: Vec<Endpoint>,
     /// Local endpoints (for the health-check node port and hairpin entries).
     pub local: Vec<Endpoint>,
+    /// Local policies that leave the port without endpoints (for the metric).
+    pub no_local: NoLocalEndpoints,
 }
 
 /// True when topology hints may be used: the node has a zone, every ready endpoint has zone
@@ -792,7 +837,15 @@ pub fn select_endpoints(
             .cloned()
             .collect();
     }
+    let no_local = NoLocalEndpoints::of(
+        port.internal_local,
+        port.external_local,
+        port.externally_accessible(),
+        !cluster.is_empty(),
+        !local.is_empty(),
+    );
     SelectedEndpoints {
+        no_local,
         cluster: if port.internal_local {
             local.clone()
         } else {

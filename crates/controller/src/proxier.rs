@@ -77,6 +77,8 @@ pub struct SyncReport {
     pub ipset_changes: usize,
     /// An iptables-restore ran.
     pub iptables_restored: bool,
+    /// An iptables-restore failed (`kubeproxy_sync_proxy_rules_iptables_restore_failures_total`).
+    pub iptables_restore_failed: bool,
     /// Stale UDP conntrack entries deleted.
     pub conntrack_deleted: u64,
     /// Full sync after the first: differences found between the kernel and the applied
@@ -100,6 +102,7 @@ impl SyncReport {
             address_ops: 0,
             ipset_changes: 0,
             iptables_restored: false,
+            iptables_restore_failed: false,
             conntrack_deleted: 0,
             drift: BTreeMap::new(),
             errors: Vec::new(),
@@ -660,6 +663,7 @@ impl Proxier {
             }
             Err(e) => {
                 tracing::error!(error = %e, "iptables-restore failed");
+                report.iptables_restore_failed = true;
                 report.errors.push(e.to_string());
             }
         }

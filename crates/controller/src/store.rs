@@ -30,6 +30,10 @@ fn obj_key(ns: Option<&String>, name: Option<&String>) -> ObjKey {
 pub struct Changes {
     /// Services to re-derive.
     pub dirty: BTreeSet<ServiceName>,
+    /// Of `dirty`: those whose Service object changed (kube-proxy's "service changes").
+    pub services: BTreeSet<ServiceName>,
+    /// Of `dirty`: those one of whose EndpointSlices changed (kube-proxy's "endpoint changes").
+    pub endpoints: BTreeSet<ServiceName>,
     /// The node's zone label or addresses changed.
     pub node_changed: bool,
 }
@@ -43,6 +47,8 @@ impl Changes {
     /// Adds another event's changes.
     pub fn merge(&mut self, other: Changes) {
         self.dirty.extend(other.dirty);
+        self.services.extend(other.services);
+        self.endpoints.extend(other.endpoints);
         self.node_changed |= other.node_changed;
     }
 }
@@ -188,6 +194,7 @@ impl Store {
                 let name = ServiceName::of(&svc);
                 if self.services.get(&name) != Some(&*svc) {
                     self.services.insert(name.clone(), *svc);
+                    ch.services.insert(name.clone());
                     ch.dirty.insert(name);
                 }
             }
@@ -206,6 +213,7 @@ impl Store {
                     if Some(o) != new_svc.as_ref() {
                         self.unlink(o, &key);
                     }
+                    ch.endpoints.insert(o.clone());
                     ch.dirty.insert(o.clone());
                 }
                 if let Some(n) = &new_svc {
@@ -213,6 +221,7 @@ impl Store {
                         .entry(n.clone())
                         .or_default()
                         .insert(key.clone());
+                    ch.endpoints.insert(n.clone());
                     ch.dirty.insert(n.clone());
                 }
                 self.slices.insert(key, *slice);
@@ -242,6 +251,7 @@ impl Store {
             Kind::Service => {
                 let name = ServiceName::new(key.0.clone(), key.1.clone());
                 if self.services.remove(&name).is_some() {
+                    ch.services.insert(name.clone());
                     ch.dirty.insert(name);
                 }
             }
@@ -249,6 +259,7 @@ impl Store {
                 if let Some(old) = self.slices.remove(key) {
                     if let Some(svc) = slice_service(&old) {
                         self.unlink(&svc, key);
+                        ch.endpoints.insert(svc.clone());
                         ch.dirty.insert(svc);
                     }
                 }

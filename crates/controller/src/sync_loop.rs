@@ -49,6 +49,9 @@ pub struct LoopConfig {
 pub trait SyncObserver {
     /// A change was queued (for `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds`).
     fn queued(&self, _changes: &Changes) {}
+    /// Services with Service changes and services with EndpointSlice changes not synced yet
+    /// (kube-proxy's `*_changes_pending`); `(0, 0)` after each sync.
+    fn pending(&self, _services: usize, _endpoints: usize) {}
     /// A sync of one family finished.
     fn synced(&self, _family: Family, _report: &SyncReport, _backend: &dyn Backend) {}
     /// Objects newly rejected as invalid by a sync of `family`: `(key, reason)`, where the key
@@ -82,6 +85,10 @@ pub trait Backend {
     }
     /// Objects currently skipped as invalid, and the total counted.
     fn invalid_objects(&self) -> (usize, u64) {
+        (0, 0)
+    }
+    /// Service ports a Local traffic policy leaves without endpoints: (internal, external).
+    fn no_local_endpoints(&self) -> (usize, usize) {
         (0, 0)
     }
     /// Objects newly rejected as invalid since the last call: `(key, reason)`.
@@ -142,6 +149,9 @@ impl Backend for FamilyProxier {
         let r = self.proxier.rejections();
         (r.current(), r.total())
     }
+    fn no_local_endpoints(&self) -> (usize, usize) {
+        self.proxier.desired().no_local_endpoints()
+    }
     fn take_rejections(&mut self) -> Vec<(String, String)> {
         self.proxier
             .take_rejections()
@@ -185,6 +195,9 @@ pub fn run(
 ) -> Exit {
     let mut last_sync: Option<Instant> = None;
     let mut next_full = Instant::now() + cfg.sync_period;
+    // Services with changes not synced yet: (Service changes, EndpointSlice changes).
+    let mut pending_services: BTreeSet<ServiceName> = BTreeSet::new();
+    let mut pending_endpoints: BTreeSet<ServiceName> = BTreeSet::new();
     loop {
         let now = Instant::now();
         let pending = store.synced() && families.iter().any(|f| f.pending(now));
@@ -214,6 +227,9 @@ pub fn run(
                     let ch = store.apply(ev);
                     if !ch.is_empty() {
                         observer.queued(&ch);
+                        pending_services.extend(ch.services.iter().cloned());
+                        pending_endpoints.extend(ch.endpoints.iter().cloned());
+                        observer.pending(pending_services.len(), pending_endpoints.len());
                         for f in families.iter_mut() {
                             f.note(&ch);
                         }
@@ -267,6 +283,12 @@ pub fn run(
             }
         }
         last_sync = Some(Instant::now());
+        // Like kube-proxy, whose sync drains its change trackers whatever the outcome.
+        if !pending_services.is_empty() || !pending_endpoints.is_empty() {
+            pending_services.clear();
+            pending_endpoints.clear();
+            observer.pending(0, 0);
+        }
         if cfg.once {
             return Exit::Once { ok: all_ok };
         }

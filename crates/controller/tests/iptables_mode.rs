@@ -508,6 +508,7 @@ fn iptables_mode_failed_restore_retries_as_full_sync() {
     rec.fail_next("line 7 failed");
     let r = p.sync(&store, &addrs());
     assert!(!r.ok());
+    assert!(r.iptables_restore_failed);
     assert!(r.errors[0].contains("line 7 failed"));
     // Backoff: not pending right away, due within the backoff.
     assert!(!p.pending(std::time::Instant::now()));
@@ -516,7 +517,47 @@ fn iptables_mode_failed_restore_retries_as_full_sync() {
     let r = p.sync(&store, &addrs());
     assert_eq!(r.kind, SyncKind::Full);
     assert!(r.ok());
+    assert!(!r.iptables_restore_failed);
     assert_eq!(p.applied_chains().len(), 3 * 11 + 1 + 1 + 2);
+}
+
+/// The iptables-mode backend reports what the daemon needs besides rules: health-check node
+/// ports (served by the same listener as in IPVS mode) and the ports a Local traffic policy leaves
+/// without endpoints, counted like IPVS mode and kube-proxy.
+#[test]
+fn iptables_mode_reports_health_checks_and_no_local_endpoints() {
+    let lb = svc("ns", "lb", "10.96.0.20")
+        .node_port("http", 80, "TCP", 30020)
+        .lb_ingress(&["1.2.3.20"])
+        .etp_local()
+        .hcnp(32020)
+        .build();
+    let lb_eps = slice("ns", "lb", "lb-1")
+        .port("http", 8080, "TCP")
+        .ep("10.244.1.1", NODE, C::Ready)
+        .ep("10.244.1.2", NODE, C::Ready)
+        .ep("10.244.2.1", "node-b", C::Ready)
+        .build();
+    let remote_only = svc("ns", "ro", "10.96.0.21")
+        .node_port("http", 80, "TCP", 30021)
+        .itp_local()
+        .build();
+    let ro_eps = slice("ns", "ro", "ro-1")
+        .port("http", 8080, "TCP")
+        .ep("10.244.2.2", "node-b", C::Ready)
+        .build();
+    let store = store_of(vec![lb, remote_only], vec![lb_eps, ro_eps]);
+    let (mut p, _rec) = proxier(cfg4());
+    assert!(p.sync(&store, &addrs()).ok());
+    let hc = p.health_checks();
+    assert_eq!(hc.len(), 1, "{hc:?}");
+    let (name, h) = hc.iter().next().unwrap();
+    assert_eq!(
+        (name.name.as_str(), h.node_port, h.local_endpoints),
+        ("lb", 32020, 2)
+    );
+    // ro: internalTrafficPolicy Local, reachable remotely through its NodePort, no local one.
+    assert_eq!(p.no_local_endpoints(), (1, 0));
 }
 
 #[test]

@@ -1046,3 +1046,118 @@ fn model_node_port_ips_and_node_info() {
     assert_eq!(info.zone.as_deref(), Some("zone-x"));
     assert_eq!(info.primary_ips, vec![ip("192.168.0.10")]);
 }
+
+/// kube-proxy's `sync_proxy_rules_no_local_endpoints_total{traffic_policy}`: a port counts when
+/// a Local policy leaves it without endpoints while it has endpoints it could otherwise reach; a
+/// port with nothing reachable at all is rejected instead and not counted.
+#[test]
+fn model_no_local_endpoints_follow_upstream_counting() {
+    let local = ("10.244.1.1", NODE);
+    let remote = ("10.244.1.3", "node-b");
+    // (case, itp local, etp local, NodePort service, endpoints, want (internal, external))
+    type Case<'a> = (
+        &'a str,
+        bool,
+        bool,
+        bool,
+        &'a [(&'a str, &'a str)],
+        (u32, u32),
+    );
+    let cases: [Case<'_>; 9] = [
+        ("cluster policies", false, false, true, &[remote], (0, 0)),
+        (
+            "itp local, only remote",
+            true,
+            false,
+            false,
+            &[remote],
+            (0, 0),
+        ),
+        (
+            "itp local + nodeport, only remote",
+            true,
+            false,
+            true,
+            &[remote],
+            (1, 0),
+        ),
+        (
+            "itp local, local present",
+            true,
+            false,
+            true,
+            &[local, remote],
+            (0, 0),
+        ),
+        (
+            "etp local, only remote",
+            false,
+            true,
+            true,
+            &[remote],
+            (0, 1),
+        ),
+        (
+            "etp local, local present",
+            false,
+            true,
+            true,
+            &[local],
+            (0, 0),
+        ),
+        (
+            "both local, only remote",
+            true,
+            true,
+            true,
+            &[remote],
+            (0, 0),
+        ),
+        (
+            "etp local, no endpoints at all",
+            false,
+            true,
+            true,
+            &[],
+            (0, 0),
+        ),
+        (
+            "itp local + nodeport, no endpoints",
+            true,
+            false,
+            true,
+            &[],
+            (0, 0),
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (name, itp, etp, np, eps, want) in cases {
+        let mut b = svc("ns", "nl", "10.96.0.9");
+        b = if np {
+            b.node_port("http", 80, "TCP", 30090)
+        } else {
+            b.port("http", 80, "TCP")
+        };
+        if itp {
+            b = b.itp_local();
+        }
+        if etp {
+            b = b.etp_local();
+        }
+        let s = b.build();
+        let mut sl = slice("ns", "nl", "nl-1").port("http", 8080, "TCP");
+        for (ip, node) in eps {
+            sl = sl.ep(ip, node, C::Ready);
+        }
+        let sl = sl.build();
+        let d = service_desired(&s, &[&sl], &cfg4(), &node())
+            .unwrap()
+            .desired
+            .unwrap();
+        let got = (d.no_local_internal, d.no_local_external);
+        if got != want {
+            failures.push(format!("{name}: got {got:?} want {want:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -456,6 +456,54 @@ fn loop_waits_for_both_lists_then_syncs_once() {
     );
 }
 
+/// kube-proxy's `*_changes_pending` gauges: changed services accumulate (a Service and a slice
+/// of another service count apart) until a sync takes them, then read 0.
+#[test]
+fn loop_reports_pending_changes_until_the_sync() {
+    use controller::sync_loop::{
+        run, Backend, Exit, FamilyProxier, Input, LoopConfig, SyncObserver,
+    };
+    use std::sync::Mutex;
+    use std::time::Duration;
+    #[derive(Default)]
+    struct Pending(Mutex<Vec<(usize, usize)>>);
+    impl SyncObserver for Pending {
+        fn pending(&self, services: usize, endpoints: usize) {
+            self.0.lock().unwrap().push((services, endpoints));
+        }
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    for ev in [
+        SourceEvent::Init(Kind::Service),
+        SourceEvent::InitApply(service_ev(1)),
+        SourceEvent::InitApply(service_ev(2)),
+        SourceEvent::InitDone(Kind::Service),
+        SourceEvent::Init(Kind::EndpointSlice),
+        SourceEvent::InitApply(slice_ev(1, 3, 0)),
+        SourceEvent::InitDone(Kind::EndpointSlice),
+    ] {
+        tx.send(Input::Source(ev)).unwrap();
+    }
+    let kernel = controller::kernel::SharedFakeKernel::default();
+    let mut families: Vec<Box<dyn Backend + Send>> = vec![Box::new(FamilyProxier {
+        proxier: Proxier::new(cfg4(), RulesConfig::default(), NODE),
+        kernel: Box::new(kernel.clone()),
+    })];
+    let cfg = LoopConfig {
+        min_sync_period: Duration::from_millis(10),
+        sync_period: Duration::from_secs(30),
+        once: true,
+    };
+    let observer = Pending::default();
+    let mut store = Store::new();
+    let exit = run(&rx, &mut store, &mut families, node_addrs(), cfg, &observer);
+    assert_eq!(exit, Exit::Once { ok: true });
+    assert_eq!(
+        *observer.0.lock().unwrap(),
+        vec![(1, 0), (2, 0), (2, 1), (0, 0)]
+    );
+}
+
 #[test]
 fn plan_renders_ipvsadm_format_and_dry_run_records_only_differences() {
     use controller::plan::{render, DryRun, Section};

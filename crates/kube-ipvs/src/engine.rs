@@ -7,7 +7,8 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::sync::Arc;
 
-use controller::model::ProxyConfig;
+use controller::desired::HealthCheck;
+use controller::model::{ProxyConfig, ServiceName};
 use controller::proxier::{DrainConfig, Proxier, RulesConfig, SyncReport};
 use controller::source::SourceEvent;
 use controller::store::{Changes, Store};
@@ -230,6 +231,11 @@ pub struct Observer {
     pub reported: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
     /// Drain totals already counted, per family (the proxier keeps running totals).
     pub drained_seen: std::sync::Mutex<BTreeMap<Family, (u64, u64)>>,
+    /// Ports without local endpoints (internal, external) last reported, per family.
+    pub no_local_seen: std::sync::Mutex<BTreeMap<Family, (usize, usize)>>,
+    /// Health-check node ports last reported, per family: a node port is served while either
+    /// family wants it (a single-stack Service on a dual-stack node is in one family only).
+    pub health_seen: std::sync::Mutex<BTreeMap<Family, BTreeMap<ServiceName, HealthCheck>>>,
 }
 
 /// An object skipped as invalid, to be reported as a Kubernetes Event.
@@ -316,6 +322,11 @@ impl SyncObserver for Observer {
         }
     }
 
+    fn pending(&self, services: usize, endpoints: usize) {
+        self.metrics.service_changes_pending.set(services as i64);
+        self.metrics.endpoint_changes_pending.set(endpoints as i64);
+    }
+
     fn synced(&self, family: Family, report: &SyncReport, backend: &dyn Backend) {
         self.metrics.record_sync(report.duration.as_secs_f64());
         if report.ok() {
@@ -338,6 +349,21 @@ impl SyncObserver for Observer {
                     subsystem: (*subsystem).to_string(),
                 })
                 .inc_by(*n as u64);
+        }
+        if report.iptables_restore_failed {
+            self.metrics.iptables_restore_failures_total.inc();
+        }
+        if let Ok(mut seen) = self.no_local_seen.lock() {
+            seen.insert(family, backend.no_local_endpoints());
+            let (internal, external) = seen.values().fold((0, 0), |(i, e), (a, b)| (i + a, e + b));
+            for (policy, n) in [("internal", internal), ("external", external)] {
+                self.metrics
+                    .no_local_endpoints_total
+                    .get_or_create(&crate::metrics::TrafficPolicyLabel {
+                        traffic_policy: policy.to_string(),
+                    })
+                    .set(n as i64);
+            }
         }
         self.metrics
             .draining_destinations
@@ -367,8 +393,22 @@ impl SyncObserver for Observer {
                 })
                 .inc_by(report.ipvs_ops as u64);
         }
-        let wanted: BTreeMap<u16, HealthCheckService> = backend
-            .health_checks()
+        let mut merged: BTreeMap<ServiceName, HealthCheck> = BTreeMap::new();
+        match self.health_seen.lock() {
+            Ok(mut seen) => {
+                seen.insert(family, backend.health_checks());
+                for (name, hc) in seen.values().flatten() {
+                    merged
+                        .entry(name.clone())
+                        .and_modify(|h| {
+                            h.local_endpoints = h.local_endpoints.max(hc.local_endpoints)
+                        })
+                        .or_insert(*hc);
+                }
+            }
+            Err(_) => merged = backend.health_checks(),
+        }
+        let wanted: BTreeMap<u16, HealthCheckService> = merged
             .into_iter()
             .map(|(name, hc)| {
                 (

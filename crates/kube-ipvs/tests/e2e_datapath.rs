@@ -337,6 +337,20 @@ fn vm_e2e_reachability() {
         o.name().is_none(),
         format!("{o:?}"),
     );
+    // ... and counted like kube-proxy does: etp-none is the only port a Local policy leaves
+    // without endpoints (etp-local and itp-local have a local one).
+    let series = |p: &str| {
+        format!("kubeproxy_sync_proxy_rules_no_local_endpoints_total{{traffic_policy=\"{p}\"}}")
+    };
+    let (ext, int) = (
+        lab.metric(&series("external")),
+        lab.metric(&series("internal")),
+    );
+    t.check(
+        "no_local_endpoints_total: external 1, internal 0",
+        ext == 1.0 && int == 0.0,
+        format!("external {ext}, internal {int}"),
+    );
 
     // internalTrafficPolicy: Local: only the local endpoint.
     for i in 0..4 {
