@@ -227,6 +227,18 @@ async fn daemon_serves_health_and_metrics_and_exits_0_on_sigterm() {
         get(hz.parse().unwrap(), "/livez").await.unwrap().status,
         200
     );
+    // The ETP=Local LoadBalancer of the examples has its health-check node port served, in
+    // whichever mode the kernel allows (iptables mode on a host without IPVS): one of its two
+    // endpoints is on this node.
+    let hc = wait_for(
+        "127.0.0.1:32000".parse().unwrap(),
+        "/",
+        "\"localEndpoints\"",
+    )
+    .await;
+    assert_eq!(hc.status, 200, "{}", hc.body);
+    assert_eq!(hc.json()["localEndpoints"], 1, "{}", hc.body);
+    assert_eq!(hc.json()["service"]["name"], "ingress", "{}", hc.body);
 
     let pid = d.0.id().to_string();
     let kill = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
