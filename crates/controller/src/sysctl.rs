@@ -1,9 +1,14 @@
-//! Kernel sysctls the proxy needs (IPVS conntrack, expire_nodest_conn, conn_reuse_mode, strict ARP).
+//! Kernel sysctls the proxy needs (IPVS conntrack, expire_nodest_conn, conn_reuse_mode, strict ARP)
+//! and the ones kube-proxy's `conntrack.*` settings ask for (nf_conntrack_max, the conntrack hash
+//! size, TCP and UDP timeouts, tcp_be_liberal).
 //!
-//! Pure part: [`parse_kernel_version`] and [`desired_sysctls`] decide what the node should have.
-//! IO part: [`apply_sysctls`] reads each value under a sysctl root (`/proc/sys`, or a temporary
-//! tree in tests), writes only the ones that differ, logs each change, and keeps going past
-//! failures so one missing subsystem does not stop the rest.
+//! Pure part: [`parse_kernel_version`] and [`desired_sysctls`] decide what the node should have;
+//! [`conntrack_max`], [`conntrack_hashsize`], [`parse_cpu_list`] and
+//! [`desired_conntrack_sysctls`] do the same for conntrack.
+//! IO part: [`apply_sysctls`] and [`apply_conntrack`] read each value under a sysctl root
+//! (`/proc/sys`, or a temporary tree in tests) and a sysfs root (`/sys`), write only the ones
+//! that must change, log each change, and keep going past failures so one missing subsystem does
+//! not stop the rest.
 
 use std::fmt;
 use std::io::ErrorKind;
@@ -233,34 +238,11 @@ pub fn apply_sysctls(root: &Path, desired: &[Sysctl]) -> Result<Vec<Change>, Sys
             tracing::info!(sysctl = %path.display(), reason = %s.reason, "leaving sysctl untouched");
             continue;
         };
-        let old = match std::fs::read_to_string(&path) {
-            Ok(t) => t.trim().to_string(),
-            Err(e) => {
-                let problem = if e.kind() == ErrorKind::NotFound {
-                    "does not exist in this kernel".to_string()
-                } else {
-                    format!("read: {e}")
-                };
-                failures.push(SysctlFailure { path, problem });
-                continue;
-            }
-        };
-        if old == want {
-            continue;
+        match write_if_different(&path, want, &s.reason) {
+            Ok(Some(change)) => applied.push(change),
+            Ok(None) => {}
+            Err(f) => failures.push(f),
         }
-        if let Err(e) = std::fs::write(&path, want) {
-            failures.push(SysctlFailure {
-                path,
-                problem: format!("write {want}: {e}"),
-            });
-            continue;
-        }
-        tracing::info!(sysctl = %path.display(), old = %old, new = want, reason = %s.reason, "set sysctl");
-        applied.push(Change {
-            path,
-            old,
-            new: want.to_string(),
-        });
     }
     if failures.is_empty() {
         Ok(applied)
@@ -268,6 +250,397 @@ pub fn apply_sysctls(root: &Path, desired: &[Sysctl]) -> Result<Vec<Change>, Sys
         Err(SysctlError::Failed { failures, applied })
     }
 }
+
+/// Reads `path`; writes `want` when the value (trimmed) differs and logs the change.
+fn write_if_different(
+    path: &Path,
+    want: &str,
+    reason: &str,
+) -> Result<Option<Change>, SysctlFailure> {
+    let old = read_value(path)?;
+    if old == want {
+        return Ok(None);
+    }
+    write_value(path, &old, want, reason).map(Some)
+}
+
+/// The trimmed contents of a sysctl (or sysfs) file.
+fn read_value(path: &Path) -> Result<String, SysctlFailure> {
+    match std::fs::read_to_string(path) {
+        Ok(t) => Ok(t.trim().to_string()),
+        Err(e) => Err(SysctlFailure {
+            path: path.to_path_buf(),
+            problem: if e.kind() == ErrorKind::NotFound {
+                "does not exist in this kernel".to_string()
+            } else {
+                format!("read: {e}")
+            },
+        }),
+    }
+}
+
+/// Writes `want` (the file held `old`) and logs the change.
+fn write_value(path: &Path, old: &str, want: &str, reason: &str) -> Result<Change, SysctlFailure> {
+    if let Err(e) = std::fs::write(path, want) {
+        return Err(SysctlFailure {
+            path: path.to_path_buf(),
+            problem: format!("write {want}: {e}"),
+        });
+    }
+    tracing::info!(sysctl = %path.display(), old = %old, new = %want, reason = %reason, "set sysctl");
+    Ok(Change {
+        path: path.to_path_buf(),
+        old: old.to_string(),
+        new: want.to_string(),
+    })
+}
+
+// ---- conntrack: kube-proxy's `conntrack.*` settings ----
+
+/// The real sysfs root.
+pub const SYS: &str = "/sys";
+
+/// nf_conntrack_max, relative to the sysctl root. One value for the whole kernel: the file is
+/// read-only (mode 0444) in every network namespace but the initial one.
+pub const CONNTRACK_MAX: &str = "net/netfilter/nf_conntrack_max";
+
+/// The conntrack hash table size (a module parameter of nf_conntrack), relative to the sysfs
+/// root. Global too; the kernel refuses to change it from any network namespace but the initial
+/// one (EOPNOTSUPP).
+pub const CONNTRACK_HASHSIZE: &str = "module/nf_conntrack/parameters/hashsize";
+
+/// The online CPUs as a list of ranges (`0-3,6`), relative to the sysfs root.
+pub const CPUS_ONLINE: &str = "devices/system/cpu/online";
+
+/// kube-proxy's `conntrack.*` settings in the kernel's units (seconds). A zero (or `false`)
+/// leaves the kernel's value alone.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConntrackSettings {
+    /// nf_conntrack_max per CPU. 0 leaves nf_conntrack_max and the hash size alone and ignores
+    /// `min`.
+    pub max_per_core: u32,
+    /// The smallest nf_conntrack_max to ask for, whatever the CPU count.
+    pub min: u32,
+    /// `nf_conntrack_tcp_timeout_established`, seconds.
+    pub tcp_established_timeout: u64,
+    /// `nf_conntrack_tcp_timeout_close_wait`, seconds.
+    pub tcp_close_wait_timeout: u64,
+    /// `nf_conntrack_tcp_be_liberal=1`.
+    pub tcp_be_liberal: bool,
+    /// `nf_conntrack_udp_timeout` (unreplied UDP flows), seconds.
+    pub udp_timeout: u64,
+    /// `nf_conntrack_udp_timeout_stream` (assured UDP flows), seconds.
+    pub udp_stream_timeout: u64,
+}
+
+/// The nf_conntrack_max kube-proxy asks for: `max(max_per_core × cpus, min)`, or 0 (leave the
+/// kernel's value and the hash size alone) when `max_per_core` is 0.
+pub fn conntrack_max(max_per_core: u32, min: u32, cpus: u32) -> u64 {
+    if max_per_core == 0 {
+        return 0;
+    }
+    (u64::from(max_per_core) * u64::from(cpus)).max(u64::from(min))
+}
+
+/// The hash table size that suits `max` entries: four entries per bucket, like kube-proxy.
+pub fn conntrack_hashsize(max: u64) -> u64 {
+    max / 4
+}
+
+/// Counts the CPUs in a kernel CPU list (`0-3,6,8-9` → 7). `None` for anything else.
+pub fn parse_cpu_list(text: &str) -> Option<u32> {
+    let text = text.trim();
+    if text.is_empty() {
+        return None;
+    }
+    let mut n: u32 = 0;
+    for part in text.split(',') {
+        let (lo, hi) = match part.split_once('-') {
+            Some((a, b)) => (a.trim().parse::<u32>().ok()?, b.trim().parse::<u32>().ok()?),
+            None => {
+                let c = part.trim().parse::<u32>().ok()?;
+                (c, c)
+            }
+        };
+        if hi < lo {
+            return None;
+        }
+        n = n.checked_add(hi - lo + 1)?;
+    }
+    Some(n)
+}
+
+/// The node's CPU count for sizing nf_conntrack_max: the online CPUs from `<sys_root>/devices/
+/// system/cpu/online` (the whole node, not the CPUs this process may run on, like upstream),
+/// else what the process can use. Never 0.
+pub fn cpu_count(sys_root: &Path) -> u32 {
+    let path = sys_root.join(CPUS_ONLINE);
+    match std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|t| parse_cpu_list(&t))
+    {
+        Some(n) if n > 0 => n,
+        _ => {
+            let n = std::thread::available_parallelism()
+                .map(|n| u32::try_from(n.get()).unwrap_or(u32::MAX))
+                .unwrap_or(1);
+            tracing::debug!(file = %path.display(), cpus = n, "no online CPU list; using the CPUs this process can use");
+            n
+        }
+    }
+}
+
+/// One per-namespace conntrack sysctl to set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConntrackSysctl {
+    /// Path relative to the sysctl root, e.g. `net/netfilter/nf_conntrack_udp_timeout`.
+    pub path: &'static str,
+    /// Value to write.
+    pub value: String,
+    /// The setting that asks for it (logged with the change).
+    pub reason: &'static str,
+}
+
+/// The conntrack sysctls other than nf_conntrack_max that `s` asks for, in the order they are
+/// applied: each only when its setting is non-zero (`tcp_be_liberal` only when true).
+pub fn desired_conntrack_sysctls(s: &ConntrackSettings) -> Vec<ConntrackSysctl> {
+    let mut v = Vec::new();
+    let mut add = |path: &'static str, value: u64, reason: &'static str| {
+        if value > 0 {
+            v.push(ConntrackSysctl {
+                path,
+                value: value.to_string(),
+                reason,
+            });
+        }
+    };
+    add(
+        "net/netfilter/nf_conntrack_tcp_timeout_established",
+        s.tcp_established_timeout,
+        "conntrack.tcpEstablishedTimeout",
+    );
+    add(
+        "net/netfilter/nf_conntrack_tcp_timeout_close_wait",
+        s.tcp_close_wait_timeout,
+        "conntrack.tcpCloseWaitTimeout",
+    );
+    add(
+        "net/netfilter/nf_conntrack_tcp_be_liberal",
+        u64::from(s.tcp_be_liberal),
+        "conntrack.tcpBeLiberal",
+    );
+    add(
+        "net/netfilter/nf_conntrack_udp_timeout",
+        s.udp_timeout,
+        "conntrack.udpTimeout",
+    );
+    add(
+        "net/netfilter/nf_conntrack_udp_timeout_stream",
+        s.udp_stream_timeout,
+        "conntrack.udpStreamTimeout",
+    );
+    v
+}
+
+/// What [`apply_conntrack`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConntrackReport {
+    /// The nf_conntrack_max asked for (0: `max_per_core` is 0, left alone).
+    pub max: u64,
+    /// The CPU count it was computed with.
+    pub cpus: u32,
+    /// The values changed, in order.
+    pub changes: Vec<Change>,
+    /// The hash size had to be raised but sysfs is mounted read-only: kube-proxy's
+    /// `readOnlySysFS` case, a warning (the table still holds nf_conntrack_max entries, in
+    /// longer hash chains) rather than an error.
+    pub read_only_sysfs: Option<SysctlFailure>,
+}
+
+/// Applies kube-proxy's `conntrack.*` settings like kube-proxy does at startup:
+///
+/// - nf_conntrack_max = [`conntrack_max`]`(max_per_core, min, cpus)` when that is non-zero, written
+///   only when the kernel's value is smaller (a bigger table set by the administrator stays; the
+///   file is read-only outside the initial network namespace, so this is also what lets the
+///   proxy start in a namespace whose table is already big enough); then the hash size
+///   (`<sys_root>/module/nf_conntrack/parameters/hashsize`) is raised to `max / 4` when it is
+///   smaller, never lowered.
+/// - the timeouts and `tcp_be_liberal` of [`desired_conntrack_sysctls`], per network namespace,
+///   written when they differ.
+///
+/// Everything is read first and written only when it must change. A value that must change
+/// and cannot is a failure (returned together with the changes made); sysfs mounted read-only
+/// when the hash size must grow is only reported in [`ConntrackReport::read_only_sysfs`].
+pub fn apply_conntrack(
+    sysctl_root: &Path,
+    sys_root: &Path,
+    settings: &ConntrackSettings,
+    cpus: u32,
+) -> Result<ConntrackReport, SysctlError> {
+    let mut report = ConntrackReport {
+        max: conntrack_max(settings.max_per_core, settings.min, cpus),
+        cpus,
+        ..ConntrackReport::default()
+    };
+    let mut failures = Vec::new();
+    if report.max > 0 {
+        let reason = format!(
+            "conntrack.maxPerCore {} x {cpus} CPUs, at least conntrack.min {}",
+            settings.max_per_core, settings.min
+        );
+        match raise_conntrack_max(sysctl_root, report.max, &reason) {
+            Ok(Some(c)) => report.changes.push(c),
+            Ok(None) => {}
+            Err(f) => failures.push(f),
+        }
+        match raise_hashsize(sys_root, conntrack_hashsize(report.max), &reason) {
+            Ok(Some(c)) => report.changes.push(c),
+            Ok(None) => {}
+            Err(HashsizeError::ReadOnly(f)) => {
+                tracing::warn!(
+                    file = %f.path.display(),
+                    problem = %f.problem,
+                    "sysfs is read-only: cannot raise the conntrack hash size (nf_conntrack_max still applies; lookups use longer hash chains)"
+                );
+                report.read_only_sysfs = Some(f);
+            }
+            Err(HashsizeError::Failed(f)) => failures.push(f),
+        }
+    }
+    for s in desired_conntrack_sysctls(settings) {
+        let path = sysctl_root.join(s.path);
+        match write_if_different(&path, &s.value, s.reason) {
+            Ok(Some(c)) => report.changes.push(c),
+            Ok(None) => {}
+            Err(mut f) => {
+                if f.problem.starts_with("does not exist") {
+                    f.problem.push_str(" (is the nf_conntrack module loaded?)");
+                }
+                failures.push(f);
+            }
+        }
+    }
+    if failures.is_empty() {
+        Ok(report)
+    } else {
+        Err(SysctlError::Failed {
+            failures,
+            applied: report.changes,
+        })
+    }
+}
+
+/// Writes nf_conntrack_max = `max` unless the kernel's value is already at least that.
+fn raise_conntrack_max(
+    root: &Path,
+    max: u64,
+    reason: &str,
+) -> Result<Option<Change>, SysctlFailure> {
+    let path = root.join(CONNTRACK_MAX);
+    let old = match read_value(&path) {
+        Ok(v) => v,
+        Err(mut f) => {
+            if f.problem.starts_with("does not exist") {
+                f.problem.push_str(" (is the nf_conntrack module loaded?)");
+            }
+            return Err(f);
+        }
+    };
+    if let Ok(cur) = old.parse::<u64>() {
+        if cur >= max {
+            tracing::info!(sysctl = %path.display(), current = cur, wanted = max, "nf_conntrack_max is already large enough; leaving it");
+            return Ok(None);
+        }
+    }
+    let want = max.to_string();
+    match std::fs::write(&path, &want) {
+        Ok(()) => {
+            tracing::info!(sysctl = %path.display(), old = %old, new = %want, reason = %reason, "set sysctl");
+            Ok(Some(Change {
+                path,
+                old,
+                new: want,
+            }))
+        }
+        Err(e) => {
+            let hint = if e.kind() == ErrorKind::PermissionDenied {
+                " (nf_conntrack_max is one value for the whole kernel, writable only from the \
+                 host's network namespace: raise it on the host, or set conntrack.maxPerCore: 0 \
+                 / --conntrack-max-per-core=0 to leave it alone)"
+            } else {
+                ""
+            };
+            Err(SysctlFailure {
+                path,
+                problem: format!("write {want}: {e}{hint}"),
+            })
+        }
+    }
+}
+
+enum HashsizeError {
+    /// sysfs is mounted read-only.
+    ReadOnly(SysctlFailure),
+    /// Anything else.
+    Failed(SysctlFailure),
+}
+
+/// Raises the conntrack hash size to `want` when it is smaller; never lowers it.
+fn raise_hashsize(
+    sys_root: &Path,
+    want: u64,
+    reason: &str,
+) -> Result<Option<Change>, HashsizeError> {
+    let path = sys_root.join(CONNTRACK_HASHSIZE);
+    let old = read_value(&path).map_err(|mut f| {
+        if f.problem.starts_with("does not exist") {
+            f.problem.push_str(" (is the nf_conntrack module loaded?)");
+        }
+        HashsizeError::Failed(f)
+    })?;
+    let cur = old.parse::<u64>().map_err(|_| {
+        HashsizeError::Failed(SysctlFailure {
+            path: path.clone(),
+            problem: format!("not a number: {old:?}"),
+        })
+    })?;
+    if cur >= want {
+        return Ok(None);
+    }
+    let reason = format!("{reason}: 4 entries per hash bucket");
+    match std::fs::write(&path, want.to_string()) {
+        Ok(()) => {
+            tracing::info!(file = %path.display(), old = cur, new = want, reason = %reason, "set conntrack hash size");
+            Ok(Some(Change {
+                path,
+                old,
+                new: want.to_string(),
+            }))
+        }
+        Err(e) if e.kind() == ErrorKind::ReadOnlyFilesystem => {
+            Err(HashsizeError::ReadOnly(SysctlFailure {
+                path,
+                problem: format!("write {want}: {e}"),
+            }))
+        }
+        Err(e) => {
+            let hint = if e.raw_os_error() == Some(EOPNOTSUPP) {
+                " (the hash size can only be changed from the host's network namespace; \
+                 set conntrack.maxPerCore: 0 / --conntrack-max-per-core=0 to leave the table alone)"
+            } else {
+                ""
+            };
+            Err(HashsizeError::Failed(SysctlFailure {
+                path,
+                problem: format!("write {want}: {e}{hint}"),
+            }))
+        }
+    }
+}
+
+/// `EOPNOTSUPP` on Linux: what the kernel answers to a hash size change from another network
+/// namespace than the initial one.
+const EOPNOTSUPP: i32 = 95;
 
 #[cfg(test)]
 mod tests {
@@ -387,6 +760,18 @@ mod tests {
             }
             Tree(dir)
         }
+        fn empty(tag: &str) -> Self {
+            let dir =
+                std::env::temp_dir().join(format!("kube-ipvs-sysctl-{}-{tag}", std::process::id()));
+            let _ = fs::remove_dir_all(&dir);
+            fs::create_dir_all(&dir).unwrap();
+            Tree(dir)
+        }
+        fn put(&self, p: &str, v: &str) {
+            let f = self.0.join(p);
+            fs::create_dir_all(f.parent().unwrap()).unwrap();
+            fs::write(f, v).unwrap();
+        }
         fn read(&self, p: &str) -> String {
             fs::read_to_string(self.0.join(p))
                 .unwrap()
@@ -495,5 +880,305 @@ mod tests {
             kernel_version(&t.0),
             Err(SysctlError::KernelVersion { .. })
         ));
+    }
+
+    // ---- conntrack ----
+
+    #[test]
+    fn conntrack_max_table() {
+        // (maxPerCore, min, cpus) -> nf_conntrack_max asked for.
+        for (per_core, min, cpus, want) in [
+            (32768, 131072, 2, 131072), // upstream defaults on 2 CPUs: the minimum wins
+            (32768, 131072, 4, 131072), // 4 x 32768 = 131072: equal
+            (32768, 131072, 8, 262144), // scaled wins
+            (32768, 131072, 64, 2_097_152),
+            (32768, 0, 4, 131072),                           // no minimum
+            (1, 0, 3, 3),                                    // tiny but non-zero
+            (10, 100, 0, 100),                               // no CPU count: the minimum
+            (0, 131072, 8, 0),                               // maxPerCore 0: leave it, min ignored
+            (0, 0, 8, 0),                                    // all zero: leave it
+            (u32::MAX, 0, 4096, u64::from(u32::MAX) * 4096), // no overflow
+        ] {
+            assert_eq!(
+                conntrack_max(per_core, min, cpus),
+                want,
+                "maxPerCore {per_core} min {min} cpus {cpus}"
+            );
+        }
+        assert_eq!(conntrack_hashsize(131072), 32768);
+        assert_eq!(conntrack_hashsize(262144), 65536);
+        assert_eq!(conntrack_hashsize(3), 0);
+        assert_eq!(conntrack_hashsize(0), 0);
+    }
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("0\n"), Some(1));
+        assert_eq!(parse_cpu_list("0-3"), Some(4));
+        assert_eq!(parse_cpu_list("0-3,6,8-9\n"), Some(7));
+        assert_eq!(parse_cpu_list("0-63"), Some(64));
+        assert_eq!(parse_cpu_list(""), None);
+        assert_eq!(parse_cpu_list("3-1"), None);
+        assert_eq!(parse_cpu_list("0-"), None);
+        assert_eq!(parse_cpu_list("a"), None);
+        assert_eq!(parse_cpu_list("0,,1"), None);
+    }
+
+    /// A fake /proc/sys + /sys pair with nf_conntrack loaded (values of a small host), removed
+    /// on drop.
+    struct CtTree {
+        proc_sys: Tree,
+        sys: Tree,
+    }
+    impl CtTree {
+        fn new(tag: &str, max: u64, hashsize: u64) -> Self {
+            let proc_sys = Tree::empty(&format!("{tag}-proc"));
+            let max = max.to_string();
+            for (p, v) in [
+                (CONNTRACK_MAX, max.as_str()),
+                (
+                    "net/netfilter/nf_conntrack_tcp_timeout_established",
+                    "432000",
+                ),
+                ("net/netfilter/nf_conntrack_tcp_timeout_close_wait", "60"),
+                ("net/netfilter/nf_conntrack_tcp_be_liberal", "0"),
+                ("net/netfilter/nf_conntrack_udp_timeout", "30"),
+                ("net/netfilter/nf_conntrack_udp_timeout_stream", "120"),
+            ] {
+                proc_sys.put(p, &format!("{v}\n"));
+            }
+            let sys = Tree::empty(&format!("{tag}-sys"));
+            sys.put(CONNTRACK_HASHSIZE, &format!("{hashsize}\n"));
+            sys.put(CPUS_ONLINE, "0-7\n");
+            CtTree { proc_sys, sys }
+        }
+        fn apply(&self, s: &ConntrackSettings, cpus: u32) -> Result<ConntrackReport, SysctlError> {
+            apply_conntrack(&self.proc_sys.0, &self.sys.0, s, cpus)
+        }
+        fn changed(&self, r: &ConntrackReport) -> Vec<String> {
+            r.changes
+                .iter()
+                .map(|c| {
+                    let rel = c
+                        .path
+                        .strip_prefix(&self.proc_sys.0)
+                        .or_else(|_| c.path.strip_prefix(&self.sys.0))
+                        .unwrap();
+                    format!("{}={}", rel.file_name().unwrap().to_string_lossy(), c.new)
+                })
+                .collect()
+        }
+    }
+
+    /// kube-proxy's defaults.
+    fn upstream_defaults() -> ConntrackSettings {
+        ConntrackSettings {
+            max_per_core: 32768,
+            min: 131072,
+            tcp_established_timeout: 24 * 3600,
+            tcp_close_wait_timeout: 3600,
+            ..ConntrackSettings::default()
+        }
+    }
+
+    #[test]
+    fn conntrack_defaults_raise_max_and_hashsize_and_set_tcp_timeouts_once() {
+        let t = CtTree::new("ct-defaults", 65536, 16384);
+        let r = t.apply(&upstream_defaults(), 2).unwrap();
+        assert_eq!((r.max, r.cpus), (131072, 2));
+        assert_eq!(
+            t.changed(&r),
+            vec![
+                "nf_conntrack_max=131072",
+                "hashsize=32768",
+                "nf_conntrack_tcp_timeout_established=86400",
+                "nf_conntrack_tcp_timeout_close_wait=3600",
+            ]
+        );
+        assert_eq!(r.changes[0].old, "65536");
+        assert_eq!(r.read_only_sysfs, None);
+        assert_eq!(t.proc_sys.read(CONNTRACK_MAX), "131072");
+        assert_eq!(t.sys.read(CONNTRACK_HASHSIZE), "32768");
+        // Zero / false settings are not touched.
+        assert_eq!(
+            t.proc_sys.read("net/netfilter/nf_conntrack_tcp_be_liberal"),
+            "0"
+        );
+        assert_eq!(
+            t.proc_sys.read("net/netfilter/nf_conntrack_udp_timeout"),
+            "30"
+        );
+        assert_eq!(
+            t.proc_sys
+                .read("net/netfilter/nf_conntrack_udp_timeout_stream"),
+            "120"
+        );
+        // Read before write: a second run changes nothing.
+        let again = t.apply(&upstream_defaults(), 2).unwrap();
+        assert!(again.changes.is_empty(), "{:?}", again.changes);
+    }
+
+    #[test]
+    fn conntrack_max_and_hashsize_are_never_lowered() {
+        // An administrator's bigger table stays (and so does its hash size).
+        let t = CtTree::new("ct-bigger", 1_048_576, 262144);
+        let r = t.apply(&upstream_defaults(), 8).unwrap();
+        assert_eq!(r.max, 262144);
+        assert_eq!(
+            t.changed(&r),
+            vec![
+                "nf_conntrack_tcp_timeout_established=86400",
+                "nf_conntrack_tcp_timeout_close_wait=3600",
+            ]
+        );
+        assert_eq!(t.proc_sys.read(CONNTRACK_MAX), "1048576");
+        assert_eq!(t.sys.read(CONNTRACK_HASHSIZE), "262144");
+
+        // max raised, hash size already big enough for it: only max changes.
+        let t = CtTree::new("ct-hash-big", 65536, 131072);
+        let r = t.apply(&upstream_defaults(), 8).unwrap();
+        assert_eq!(t.changed(&r)[0], "nf_conntrack_max=262144");
+        assert!(!t.changed(&r).iter().any(|c| c.starts_with("hashsize")));
+        assert_eq!(t.sys.read(CONNTRACK_HASHSIZE), "131072");
+
+        // max already big enough, hash size too small for it: only the hash size is raised.
+        let t = CtTree::new("ct-hash-small", 1_048_576, 1024);
+        let r = t.apply(&upstream_defaults(), 8).unwrap();
+        assert_eq!(t.changed(&r)[0], "hashsize=65536");
+        assert_eq!(t.proc_sys.read(CONNTRACK_MAX), "1048576");
+    }
+
+    #[test]
+    fn conntrack_zero_settings_leave_everything_alone() {
+        // maxPerCore 0: nf_conntrack_max and the hash size stay, min is ignored.
+        let t = CtTree::new("ct-zero-max", 1024, 256);
+        let s = ConntrackSettings {
+            max_per_core: 0,
+            min: 131072,
+            ..upstream_defaults()
+        };
+        let r = t.apply(&s, 8).unwrap();
+        assert_eq!(r.max, 0);
+        assert_eq!(
+            t.changed(&r),
+            vec![
+                "nf_conntrack_tcp_timeout_established=86400",
+                "nf_conntrack_tcp_timeout_close_wait=3600",
+            ]
+        );
+        assert_eq!(t.proc_sys.read(CONNTRACK_MAX), "1024");
+        assert_eq!(t.sys.read(CONNTRACK_HASHSIZE), "256");
+
+        // Everything zero: nothing is even read, so a kernel without nf_conntrack is fine.
+        let empty_proc = Tree::empty("ct-none-proc");
+        let empty_sys = Tree::empty("ct-none-sys");
+        let r = apply_conntrack(
+            &empty_proc.0,
+            &empty_sys.0,
+            &ConntrackSettings::default(),
+            8,
+        )
+        .unwrap();
+        assert_eq!(
+            r,
+            ConntrackReport {
+                cpus: 8,
+                ..ConntrackReport::default()
+            }
+        );
+    }
+
+    #[test]
+    fn conntrack_liberal_and_udp_timeouts() {
+        let t = CtTree::new("ct-udp", 262144, 65536);
+        let s = ConntrackSettings {
+            max_per_core: 0,
+            tcp_be_liberal: true,
+            udp_timeout: 41,
+            udp_stream_timeout: 133,
+            ..ConntrackSettings::default()
+        };
+        let r = t.apply(&s, 2).unwrap();
+        assert_eq!(
+            t.changed(&r),
+            vec![
+                "nf_conntrack_tcp_be_liberal=1",
+                "nf_conntrack_udp_timeout=41",
+                "nf_conntrack_udp_timeout_stream=133",
+            ]
+        );
+        assert_eq!(
+            t.proc_sys
+                .read("net/netfilter/nf_conntrack_udp_timeout_stream"),
+            "133"
+        );
+        assert_eq!(
+            desired_conntrack_sysctls(&s)
+                .iter()
+                .map(|d| d.reason)
+                .collect::<Vec<_>>(),
+            vec![
+                "conntrack.tcpBeLiberal",
+                "conntrack.udpTimeout",
+                "conntrack.udpStreamTimeout"
+            ]
+        );
+    }
+
+    #[test]
+    fn conntrack_without_nf_conntrack_is_one_error_per_value_and_names_the_module() {
+        let empty_proc = Tree::empty("ct-missing-proc");
+        let empty_sys = Tree::empty("ct-missing-sys");
+        let err =
+            apply_conntrack(&empty_proc.0, &empty_sys.0, &upstream_defaults(), 2).unwrap_err();
+        let SysctlError::Failed { failures, applied } = &err else {
+            panic!("{err:?}")
+        };
+        assert!(applied.is_empty());
+        let names: Vec<String> = failures
+            .iter()
+            .map(|f| f.path.file_name().unwrap().to_string_lossy().to_string())
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                "nf_conntrack_max",
+                "hashsize",
+                "nf_conntrack_tcp_timeout_established",
+                "nf_conntrack_tcp_timeout_close_wait",
+            ]
+        );
+        assert!(
+            failures
+                .iter()
+                .all(|f| f.problem.contains("nf_conntrack module")),
+            "{err}"
+        );
+        assert!(!err.ipvs_missing());
+    }
+
+    #[test]
+    fn conntrack_failures_do_not_stop_the_rest() {
+        let t = CtTree::new("ct-partial", 65536, 16384);
+        fs::write(t.sys.0.join(CONNTRACK_HASHSIZE), "garbage\n").unwrap();
+        let err = t.apply(&upstream_defaults(), 2).unwrap_err();
+        let SysctlError::Failed { failures, applied } = err else {
+            panic!()
+        };
+        assert_eq!(failures.len(), 1);
+        assert!(failures[0].path.ends_with(CONNTRACK_HASHSIZE));
+        assert!(failures[0].problem.contains("garbage"), "{:?}", failures[0]);
+        assert_eq!(applied.len(), 3, "max and both TCP timeouts: {applied:?}");
+    }
+
+    #[test]
+    fn cpu_count_reads_the_online_list_under_the_sys_root() {
+        let t = CtTree::new("ct-cpus", 1, 1);
+        assert_eq!(cpu_count(&t.sys.0), 8);
+        fs::write(t.sys.0.join(CPUS_ONLINE), "0-1,4-5\n").unwrap();
+        assert_eq!(cpu_count(&t.sys.0), 4);
+        // No list: what this process can use, at least 1.
+        fs::remove_file(t.sys.0.join(CPUS_ONLINE)).unwrap();
+        assert!(cpu_count(&t.sys.0) >= 1);
     }
 }

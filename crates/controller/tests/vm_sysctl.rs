@@ -120,3 +120,76 @@ fn vm_sysctls_applied_and_read_back() {
         .unwrap()
         .is_empty());
 }
+
+/// Puts global conntrack values back (nf_conntrack_max under /proc/sys, the hash size under /sys).
+struct RestoreFiles(Vec<(std::path::PathBuf, String)>);
+impl Drop for RestoreFiles {
+    fn drop(&mut self) {
+        for (p, v) in &self.0 {
+            let _ = std::fs::write(p, v);
+        }
+    }
+}
+
+/// The initial network namespace, where nf_conntrack_max and the hash size are writable: both
+/// are raised to what the settings ask for, a second run writes nothing, and a smaller request
+/// lowers neither.
+#[test]
+#[ignore = "vm"]
+fn vm_conntrack_max_and_hash_size_raised_in_the_initial_namespace() {
+    use controller::sysctl::{
+        apply_conntrack, ConntrackSettings, CONNTRACK_HASHSIZE, CONNTRACK_MAX, SYS,
+    };
+    let (proc_sys, sys) = (Path::new(PROC_SYS), Path::new(SYS));
+    let max_file = proc_sys.join(CONNTRACK_MAX);
+    let hash_file = sys.join(CONNTRACK_HASHSIZE);
+    assert!(max_file.exists(), "nf_conntrack must be loaded in the VM");
+    let old_max: u64 = read(CONNTRACK_MAX).parse().unwrap();
+    let old_hash: u64 = std::fs::read_to_string(&hash_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let _restore = RestoreFiles(vec![
+        (max_file.clone(), old_max.to_string()),
+        (hash_file.clone(), old_hash.to_string()),
+    ]);
+
+    // Ask for twice the current table and more than 4 entries per current bucket.
+    let want = (old_max * 2).max(old_hash * 8);
+    let settings = ConntrackSettings {
+        max_per_core: 1,
+        min: u32::try_from(want).unwrap(),
+        ..ConntrackSettings::default()
+    };
+    let r = apply_conntrack(proc_sys, sys, &settings, 1).unwrap();
+    assert_eq!(r.max, want);
+    assert_eq!(r.changes.len(), 2, "{:?}", r.changes);
+    assert_eq!(sysctl_tool(CONNTRACK_MAX), want.to_string());
+    let hash: u64 = std::fs::read_to_string(&hash_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(hash, want / 4);
+    // The kernel reports the new bucket count too.
+    assert_eq!(
+        read("net/netfilter/nf_conntrack_buckets"),
+        (want / 4).to_string()
+    );
+
+    // Again: nothing to write. Asking for less lowers nothing.
+    assert!(apply_conntrack(proc_sys, sys, &settings, 1)
+        .unwrap()
+        .changes
+        .is_empty());
+    let smaller = ConntrackSettings {
+        min: u32::try_from(old_max).unwrap(),
+        ..settings
+    };
+    assert!(apply_conntrack(proc_sys, sys, &smaller, 1)
+        .unwrap()
+        .changes
+        .is_empty());
+    assert_eq!(read(CONNTRACK_MAX), want.to_string());
+}

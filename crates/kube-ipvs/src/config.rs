@@ -130,7 +130,8 @@ pub struct IptablesConfig {
     pub min_sync_period: Duration,
 }
 
-/// conntrack settings (`conntrack.*`); `None` / zero: leave the kernel's value.
+/// conntrack settings (`conntrack.*`), applied at startup in both modes
+/// ([`crate::engine::apply_conntrack`]); zero / `false`: leave the kernel's value.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConntrackConfig {
     /// nf_conntrack_max per CPU (0: leave as is and ignore `min`).
@@ -172,6 +173,8 @@ pub struct Config {
     pub drain_timeout: Duration,
     /// Root of the sysctl tree (`--sysctl-root`, default `/proc/sys`).
     pub sysctl_root: PathBuf,
+    /// Root of sysfs (`--sysfs-root`, default `/sys`).
+    pub sysfs_root: PathBuf,
     /// This node's primary IP override (`bindAddress`; unspecified if unset).
     pub bind_address: IpAddr,
     /// `/healthz` + `/livez` server address.
@@ -824,6 +827,7 @@ fn build(
     let source_dir = cx.string("source-dir");
     let drain_timeout = cx.duration("drain-timeout");
     let sysctl_root = cx.string("sysctl-root");
+    let sysfs_root = cx.string("sysfs-root");
     let config_file = cx.string("config");
     let once = cx.boolean("once");
     let cleanup = cx.boolean("cleanup");
@@ -857,6 +861,11 @@ fn build(
             "/proc/sys"
         } else {
             sysctl_root.as_str()
+        }),
+        sysfs_root: PathBuf::from(if sysfs_root.is_empty() {
+            controller::sysctl::SYS
+        } else {
+            sysfs_root.as_str()
         }),
         bind_address,
         healthz_bind_address,

@@ -236,6 +236,10 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         "starting kube-ipvs {}",
         env!("CARGO_PKG_VERSION")
     );
+    // kube-proxy's conntrack settings, in both modes, before anything is programmed: a value
+    // that must change and cannot stops the start like upstream.
+    let conntrack_warning =
+        tokio::task::block_in_place(|| crate::engine::apply_conntrack(&config))?;
     let mut daemon = Daemon::start(config, mode).await?;
     let config = daemon.config.clone();
     let rt = tokio::runtime::Handle::current();
@@ -290,7 +294,18 @@ pub async fn run_daemon(config: Config) -> Result<()> {
             c.clone(),
             config.node_name.clone(),
             "IPVSUnavailable",
+            "SelectProxyMode",
             format!("kube-ipvs runs in iptables mode: {reason}"),
+        ));
+    }
+    if let (Some(note), Some(c)) = (conntrack_warning, &client) {
+        // Upstream's reason for the same case, so existing alerts keep matching.
+        tokio::spawn(crate::engine::publish_node_event(
+            c.clone(),
+            config.node_name.clone(),
+            "readOnlySysFS",
+            "SetConntrackLimits",
+            note,
         ));
     }
     let (rejections_tx, rejections_rx) = tokio::sync::mpsc::unbounded_channel();

@@ -135,6 +135,52 @@ pub fn apply_sysctls(root: &Path, strict_arp: bool) {
     }
 }
 
+/// kube-proxy's `conntrack.*` settings in the kernel's units. Durations count in whole seconds
+/// (like upstream); one under a second leaves the kernel's value instead of writing 0.
+pub fn conntrack_settings(config: &Config) -> controller::sysctl::ConntrackSettings {
+    let c = &config.conntrack;
+    controller::sysctl::ConntrackSettings {
+        max_per_core: c.max_per_core,
+        min: c.min,
+        tcp_established_timeout: c.tcp_established_timeout.as_secs(),
+        tcp_close_wait_timeout: c.tcp_close_wait_timeout.as_secs(),
+        tcp_be_liberal: c.tcp_be_liberal,
+        udp_timeout: c.udp_timeout.as_secs(),
+        udp_stream_timeout: c.udp_stream_timeout.as_secs(),
+    }
+}
+
+/// Applies the `conntrack.*` settings at startup, in either mode, like kube-proxy: a value that
+/// must change and cannot is an error (kube-proxy exits too). Sysfs mounted read-only when the
+/// hash size must grow is only a warning; its text is returned for a Node Event.
+pub fn apply_conntrack(config: &Config) -> Result<Option<String>, crate::Error> {
+    let settings = conntrack_settings(config);
+    let cpus = controller::sysctl::cpu_count(&config.sysfs_root);
+    match controller::sysctl::apply_conntrack(
+        &config.sysctl_root,
+        &config.sysfs_root,
+        &settings,
+        cpus,
+    ) {
+        Ok(report) => {
+            tracing::debug!(
+                nf_conntrack_max = report.max,
+                cpus = report.cpus,
+                changed = report.changes.len(),
+                "conntrack settings applied"
+            );
+            Ok(report.read_only_sysfs.map(|f| {
+                format!(
+                    "/sys is read-only: cannot raise the conntrack hash size for nf_conntrack_max {} ({f}); \
+                     the limit applies, with longer hash chains",
+                    report.max
+                )
+            }))
+        }
+        Err(e) => Err(crate::Error::Conntrack(e.to_string())),
+    }
+}
+
 /// Opens the node's kernel for one family in IPVS mode: IPVS, kube-ipvs0, ipset and iptables.
 /// Returns it with whether iptables supports `--random-fully`.
 pub async fn ipvs_kernel_parts(
@@ -520,6 +566,7 @@ pub async fn publish_node_event(
     client: kube::Client,
     node_name: String,
     reason: &'static str,
+    action: &'static str,
     note: String,
 ) {
     use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -540,7 +587,7 @@ pub async fn publish_node_event(
         type_: EventType::Warning,
         reason: reason.into(),
         note: Some(note),
-        action: "SelectProxyMode".into(),
+        action: action.into(),
         secondary: None,
     };
     if let Err(e) = recorder.publish(&ev, &reference).await {

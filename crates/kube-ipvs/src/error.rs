@@ -81,6 +81,10 @@ pub enum Error {
     /// The requested operation is not available in this build.
     #[error("{0}")]
     Unsupported(String),
+    /// A `conntrack.*` setting had to change the kernel's value and could not (kube-proxy exits
+    /// in the same case).
+    #[error("could not set conntrack parameters from the configuration: {0}")]
+    Conntrack(String),
     /// The sync engine could not start or finished with errors (IPVS, kube-ipvs0, ipset,
     /// iptables, or a `--once` sync that failed).
     #[error("{0}")]

@@ -27,6 +27,22 @@ fn run(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// Leaves the kernel's conntrack settings alone. Every proxy run in this file uses it: the unit
+/// tests run on the host, which a test must not retune, and in a test namespace nf_conntrack_max
+/// is read-only, so a host with a smaller table than kube-proxy's default would fail the start
+/// (kind sets `maxPerCore: 0` for the same reason). `tests/conntrack_settings.rs` tests the
+/// settings themselves.
+const CONNTRACK_AS_IS: [&str; 3] = [
+    "--conntrack-max-per-core=0",
+    "--conntrack-tcp-timeout-established=0s",
+    "--conntrack-tcp-timeout-close-wait=0s",
+];
+
+/// [`run`] for the proxy itself, with [`CONNTRACK_AS_IS`].
+fn run_proxy(args: &[&str]) -> Output {
+    run(&[args, &CONNTRACK_AS_IS[..]].concat())
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).to_string()
 }
@@ -150,6 +166,9 @@ fn daemon_args<'a>(ex: &'a str, hz: &'a str, m: &'a str) -> Vec<&'a str> {
         m,
         "--hostname-override",
         "node-1",
+        CONNTRACK_AS_IS[0],
+        CONNTRACK_AS_IS[1],
+        CONNTRACK_AS_IS[2],
     ]
 }
 
@@ -279,7 +298,7 @@ fn netns_once_exits_after_the_first_sync_with_json_logs() {
 
 fn once_exits_after_the_first_sync_with_json_logs() {
     let ex = examples();
-    let out = run(&[
+    let out = run_proxy(&[
         "--once",
         "--log-format=json",
         "-v",
@@ -309,7 +328,7 @@ fn once_exits_after_the_first_sync_with_json_logs() {
 #[test]
 fn ipvs_fallback_false_fails_without_ipvs() {
     let ex = examples();
-    let out = run(&[
+    let out = run_proxy(&[
         "--once",
         "--ipvs-fallback=false",
         "--source-dir",
@@ -337,7 +356,7 @@ fn ipvs_fallback_false_fails_without_ipvs() {
 
 #[test]
 fn missing_source_dir_is_an_error() {
-    let out = run(&[
+    let out = run_proxy(&[
         "--once",
         "--source-dir",
         "/nonexistent/kube-ipvs-dir",
@@ -368,7 +387,7 @@ fn vm_daemon_selects_ipvs_mode_programs_and_cleans_up() {
             "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  clusterIP: 10.96.0.20\n  ports: [{port: 80, protocol: TCP}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{port: 8080, protocol: TCP}]\nendpoints:\n- addresses: [10.244.1.5]\n  conditions: {ready: true}\n",
         )
         .unwrap();
-        let out = run(&[
+        let out = run_proxy(&[
             "--once",
             "--ipvs-fallback=false",
             "--source-dir",
@@ -426,7 +445,7 @@ fn vm_plan_ipvs_section_equals_what_once_programs() {
         assert!(out.status.success(), "{}", text(&out.stderr));
         let planned = text(&out.stdout);
         assert!(planned.lines().count() > 20, "{planned}");
-        let out = run(&[
+        let out = run_proxy(&[
             "--once",
             "--ipvs-fallback=false",
             "--source-dir",

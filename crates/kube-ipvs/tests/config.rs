@@ -555,3 +555,72 @@ fn mode_selection_and_fallback() {
         ProxyMode::Iptables
     );
 }
+
+#[test]
+fn conntrack_settings_in_kernel_units() {
+    use controller::sysctl::ConntrackSettings;
+    // The kubeadm file (all conntrack fields null): upstream's defaults.
+    let c = load(Some(KUBEADM), &[]).unwrap().config;
+    assert_eq!(
+        kube_ipvs::engine::conntrack_settings(&c),
+        ConntrackSettings {
+            max_per_core: 32768,
+            min: 131072,
+            tcp_established_timeout: 86400,
+            tcp_close_wait_timeout: 3600,
+            tcp_be_liberal: false,
+            udp_timeout: 0,
+            udp_stream_timeout: 0,
+        }
+    );
+    assert_eq!(c.sysfs_root, Path::new("/sys"));
+    assert_eq!(c.sysctl_root, Path::new("/proc/sys"));
+    // Every field from the file; explicit zeros mean "leave the kernel's value".
+    let file = kubeadm_with(
+        "conntrack",
+        "{maxPerCore: 0, min: 7, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 90s, \
+         tcpBeLiberal: true, udpTimeout: 45s, udpStreamTimeout: 3m}",
+    );
+    let c = load(Some(&file), &[]).unwrap().config;
+    assert_eq!(
+        kube_ipvs::engine::conntrack_settings(&c),
+        ConntrackSettings {
+            max_per_core: 0,
+            min: 7,
+            tcp_established_timeout: 0,
+            tcp_close_wait_timeout: 90,
+            tcp_be_liberal: true,
+            udp_timeout: 45,
+            udp_stream_timeout: 180,
+        }
+    );
+    // Flags override the file; durations count whole seconds (under one second: leave).
+    let c = load(
+        Some(&file),
+        &[
+            "--conntrack-max-per-core=100",
+            "--conntrack-min=0",
+            "--conntrack-tcp-timeout-established=2h0m1.9s",
+            "--conntrack-tcp-timeout-close-wait=500ms",
+            "--conntrack-tcp-be-liberal=false",
+            "--conntrack-udp-timeout=0s",
+            "--conntrack-udp-timeout-stream=61s",
+            "--sysfs-root=/host/sys",
+        ],
+    )
+    .unwrap()
+    .config;
+    assert_eq!(
+        kube_ipvs::engine::conntrack_settings(&c),
+        ConntrackSettings {
+            max_per_core: 100,
+            min: 0,
+            tcp_established_timeout: 7201,
+            tcp_close_wait_timeout: 0,
+            tcp_be_liberal: false,
+            udp_timeout: 0,
+            udp_stream_timeout: 61,
+        }
+    );
+    assert_eq!(c.sysfs_root, Path::new("/host/sys"));
+}

@@ -168,6 +168,8 @@ impl Node {
                 "--ipvs-min-sync-period",
                 "0s",
                 "--ipvs-fallback=false",
+                // nf_conntrack_max is read-only in a test namespace (kind sets this too).
+                "--conntrack-max-per-core=0",
                 "--healthz-bind-address",
                 "127.0.0.1:10256",
                 "--metrics-bind-address",

@@ -386,6 +386,8 @@ fn common_flags(dir: &Path) -> Vec<String> {
         "--cluster-cidr",
         "10.244.0.0/16",
         "--ipvs-fallback=false",
+        // nf_conntrack_max is read-only in a test namespace (kind sets this too).
+        "--conntrack-max-per-core=0",
         "--healthz-bind-address",
         "127.0.0.1:0",
         "--metrics-bind-address",

@@ -52,6 +52,8 @@ fn start(extra: &[&str]) -> (Daemon, SocketAddr, SocketAddr) {
             &m.to_string(),
             "--hostname-override",
             "node-1",
+            // nf_conntrack_max is read-only in a test namespace (kind sets this too).
+            "--conntrack-max-per-core=0",
         ])
         .env_remove("RUST_LOG")
         .env_remove("KUBECONFIG")

@@ -81,6 +81,8 @@ impl Daemon {
             .args(["--healthz-bind-address", &healthz.to_string()])
             .args(["--metrics-bind-address", &metrics.to_string()])
             .args(["--ipvs-fallback=false"])
+            // nf_conntrack_max is read-only in a test namespace (kind sets this too).
+            .args(["--conntrack-max-per-core=0"])
             .args(extra)
             .env_remove("RUST_LOG")
             .env_remove("KUBECONFIG")

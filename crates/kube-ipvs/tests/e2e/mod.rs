@@ -254,6 +254,8 @@ impl Lab {
                 "--healthz-bind-address",
                 HEALTHZ,
                 "--ipvs-fallback=false",
+                // nf_conntrack_max is read-only in a test namespace (kind sets this too).
+                "--conntrack-max-per-core=0",
                 "-v",
                 "2",
             ])
