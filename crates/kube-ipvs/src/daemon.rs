@@ -236,6 +236,7 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         "starting kube-ipvs {}",
         env!("CARGO_PKG_VERSION")
     );
+    apply_oom_score_adj(config.oom_score_adj);
     // kube-proxy's conntrack settings, in both modes, before anything is programmed: a value
     // that must change and cannot stops the start like upstream.
     let conntrack_warning =
