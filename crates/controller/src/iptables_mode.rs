@@ -314,7 +314,7 @@ impl IptablesProxier {
             iptables::LocalDetect::None if !cidrs.is_empty() => iptables::LocalDetect::Cidrs(cidrs),
             other => other.clone(),
         };
-        c.node_port_ips = if self.cfg.node_port_addresses.is_empty() {
+        c.node_port_ips = if !self.cfg.node_ports_restricted() {
             None
         } else {
             Some(node.node_port_ips(&self.cfg).into_iter().collect())

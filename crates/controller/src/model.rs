@@ -153,8 +153,12 @@ pub struct ProxyConfig {
     pub masquerade_all: bool,
     /// Pod network ranges (`--cluster-cidr`); traffic from outside is masqueraded.
     pub cluster_cidrs: Vec<IpNet>,
-    /// NodePort addresses (`--nodeport-addresses`); empty = every node address.
+    /// NodePort addresses (`--nodeport-addresses` CIDRs); empty, and `node_port_primary` false:
+    /// every node address.
     pub node_port_addresses: Vec<IpNet>,
+    /// `--nodeport-addresses` includes `primary`: the node's primary IPs (its Node object's
+    /// InternalIP, then ExternalIP addresses) serve NodePorts too.
+    pub node_port_primary: bool,
     /// `--ipvs-strict-arp`.
     pub strict_arp: bool,
     /// `--ipvs-tcp-timeout` seconds (0 = leave).
@@ -175,6 +179,7 @@ impl ProxyConfig {
             masquerade_all: false,
             cluster_cidrs: Vec::new(),
             node_port_addresses: Vec::new(),
+            node_port_primary: false,
             strict_arp: false,
             tcp_timeout: 0,
             tcp_fin_timeout: 0,
@@ -185,6 +190,11 @@ impl ProxyConfig {
     /// True when `addr` lies in one of the excludeCIDRs (never deleted by the proxy).
     pub fn excluded(&self, addr: &IpAddr) -> bool {
         self.exclude_cidrs.iter().any(|n| n.contains(addr))
+    }
+
+    /// True when `--nodeport-addresses` restricts NodePorts to some node addresses.
+    pub fn node_ports_restricted(&self) -> bool {
+        !self.node_port_addresses.is_empty() || self.node_port_primary
     }
 }
 
@@ -235,16 +245,17 @@ impl NodeInfo {
     }
 
     /// The addresses NodePorts are served on for `cfg`'s family: the node's addresses (not
-    /// kube-ipvs0's), restricted to `nodePortAddresses` when set; loopback and IPv6 link-local
-    /// addresses are never used.
+    /// kube-ipvs0's), restricted to `nodePortAddresses` when set (its CIDRs, and the primary
+    /// IPs for `primary`); loopback and IPv6 link-local addresses are never used.
     pub fn node_port_ips(&self, cfg: &ProxyConfig) -> BTreeSet<IpAddr> {
         self.addresses
             .iter()
             .filter(|ip| Family::of(ip) == cfg.family)
             .filter(|ip| !ip.is_loopback() && !is_v6_link_local(ip) && !ip.is_unspecified())
             .filter(|ip| {
-                cfg.node_port_addresses.is_empty()
+                !cfg.node_ports_restricted()
                     || cfg.node_port_addresses.iter().any(|n| n.contains(*ip))
+                    || (cfg.node_port_primary && self.primary_ips.contains(ip))
             })
             .copied()
             .collect()

@@ -1161,3 +1161,50 @@ fn model_no_local_endpoints_follow_upstream_counting() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// `nodePortAddresses`: CIDRs, `primary` (the Node object's InternalIP/ExternalIP), both, or
+/// neither (every node address but loopback and link-local), per family.
+#[test]
+fn model_node_port_addresses_cidrs_and_primary() {
+    let n = node();
+    let ips = |cfg: &ProxyConfig| -> Vec<String> {
+        n.node_port_ips(cfg).iter().map(|i| i.to_string()).collect()
+    };
+    let mut all = cfg4();
+    assert_eq!(ips(&all), ["10.0.0.10", "192.168.0.10"]);
+    all.node_port_primary = true;
+    assert_eq!(ips(&all), ["192.168.0.10"]);
+    all.node_port_addresses = vec!["10.0.0.0/8".parse().unwrap()];
+    assert_eq!(ips(&all), ["10.0.0.10", "192.168.0.10"]);
+    all.node_port_primary = false;
+    assert_eq!(ips(&all), ["10.0.0.10"]);
+    let mut v6 = cfg6();
+    v6.node_port_primary = true;
+    assert_eq!(ips(&v6), ["fd00::10"]);
+
+    // The NodePort virtual servers follow.
+    let s = svc("ns", "np", "10.96.0.30")
+        .node_port("http", 80, "TCP", 30030)
+        .build();
+    let sl = slice("ns", "np", "np-1")
+        .port("http", 8080, "TCP")
+        .ep("10.244.1.1", NODE, C::Ready)
+        .build();
+    let mut cfg = cfg4();
+    cfg.node_port_primary = true;
+    let d = service_desired(&s, &[&sl], &cfg, &n)
+        .unwrap()
+        .desired
+        .unwrap();
+    let node_port_vips: Vec<String> = d
+        .virtual_servers
+        .keys()
+        .filter_map(|k| match k {
+            ServiceKey::Inet {
+                addr, port: 30030, ..
+            } => Some(addr.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(node_port_vips, ["192.168.0.10"]);
+}

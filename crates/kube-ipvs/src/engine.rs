@@ -91,6 +91,9 @@ pub fn proxy_config(config: &Config, family: Family) -> ProxyConfig {
             NodePortAddress::Primary => None,
         })
         .collect();
+    p.node_port_primary = config
+        .node_port_addresses
+        .contains(&NodePortAddress::Primary);
     p.strict_arp = config.ipvs.strict_arp;
     p.tcp_timeout = config.ipvs.tcp_timeout.as_secs() as u32;
     p.tcp_fin_timeout = config.ipvs.tcp_fin_timeout.as_secs() as u32;
