@@ -277,3 +277,59 @@ fn conntrack_args(f: &crate::conntrack::ConntrackFilter) -> String {
     }
     s
 }
+
+/// Records `iptables-restore` payloads instead of running them, reading every table as empty:
+/// iptables proxy mode's plan is the payload of its first full sync on a clean node.
+#[derive(Debug, Clone, Default)]
+struct RecordedRestores(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl crate::iptables_mode::RestoreRunner for RecordedRestores {
+    fn save(&mut self, _table: iptables::Table) -> Result<String, KernelError> {
+        Ok(String::new())
+    }
+    fn restore(&mut self, payload: &str) -> Result<(), KernelError> {
+        match self.0.lock() {
+            Ok(mut r) => r.push(payload.to_string()),
+            Err(p) => p.into_inner().push(payload.to_string()),
+        }
+        Ok(())
+    }
+    fn processes(&self) -> u64 {
+        0
+    }
+}
+
+/// The plan of iptables proxy mode for `cfg.family`: only its `iptables` section (that mode
+/// programs no IPVS, kube-ipvs0 address or ipset), as the `iptables-restore` input its first
+/// sync on a clean node would run. `Err` lists the sync's errors.
+pub fn iptables_mode_plan(
+    cfg: crate::model::ProxyConfig,
+    rules: crate::proxier::RulesConfig,
+    node_name: &str,
+    store: &Store,
+    node_addresses: &BTreeSet<IpAddr>,
+) -> Result<Plan, String> {
+    let family = cfg.family;
+    let recorded = RecordedRestores::default();
+    let mut p = crate::iptables_mode::IptablesProxier::new(
+        cfg,
+        rules,
+        node_name,
+        Box::new(recorded.clone()),
+    );
+    let report = p.sync(store, node_addresses);
+    if !report.ok() {
+        return Err(report.errors.join("; "));
+    }
+    let iptables = match recorded.0.lock() {
+        Ok(r) => r.concat(),
+        Err(poisoned) => poisoned.into_inner().concat(),
+    };
+    Ok(Plan {
+        family,
+        ipvs: String::new(),
+        addresses: Vec::new(),
+        ipsets: String::new(),
+        iptables,
+    })
+}

@@ -459,6 +459,30 @@ pub async fn plan(
         .map(|t| t.current().node_ips())
         .unwrap_or_default();
     let families = crate::engine::families(config, &node_ips);
+    if config.mode == ProxyMode::Iptables {
+        if diff {
+            return Err(Error::Unsupported(
+                "plan --diff compares IPVS-mode state with the kernel; in iptables mode use \
+                 plan --section iptables"
+                    .into(),
+            ));
+        }
+        let mut plans = Vec::new();
+        for &family in &families {
+            plans.push(
+                controller::plan::iptables_mode_plan(
+                    crate::engine::proxy_config(config, family),
+                    crate::engine::rules_config(config, true),
+                    &config.node_name,
+                    &store,
+                    &node_ips,
+                )
+                .map_err(Error::Engine)?,
+            );
+        }
+        out.write_all(controller::plan::render(&plans, section).as_bytes())?;
+        return Ok(());
+    }
     if diff {
         let mut writes = Vec::new();
         for &family in &families {

@@ -483,3 +483,71 @@ fn vm_plan_ipvs_section_equals_what_once_programs() {
         );
     });
 }
+
+/// `plan` follows `--proxy-mode`: in iptables mode it prints that mode's `iptables-restore`
+/// input (and nothing for IPVS, kube-ipvs0 or ipsets), and the real `iptables-restore` takes it
+/// as is in a fresh namespace.
+#[test]
+#[ignore = "netns"]
+fn netns_iptables_mode_plan_is_what_iptables_restore_takes() {
+    common::in_netns("kipvs-plan", || async {
+        let ex = examples();
+        let ex = ex.to_str().unwrap();
+        let all = run(&["plan", "--proxy-mode", "iptables", "--source-dir", ex]);
+        assert!(all.status.success(), "{all:?}");
+        let all = text(&all.stdout);
+        assert!(
+            all.contains("# ipvs (Inet)\n# addresses (Inet)\n# ipsets (Inet)\n# iptables (Inet)\n"),
+            "{all}"
+        );
+        let out = run(&[
+            "plan",
+            "--proxy-mode",
+            "iptables",
+            "--section",
+            "iptables",
+            "--source-dir",
+            ex,
+        ]);
+        assert!(out.status.success(), "{out:?}");
+        let payload = text(&out.stdout);
+        let svc_chains: Vec<&str> = payload
+            .lines()
+            .filter(|l| l.starts_with(":KUBE-SVC-"))
+            .collect();
+        assert!(svc_chains.len() >= 10, "{payload}");
+        assert!(payload.contains("-A KUBE-SERVICES"), "{payload}");
+
+        let mut child = Command::new("iptables-restore")
+            .arg("--noflush")
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(payload.as_bytes())
+            .unwrap();
+        let done = child.wait_with_output().unwrap();
+        assert!(
+            done.status.success(),
+            "iptables-restore: {}",
+            text(&done.stderr)
+        );
+        let saved = Command::new("iptables-save")
+            .args(["-t", "nat"])
+            .output()
+            .unwrap();
+        let saved = text(&saved.stdout);
+        for c in &svc_chains {
+            let name = c.trim_start_matches(':').split(' ').next().unwrap();
+            assert!(
+                saved.contains(&format!(":{name} ")),
+                "{name} not in iptables-save:\n{saved}"
+            );
+        }
+    });
+}
