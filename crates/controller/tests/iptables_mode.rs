@@ -16,28 +16,13 @@ use controller::iptables_mode::{
 };
 use controller::model::ProxyConfig;
 use controller::proxier::{RulesConfig, SyncKind};
-use controller::source::{Kind, Object, SourceEvent};
+use controller::source::{Object, SourceEvent};
 use controller::store::Store;
 use controller::sync_loop::Backend;
 use fixtures::*;
 use iptables::Table;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-
-fn store_of(svcs: Vec<Service>, slices: Vec<EndpointSlice>) -> Store {
-    let mut store = Store::new();
-    store.apply(SourceEvent::Init(Kind::Service));
-    for s in svcs {
-        store.apply(SourceEvent::InitApply(Object::Service(Box::new(s))));
-    }
-    store.apply(SourceEvent::InitDone(Kind::Service));
-    store.apply(SourceEvent::Init(Kind::EndpointSlice));
-    for s in slices {
-        store.apply(SourceEvent::InitApply(Object::EndpointSlice(Box::new(s))));
-    }
-    store.apply(SourceEvent::InitDone(Kind::EndpointSlice));
-    store
-}
 
 fn addrs() -> BTreeSet<IpAddr> {
     node().addresses
@@ -260,7 +245,7 @@ fn iptables_mode_golden_scenarios() {
     let update = std::env::var_os("UPDATE_GOLDEN").is_some();
     let mut failures = Vec::new();
     for s in scenarios() {
-        let store = store_of(s.svcs, s.slices);
+        let store = synced_store(s.svcs, s.slices);
         let (mut p, _) = proxier(s.cfg);
         let text = p.render_full(&store, &addrs()).unwrap();
         let path = golden_dir().join(format!("{}.txt", s.name));
@@ -287,7 +272,7 @@ fn iptables_mode_golden_scenarios() {
 fn iptables_mode_rendered_rules_have_the_required_shapes() {
     let render = |name: &str| -> String {
         let s = scenarios().into_iter().find(|s| s.name == name).unwrap();
-        let store = store_of(s.svcs, s.slices);
+        let store = synced_store(s.svcs, s.slices);
         proxier(s.cfg).0.render_full(&store, &addrs()).unwrap()
     };
     let t = render("three_endpoints_sctp");
@@ -372,7 +357,7 @@ fn many(n: usize) -> Store {
         }
         slices.push(s.build());
     }
-    store_of(svcs, slices)
+    synced_store(svcs, slices)
 }
 
 #[test]
@@ -546,7 +531,7 @@ fn iptables_mode_reports_health_checks_and_no_local_endpoints() {
         .port("http", 8080, "TCP")
         .ep("10.244.2.2", "node-b", C::Ready)
         .build();
-    let store = store_of(vec![lb, remote_only], vec![lb_eps, ro_eps]);
+    let store = synced_store(vec![lb, remote_only], vec![lb_eps, ro_eps]);
     let (mut p, _rec) = proxier(cfg4());
     assert!(p.sync(&store, &addrs()).ok());
     let hc = p.health_checks();
@@ -564,7 +549,7 @@ fn iptables_mode_reports_health_checks_and_no_local_endpoints() {
 fn iptables_mode_records_udp_conntrack_cleanups() {
     // 0 → 2 endpoints: every entry to the VIPs goes; 2 → 1: entries to the removed endpoint.
     let (svc, _) = web(0);
-    let mut store = store_of(vec![svc], vec![]);
+    let mut store = synced_store(vec![svc], vec![]);
     let (mut p, _) = proxier(cfg4());
     p.sync(&store, &addrs());
     assert!(p.take_conntrack_cleanups().is_empty());

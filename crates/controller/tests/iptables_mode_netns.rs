@@ -26,12 +26,11 @@ use controller::iptables_mode::{
     cleanup_iptables_mode, cleanup_ipvs_mode_leftovers, IptablesProxier,
 };
 use controller::proxier::{RulesConfig, SyncKind};
-use controller::source::{Kind, Object, SourceEvent};
+use controller::source::{Object, SourceEvent};
 use controller::store::Store;
 use controller::sync_loop::Backend;
 use fixtures::*;
 use iptables::{Iptables, Runner, Table};
-use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use testkit::netns::{veth_pair, Netns, Pod};
 
@@ -239,21 +238,6 @@ fn slice_of(svc: &str, pods: &[usize], node: &str) -> EndpointSlice {
         s = s.ep(&format!("10.244.1.{}", i + 1), node, C::Ready);
     }
     s.build()
-}
-
-fn synced_store(svcs: Vec<Service>, slices: Vec<EndpointSlice>) -> Store {
-    let mut store = Store::new();
-    store.apply(SourceEvent::Init(Kind::Service));
-    for s in svcs {
-        store.apply(SourceEvent::InitApply(Object::Service(Box::new(s))));
-    }
-    store.apply(SourceEvent::InitDone(Kind::Service));
-    store.apply(SourceEvent::Init(Kind::EndpointSlice));
-    for s in slices {
-        store.apply(SourceEvent::InitApply(Object::EndpointSlice(Box::new(s))));
-    }
-    store.apply(SourceEvent::InitDone(Kind::EndpointSlice));
-    store
 }
 
 fn node_addrs() -> BTreeSet<IpAddr> {

@@ -5,34 +5,13 @@
 
 mod fixtures;
 
-use std::process::Command;
-
 use controller::desired::{service_desired, set_family, Desired};
 use controller::model::{ProxyConfig, ServiceName};
 use fixtures::*;
 use ipset::{Ipset, Runner, SetKind};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-
-struct Netns(String);
-
-impl Netns {
-    fn new(tag: &str) -> Netns {
-        let name = format!("controller-{tag}-{}", std::process::id());
-        let st = Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .unwrap();
-        assert!(st.success(), "ip netns add {name}");
-        Netns(name)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
+use testkit::netns::Netns;
 
 fn services(v6: bool) -> Vec<(Service, Vec<EndpointSlice>)> {
     let (c, e1, e2, lb, ext, range, typ) = if v6 {
@@ -93,7 +72,7 @@ fn services(v6: bool) -> Vec<(Service, Vec<EndpointSlice>)> {
 }
 
 fn check(cfg: ProxyConfig, v6: bool) {
-    let ns = Netns::new(if v6 { "ipset6" } else { "ipset4" });
+    let ns = Netns::new(if v6 { "ipset6" } else { "ipset4" }).unwrap();
     let n = node();
     let mut d = Desired::new(&cfg);
     for (s, slices) in services(v6) {
@@ -111,7 +90,7 @@ fn check(cfg: ProxyConfig, v6: bool) {
         .collect();
     assert!(empty.len() <= 2, "unused sets: {empty:?}");
 
-    let ipset = Ipset::new(Runner::in_netns(ns.0.clone()));
+    let ipset = Ipset::new(Runner::in_netns(ns.name()));
     let names = SetKind::all_names(fam);
     let before = ipset.read(&names).unwrap();
     let report = ipset.apply(&ipset::diff(&want, &before)).unwrap();
@@ -120,15 +99,9 @@ fn check(cfg: ProxyConfig, v6: bool) {
     let again = ipset::diff(&want, &after);
     assert!(again.is_empty(), "kernel differs: {again:?}");
     // Independent look with the ipset tool itself.
-    let out = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &ns.0,
-            "ipset",
-            "list",
-            &SetKind::ClusterIp.name(fam),
-        ])
+    let out = ns
+        .command("ipset")
+        .args(["list", &SetKind::ClusterIp.name(fam)])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);

@@ -5,57 +5,18 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use ipset::{diff, Entry, Family, Ipset, IpsetState, Protocol, Runner, SetKind, SetType};
+use testkit::netns::Netns;
 
-/// A uniquely named network namespace, deleted on drop (also when a test fails).
-struct Netns(String);
-
-impl Netns {
-    fn new(tag: &str) -> Netns {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let name = format!(
-            "ipset-{}-{tag}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        );
-        let st = Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .unwrap();
-        assert!(st.success(), "ip netns add {name}");
-        Netns(name)
-    }
-
-    fn sh(&self, script: &str) -> String {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.0, "sh", "-c", script])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{script}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    fn ipset(&self) -> Ipset {
-        Ipset::new(Runner::in_netns(&self.0))
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
+/// The ipset applier working inside `ns`.
+fn ipset_in(ns: &Netns) -> Ipset {
+    Ipset::new(Runner::in_netns(ns.name()))
 }
 
 /// `create NAME TYPE …` headers and sorted `add` lines as the ipset program prints them.
 fn save_of(ns: &Netns, set: &str) -> (String, Vec<String>) {
-    let text = ns.sh(&format!("ipset save {set}"));
+    let text = ns.sh(&format!("ipset save {set}")).unwrap();
     let mut header = String::new();
     let mut adds = Vec::new();
     for l in text.lines() {
@@ -76,7 +37,7 @@ fn ip4(n: u32) -> IpAddr {
 // ---------------------------------------------------------------- shared bodies
 
 fn all_17_sets_created(ns: &Netns) {
-    let ipset = ns.ipset();
+    let ipset = ipset_in(ns);
     for fam in [Family::V4, Family::V6] {
         let owned = SetKind::all_names(fam);
         let want = IpsetState::kube(fam);
@@ -94,7 +55,7 @@ fn all_17_sets_created(ns: &Netns) {
         assert_eq!(ipset.processes_spawned(), before);
     }
     // Cross-check names, types and families with `ipset list -t`.
-    let list = ns.sh("ipset list -t");
+    let list = ns.sh("ipset list -t").unwrap();
     let mut seen = 0;
     for block in list.split("Name: ").skip(1) {
         let name = block.lines().next().unwrap().trim();
@@ -124,7 +85,7 @@ fn all_17_sets_created(ns: &Netns) {
 }
 
 fn ten_thousand_entries_in_one_batch(ns: &Netns) {
-    let ipset = ns.ipset();
+    let ipset = ipset_in(ns);
     let owned = SetKind::all_names(Family::V4);
     let mut want = IpsetState::kube(Family::V4);
     for i in 0..10_000u32 {
@@ -187,8 +148,9 @@ fn wrong_type_fixed_and_foreign_sets_untouched(ns: &Netns) {
          ipset create KUBE-NODE-PORT-TCP bitmap:port range 0-65535 && \
          ipset add KUBE-NODE-PORT-TCP 31000 && \
          ipset create SOMEONE-ELSE hash:ip && ipset add SOMEONE-ELSE 192.0.2.1",
-    );
-    let ipset = ns.ipset();
+    )
+    .unwrap();
+    let ipset = ipset_in(ns);
     let owned = SetKind::all_names(Family::V4);
     let mut want = IpsetState::kube(Family::V4);
     want.add(
@@ -220,12 +182,12 @@ fn wrong_type_fixed_and_foreign_sets_untouched(ns: &Netns) {
     let d = diff(&IpsetState::new(), &ipset.read(&owned).unwrap());
     assert_eq!(d.destroys.len(), 17);
     ipset.apply(&d).unwrap();
-    let names = ns.sh("ipset list -n");
+    let names = ns.sh("ipset list -n").unwrap();
     assert_eq!(names.trim(), "SOMEONE-ELSE");
 }
 
 fn rejected_entry_reported_rest_applied(ns: &Netns) {
-    let ipset = ns.ipset();
+    let ipset = ipset_in(ns);
     let owned = SetKind::all_names(Family::V4);
     let mut want = IpsetState::kube(Family::V4);
     let lb = ip4(100);
@@ -272,8 +234,9 @@ fn rejected_entry_reported_rest_applied(ns: &Netns) {
 
 fn wrong_type_set_in_use_is_reported(ns: &Netns) {
     ns.sh("ipset create KUBE-CLUSTER-IP hash:ip && \
-         iptables -w -A INPUT -m set --match-set KUBE-CLUSTER-IP dst -j ACCEPT");
-    let ipset = ns.ipset();
+         iptables -w -A INPUT -m set --match-set KUBE-CLUSTER-IP dst -j ACCEPT")
+        .unwrap();
+    let ipset = ipset_in(ns);
     let mut want = IpsetState::new();
     want.add(
         SetKind::ClusterIp,
@@ -304,40 +267,40 @@ fn wrong_type_set_in_use_is_reported(ns: &Netns) {
 #[test]
 #[ignore = "netns"]
 fn netns_all_17_sets_created_with_right_types() {
-    all_17_sets_created(&Netns::new("types"));
+    all_17_sets_created(&Netns::new("types").unwrap());
 }
 
 #[test]
 #[ignore = "netns"]
 fn netns_ten_thousand_entries_in_one_batch() {
-    ten_thousand_entries_in_one_batch(&Netns::new("10k"));
+    ten_thousand_entries_in_one_batch(&Netns::new("10k").unwrap());
 }
 
 #[test]
 #[ignore = "netns"]
 fn netns_wrong_type_fixed_and_foreign_sets_untouched() {
-    wrong_type_fixed_and_foreign_sets_untouched(&Netns::new("fix"));
+    wrong_type_fixed_and_foreign_sets_untouched(&Netns::new("fix").unwrap());
 }
 
 #[test]
 #[ignore = "netns"]
 fn netns_rejected_entry_reported_rest_applied() {
-    rejected_entry_reported_rest_applied(&Netns::new("reject"));
+    rejected_entry_reported_rest_applied(&Netns::new("reject").unwrap());
 }
 
 #[test]
 #[ignore = "netns"]
 fn netns_wrong_type_set_in_use_is_reported() {
-    wrong_type_set_in_use_is_reported(&Netns::new("inuse"));
+    wrong_type_set_in_use_is_reported(&Netns::new("inuse").unwrap());
 }
 
 #[test]
 #[ignore = "netns"]
 fn netns_missing_binary_inside_namespace_is_a_clear_error() {
-    let ns = Netns::new("nobin");
+    let ns = Netns::new("nobin").unwrap();
     let ipset = Ipset::new(Runner {
         ipset: "/nonexistent/ipset".into(),
-        netns: Some(ns.0.clone()),
+        netns: Some(ns.name().to_string()),
     });
     let err = ipset.read(&[]).unwrap_err();
     assert!(matches!(err, ipset::Error::MissingBinary { .. }), "{err}");
@@ -349,23 +312,23 @@ fn netns_missing_binary_inside_namespace_is_a_clear_error() {
 #[test]
 #[ignore = "vm"]
 fn vm_all_17_sets_created_with_right_types() {
-    all_17_sets_created(&Netns::new("types"));
+    all_17_sets_created(&Netns::new("types").unwrap());
 }
 
 #[test]
 #[ignore = "vm"]
 fn vm_ten_thousand_entries_in_one_batch() {
-    ten_thousand_entries_in_one_batch(&Netns::new("10k"));
+    ten_thousand_entries_in_one_batch(&Netns::new("10k").unwrap());
 }
 
 #[test]
 #[ignore = "vm"]
 fn vm_wrong_type_fixed_and_foreign_sets_untouched() {
-    wrong_type_fixed_and_foreign_sets_untouched(&Netns::new("fix"));
+    wrong_type_fixed_and_foreign_sets_untouched(&Netns::new("fix").unwrap());
 }
 
 #[test]
 #[ignore = "vm"]
 fn vm_rejected_entry_reported_rest_applied() {
-    rejected_entry_reported_rest_applied(&Netns::new("reject"));
+    rejected_entry_reported_rest_applied(&Netns::new("reject").unwrap());
 }

@@ -4,56 +4,12 @@
 // Helpers shared by the tests below are test code too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
-
 use ipset::{diff, Entry, Ipset, IpsetState, Protocol, SetKind};
 use iptables::{
     render_ipvs_mode, Backend, Error, Family, Iptables, IpvsModeInput, LocalDetect, RuleSet,
     Runner, Table,
 };
-
-struct Netns(String);
-
-impl Netns {
-    fn new(tag: &str) -> Netns {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let name = format!(
-            "iptables-{}-{tag}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        );
-        assert!(Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .unwrap()
-            .success());
-        Netns(name)
-    }
-
-    fn sh(&self, script: &str) -> String {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.0, "sh", "-c", script])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{script}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    fn runner(&self) -> Runner {
-        Runner::in_netns(&self.0)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
+use testkit::netns::Netns;
 
 fn prog(backend: Backend, family: Family) -> String {
     backend.save_program(family)
@@ -88,7 +44,7 @@ fn sets_with_members(ns: &Netns, family: Family) -> IpsetState {
         };
         st.add(k, family, e, "test").unwrap();
     }
-    let ipset = Ipset::new(ipset::Runner::in_netns(&ns.0));
+    let ipset = Ipset::new(ipset::Runner::in_netns(ns.name()));
     let rep = ipset
         .apply(&diff(
             &st,
@@ -113,7 +69,7 @@ fn full_input(ns: &Netns, family: Family) -> (IpvsModeInput, RuleSet) {
 }
 
 fn rules_applied_and_second_apply_is_free(backend: Backend, family: Family) {
-    let ns = Netns::new("apply");
+    let ns = Netns::new("apply").unwrap();
     // someone else's rules, which must survive everything we do
     let foreign_cmd = match family {
         Family::V4 => "iptables",
@@ -127,15 +83,16 @@ fn rules_applied_and_second_apply_is_free(backend: Backend, family: Family) {
         "{foreign_cmd}-{b} -w -A INPUT -p tcp --dport 22 -j ACCEPT && \
          {foreign_cmd}-{b} -w -t nat -N OTHER-CHAIN && \
          {foreign_cmd}-{b} -w -t nat -A OTHER-CHAIN -j RETURN"
-    ));
+    ))
+    .unwrap();
     let (mut input, rs) = full_input(&ns, family);
-    let mut ipt = Iptables::new(backend, family, ns.runner());
+    let mut ipt = Iptables::new(backend, family, Runner::in_netns(ns.name()));
     let out = ipt.apply(&rs).unwrap();
     assert_eq!(out.restored, vec![Table::Nat, Table::Filter]);
     assert_eq!(out.jumps_added, 9);
     assert_eq!(out.processes, 4, "one save + one restore per table");
 
-    let save = |t: &str| ns.sh(&format!("{} -t {t}", prog(backend, family)));
+    let save = |t: &str| ns.sh(&format!("{} -t {t}", prog(backend, family))).unwrap();
     let nat = save("nat");
     let filter = save("filter");
     for (t, c) in iptables::ipvs_chains() {
@@ -222,7 +179,7 @@ fn rules_applied_and_second_apply_is_free(backend: Backend, family: Family) {
     ns.sh(&format!(
         "{foreign_cmd}-{b} -w -t nat -F KUBE-SERVICES && \
          {foreign_cmd}-{b} -w -t nat -D PREROUTING -m comment --comment 'kubernetes service portals' -j KUBE-SERVICES"
-    ));
+    )).unwrap();
     ipt.force_resync();
     let out = ipt.apply(&render_ipvs_mode(&input).unwrap()).unwrap();
     assert_eq!(out.jumps_added, 1);
@@ -272,17 +229,17 @@ fn netns_ipvs_rules_legacy_v6() {
 #[test]
 #[ignore = "netns"]
 fn netns_duplicate_jumps_are_removed() {
-    let ns = Netns::new("dup");
+    let ns = Netns::new("dup").unwrap();
     let (_, rs) = full_input(&ns, Family::V4);
     ns.sh(
         "iptables-nft -w -t nat -N KUBE-SERVICES && \
          for i in 1 2 3; do iptables-nft -w -t nat -A OUTPUT -m comment --comment 'kubernetes service portals' -j KUBE-SERVICES; done",
-    );
-    let mut ipt = Iptables::new(Backend::Nft, Family::V4, ns.runner());
+    ).unwrap();
+    let mut ipt = Iptables::new(Backend::Nft, Family::V4, Runner::in_netns(ns.name()));
     let out = ipt.apply(&rs).unwrap();
     assert_eq!(out.jumps_removed, 2);
     assert_eq!(out.jumps_added, 8);
-    let nat = ns.sh("iptables-nft-save -t nat");
+    let nat = ns.sh("iptables-nft-save -t nat").unwrap();
     assert_eq!(
         nat.lines()
             .filter(|l| l.starts_with("-A OUTPUT") && l.ends_with("-j KUBE-SERVICES"))
@@ -295,8 +252,8 @@ fn netns_duplicate_jumps_are_removed() {
 #[test]
 #[ignore = "netns"]
 fn netns_rejected_rule_names_the_line() {
-    let ns = Netns::new("bad");
-    let mut ipt = Iptables::new(Backend::Nft, Family::V4, ns.runner());
+    let ns = Netns::new("bad").unwrap();
+    let mut ipt = Iptables::new(Backend::Nft, Family::V4, Runner::in_netns(ns.name()));
     let text = "*filter\n:KUBE-TEST - [0:0]\n-A KUBE-TEST -j ACCEPT\n-A KUBE-TEST -m set --match-set NO-SUCH-SET dst -j ACCEPT\nCOMMIT\n";
     let err = ipt.apply_restore(Table::Filter, text).unwrap_err();
     match &err {
@@ -313,28 +270,34 @@ fn netns_rejected_rule_names_the_line() {
         e => panic!("unexpected {e}"),
     }
     // the failed restore changed nothing
-    assert!(!ns.sh("iptables-nft-save -t filter").contains("KUBE-TEST"));
+    assert!(!ns
+        .sh("iptables-nft-save -t filter")
+        .unwrap()
+        .contains("KUBE-TEST"));
 }
 
 #[test]
 #[ignore = "netns"]
 fn netns_backend_detection_follows_kubelet_chains() {
     for (b, expect) in [("legacy", Backend::Legacy), ("nft", Backend::Nft)] {
-        let ns = Netns::new("detect");
-        ns.sh(&format!("iptables-{b} -w -t mangle -N KUBE-IPTABLES-HINT"));
-        let ipt = Iptables::detect(Family::V4, ns.runner()).unwrap();
+        let ns = Netns::new("detect").unwrap();
+        ns.sh(&format!("iptables-{b} -w -t mangle -N KUBE-IPTABLES-HINT"))
+            .unwrap();
+        let ipt = Iptables::detect(Family::V4, Runner::in_netns(ns.name())).unwrap();
         assert_eq!(ipt.backend(), expect, "hint in {b}");
     }
     // No Kubernetes chains anywhere: what `iptables --version` says.
-    let ns = Netns::new("detect");
-    let v = ns.sh("iptables --version");
+    let ns = Netns::new("detect").unwrap();
+    let v = ns.sh("iptables --version").unwrap();
     let want = if v.contains("nf_tables") {
         Backend::Nft
     } else {
         Backend::Legacy
     };
     assert_eq!(
-        Iptables::detect(Family::V4, ns.runner()).unwrap().backend(),
+        Iptables::detect(Family::V4, Runner::in_netns(ns.name()))
+            .unwrap()
+            .backend(),
         want
     );
 }
@@ -342,10 +305,10 @@ fn netns_backend_detection_follows_kubelet_chains() {
 #[test]
 #[ignore = "netns"]
 fn netns_random_fully_detected() {
-    let ns = Netns::new("rf");
-    let mut ipt = Iptables::new(Backend::Nft, Family::V4, ns.runner());
+    let ns = Netns::new("rf").unwrap();
+    let mut ipt = Iptables::new(Backend::Nft, Family::V4, Runner::in_netns(ns.name()));
     let v = ipt.version().unwrap();
-    let printed = ns.sh("iptables-nft --version");
+    let printed = ns.sh("iptables-nft --version").unwrap();
     assert!(
         printed.contains(&format!("v{}.{}.{}", v.0, v.1, v.2)),
         "{printed}"
@@ -357,7 +320,7 @@ fn netns_random_fully_detected() {
 #[test]
 #[ignore = "vm"]
 fn vm_ipvs_out_filter_rule_applies() {
-    let ns = Netns::new("ipvsmatch");
+    let ns = Netns::new("ipvsmatch").unwrap();
     let (mut input, _) = full_input(&ns, Family::V4);
     input.no_node_access.push(iptables::NoNodeAccess {
         ip: "10.96.0.100".parse().unwrap(),
@@ -365,9 +328,11 @@ fn vm_ipvs_out_filter_rule_applies() {
         port: 443,
     });
     let rs = render_ipvs_mode(&input).unwrap();
-    let mut ipt = Iptables::detect(Family::V4, ns.runner()).unwrap();
+    let mut ipt = Iptables::detect(Family::V4, Runner::in_netns(ns.name())).unwrap();
     ipt.apply(&rs).unwrap();
-    let save = ns.sh(&format!("{} -t filter", prog(ipt.backend(), Family::V4)));
+    let save = ns
+        .sh(&format!("{} -t filter", prog(ipt.backend(), Family::V4)))
+        .unwrap();
     assert_eq!(
         chain_rules(&save, "KUBE-IPVS-OUT-FILTER"),
         vec!["-A KUBE-IPVS-OUT-FILTER -s 10.96.0.100/32 -m ipvs --vproto 6 --vaddr 10.96.0.100 --vport 443 -j DROP"],

@@ -10,7 +10,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use common::{ips, wait_for, NetNs, Ns};
+use common::{apply_all, ips, unchanged_sends_nothing, wait_for, NetNs, Ns};
 use netif::{diff_addresses, Error, Netif, NodeAddresses, DUMMY_LINK};
 
 fn make_fake_dummy(ns: &Ns) {
@@ -74,34 +74,17 @@ fn netns_address_diff_sends_one_request_per_change() {
 
         let desired = ips(&["10.96.0.1", "10.96.0.2", "fd00::1"]);
         let diff = diff_addresses(&desired, &n.addresses().await.unwrap());
-        let before = n.requests_sent();
-        let res = n.apply(&diff).await;
-        assert_eq!(n.requests_sent() - before, 3);
-        assert!(res.iter().all(|(_, r)| r.is_ok()), "{res:?}");
-        assert_eq!(
-            ns.addrs(DUMMY_LINK),
-            vec!["10.96.0.1/32", "10.96.0.2/32", "fd00::1/128"]
-        );
-        let current = n.addresses().await.unwrap();
-        assert_eq!(current, desired);
+        let want = ["10.96.0.1/32", "10.96.0.2/32", "fd00::1/128"];
+        apply_all(&n, &ns, &diff, 3, &want).await;
 
         // Unchanged: no request at all.
-        let before = n.requests_sent();
-        assert!(n
-            .apply(&diff_addresses(&desired, &current))
-            .await
-            .is_empty());
-        assert_eq!(n.requests_sent(), before);
+        let current = unchanged_sends_nothing(&n, &desired).await;
 
         // Swap: one remove for each of two, one add.
         let desired2 = ips(&["10.96.0.2", "10.96.0.3"]);
         let diff2 = diff_addresses(&desired2, &current);
         assert_eq!(diff2.len(), 3);
-        let before = n.requests_sent();
-        let res = n.apply(&diff2).await;
-        assert_eq!(n.requests_sent() - before, 3);
-        assert!(res.iter().all(|(_, r)| r.is_ok()), "{res:?}");
-        assert_eq!(ns.addrs(DUMMY_LINK), vec!["10.96.0.2/32", "10.96.0.3/32"]);
+        apply_all(&n, &ns, &diff2, 3, &["10.96.0.2/32", "10.96.0.3/32"]).await;
 
         // Someone binds an address with another prefix behind our back; it is removed anyway.
         ns.ip(&["addr", "add", "10.96.0.9/24", "dev", DUMMY_LINK]);

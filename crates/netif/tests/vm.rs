@@ -10,7 +10,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use common::{ips, wait_for, NetNs};
+use common::{apply_all, ips, unchanged_sends_nothing, wait_for, NetNs};
 use netif::{diff_addresses, Netif, NodeAddresses, DUMMY_LINK};
 
 #[test]
@@ -47,16 +47,10 @@ fn vm_dummy_link_created_diffed_and_recreated() {
         assert_eq!(n.requests_sent() - before, 1);
 
         let desired = ips(&["10.96.0.1", "10.96.0.10", "fd00:10:96::1"]);
+        let want = ["10.96.0.1/32", "10.96.0.10/32", "fd00:10:96::1/128"];
         let current = n.addresses().await.unwrap();
         assert!(current.is_empty(), "{current:?}");
-        let before = n.requests_sent();
-        let res = n.apply(&diff_addresses(&desired, &current)).await;
-        assert_eq!(n.requests_sent() - before, 3);
-        assert!(res.iter().all(|(_, r)| r.is_ok()), "{res:?}");
-        assert_eq!(
-            ns.addrs(DUMMY_LINK),
-            vec!["10.96.0.1/32", "10.96.0.10/32", "fd00:10:96::1/128"]
-        );
+        apply_all(&n, &ns, &diff_addresses(&desired, &current), 3, &want).await;
         let v6 = ns.ip(&["-6", "addr", "show", "dev", DUMMY_LINK]);
         assert!(!v6.contains("tentative"), "{v6}");
         // The kernel treats the VIPs as local (what IPVS needs).
@@ -70,14 +64,7 @@ fn vm_dummy_link_created_diffed_and_recreated() {
         assert!(s.node_ips().is_disjoint(&desired), "VIPs are not node IPs");
 
         // Unchanged: zero requests.
-        let current = n.addresses().await.unwrap();
-        assert_eq!(current, desired);
-        let before = n.requests_sent();
-        assert!(n
-            .apply(&diff_addresses(&desired, &current))
-            .await
-            .is_empty());
-        assert_eq!(n.requests_sent(), before);
+        unchanged_sends_nothing(&n, &desired).await;
 
         // Deleted behind our back: the tracker says so, the controller recreates and re-binds.
         ns.ip(&["link", "del", DUMMY_LINK]);
@@ -88,14 +75,7 @@ fn vm_dummy_link_created_diffed_and_recreated() {
         assert_eq!(st2.index, ns.ifindex(DUMMY_LINK));
         let current = n.addresses().await.unwrap();
         assert!(current.is_empty());
-        let before = n.requests_sent();
-        let res = n.apply(&diff_addresses(&desired, &current)).await;
-        assert_eq!(n.requests_sent() - before, 3);
-        assert!(res.iter().all(|(_, r)| r.is_ok()), "{res:?}");
-        assert_eq!(
-            ns.addrs(DUMMY_LINK),
-            vec!["10.96.0.1/32", "10.96.0.10/32", "fd00:10:96::1/128"]
-        );
+        apply_all(&n, &ns, &diff_addresses(&desired, &current), 3, &want).await;
         let s = wait_for(&mut rx, "kube-ipvs0 back with VIPs", |s| {
             s.dummy_index() == Some(st2.index) && s.dummy_addresses() == desired
         })

@@ -88,6 +88,12 @@ impl Netns {
         check(self.command(prog).args(rest))
     }
 
+    /// Run a shell script inside the namespace (`sh -c SCRIPT`); error (with stderr) unless it
+    /// exits 0; return stdout.
+    pub fn sh(&self, script: &str) -> io::Result<String> {
+        self.run(&["sh", "-c", script])
+    }
+
     /// Set a sysctl inside the namespace, e.g. `("net.ipv4.ip_forward", "1")`.
     pub fn sysctl(&self, key: &str, value: &str) -> io::Result<()> {
         self.run(&["sysctl", "-q", "-w", &format!("{key}={value}")])
@@ -186,56 +192,14 @@ impl Pod {
     pub fn new(host: Option<&Netns>, ip: Ipv4Addr) -> io::Result<Pod> {
         let ns = Netns::new("pod")?;
         let host_if = format!("tkp{}x{}", std::process::id() % 100_000, next_seq());
-        let host_ip = |args: &[&str]| match host {
-            Some(h) => h.ip(args),
-            None => self::ip(args),
-        };
-        host_ip(&[
-            "link",
-            "add",
-            &host_if,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            ns.name(),
-        ])?;
+        // Made before the links, so a failing step still removes the host side on drop.
         let pod = Pod {
             ns,
             ip,
-            host_if: host_if.clone(),
+            host_if,
             host_ns: host.map(|h| h.name().to_string()),
         };
-        host_ip(&["link", "set", &host_if, "up"])?;
-        let sysctl = format!("net.ipv4.conf.{host_if}.proxy_arp=1");
-        match host {
-            Some(h) => h.run(&["sysctl", "-q", "-w", &sysctl])?,
-            None => check(Command::new("sysctl").args(["-q", "-w", &sysctl]))?,
-        };
-        host_ip(&["route", "add", &format!("{ip}/32"), "dev", &host_if])?;
-        let n = &pod.ns;
-        n.ip(&["addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
-        n.ip(&["link", "set", "eth0", "up"])?;
-        n.ip(&[
-            "route",
-            "add",
-            "169.254.1.1",
-            "dev",
-            "eth0",
-            "scope",
-            "link",
-        ])?;
-        n.ip(&[
-            "route",
-            "add",
-            "default",
-            "via",
-            "169.254.1.1",
-            "dev",
-            "eth0",
-        ])?;
+        attach_pod(host, &pod.ns, &pod.host_if, ip)?;
         Ok(pod)
     }
 
@@ -261,6 +225,62 @@ impl Drop for Pod {
         }
         let _ = c.args(["link", "del", &self.host_if]).output();
     }
+}
+
+/// Wire the namespace `pod` up as a pod with address `ip` on `host` (None: the current
+/// namespace), the way [`Pod::new`] does: a veth pair `host_if` (in `host`) / `eth0` (in `pod`),
+/// proxy ARP and a `/32` route to `ip` on the host side, and in the pod `ip/32` on `eth0` with a
+/// default route via 169.254.1.1.
+pub fn attach_pod(
+    host: Option<&Netns>,
+    pod: &Netns,
+    host_if: &str,
+    ip: Ipv4Addr,
+) -> io::Result<()> {
+    let host_ip = |args: &[&str]| match host {
+        Some(h) => h.ip(args),
+        None => self::ip(args),
+    };
+    host_ip(&[
+        "link",
+        "add",
+        host_if,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0",
+        "netns",
+        pod.name(),
+    ])?;
+    host_ip(&["link", "set", host_if, "up"])?;
+    let sysctl = format!("net.ipv4.conf.{host_if}.proxy_arp=1");
+    match host {
+        Some(h) => h.run(&["sysctl", "-q", "-w", &sysctl])?,
+        None => check(Command::new("sysctl").args(["-q", "-w", &sysctl]))?,
+    };
+    host_ip(&["route", "add", &format!("{ip}/32"), "dev", host_if])?;
+    pod.ip(&["addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
+    pod.ip(&["link", "set", "eth0", "up"])?;
+    pod.ip(&[
+        "route",
+        "add",
+        "169.254.1.1",
+        "dev",
+        "eth0",
+        "scope",
+        "link",
+    ])?;
+    pod.ip(&[
+        "route",
+        "add",
+        "default",
+        "via",
+        "169.254.1.1",
+        "dev",
+        "eth0",
+    ])?;
+    Ok(())
 }
 
 /// A TCP echo server on a thread inside a namespace; stops when dropped.

@@ -48,16 +48,7 @@ impl Lab {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: std::future::Future<Output = ()>,
     {
-        self.node
-            .enter(move || {
-                let rt = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .enable_all()
-                    .build()?;
-                rt.block_on(body());
-                Ok(())
-            })
-            .expect("the test body failed inside the namespace (see its panic above)");
+        common::run_in(&self.node, body);
     }
 }
 

@@ -71,6 +71,16 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     let ns = testkit::netns::Netns::new(tag).expect("create a network namespace (needs root)");
+    run_in(&ns, body);
+}
+
+/// Runs an async test body on a thread inside `ns` (a two-worker tokio runtime; threads and
+/// processes it starts inherit the namespace).
+pub fn run_in<F, Fut>(ns: &testkit::netns::Netns, body: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
     ns.enter(move || {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

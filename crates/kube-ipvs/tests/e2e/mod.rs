@@ -152,46 +152,8 @@ impl Lab {
         let ns = Netns::new("e2epod").expect("pod netns");
         let host_if = format!("kp{}", self.next_if);
         self.next_if += 1;
-        must(self.node.ip(&[
-            "link",
-            "add",
-            &host_if,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            ns.name(),
-        ]));
-        must(self.node.ip(&["link", "set", &host_if, "up"]));
-        self.node
-            .sysctl(&format!("net.ipv4.conf.{host_if}.proxy_arp"), "1")
-            .unwrap();
-        must(
-            self.node
-                .ip(&["route", "add", &format!("{ip}/32"), "dev", &host_if]),
-        );
-        must(ns.ip(&["addr", "add", &format!("{ip}/32"), "dev", "eth0"]));
-        must(ns.ip(&["link", "set", "eth0", "up"]));
-        must(ns.ip(&[
-            "route",
-            "add",
-            "169.254.1.1",
-            "dev",
-            "eth0",
-            "scope",
-            "link",
-        ]));
-        must(ns.ip(&[
-            "route",
-            "add",
-            "default",
-            "via",
-            "169.254.1.1",
-            "dev",
-            "eth0",
-        ]));
+        testkit::netns::attach_pod(Some(&self.node), &ns, &host_if, ip)
+            .unwrap_or_else(|e| panic!("{e}"));
         if let Some(ip6) = ip6 {
             must(
                 self.node

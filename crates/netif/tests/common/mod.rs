@@ -1,30 +1,26 @@
-//! Test helpers: a uniquely named network namespace that is removed on drop, `ip` inside it,
-//! and running async code on a thread that has entered it.
+//! Test helpers: a uniquely named network namespace (testkit's) that is removed on drop, `ip`
+//! inside it, running async code on a thread that has entered it, and applying address diffs
+//! with the request counts and `ip` cross-checks the tests share.
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
-use std::fs::File;
 use std::future::Future;
 use std::net::IpAddr;
-use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use netif::NodeAddressSet;
-use nix::sched::{setns, CloneFlags};
+use netif::{diff_addresses, AddrDiff, Netif, NodeAddressSet, DUMMY_LINK};
+use testkit::netns::Netns;
 use tokio::sync::watch;
 
-static SEQ: AtomicU32 = AtomicU32::new(0);
-
-/// A network namespace created with `ip netns add`, deleted on drop (also when a test fails).
+/// A network namespace (`testkit::netns::Netns`: created with `ip netns add`, `lo` up), deleted
+/// on drop (also when a test fails).
 pub struct NetNs(Ns);
 
-/// A cheap, cloneable name of a namespace (no ownership), for use inside test closures.
+/// A cheap, cloneable handle of the namespace, for use inside test closures.
 #[derive(Clone, Debug)]
-pub struct Ns {
-    pub name: String,
-}
+pub struct Ns(Arc<Netns>);
 
 impl std::ops::Deref for NetNs {
     type Target = Ns;
@@ -35,23 +31,9 @@ impl std::ops::Deref for NetNs {
 
 impl NetNs {
     pub fn new(tag: &str) -> Self {
-        let name = format!(
-            "netif-{}-{}-{tag}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        );
-        let out = Command::new("ip")
-            .args(["netns", "add", &name])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "ip netns add {name}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let ns = Self(Ns { name });
-        ns.ip(&["link", "set", "lo", "up"]);
-        ns
+        let ns = Netns::new(&format!("netif-{tag}"))
+            .unwrap_or_else(|e| panic!("ip netns add (needs root): {e}"));
+        Self(Ns(Arc::new(ns)))
     }
 
     /// Run `f` on a new thread that has entered this namespace, inside a current-thread tokio
@@ -62,58 +44,33 @@ impl NetNs {
         Fut: Future<Output = T>,
         T: Send + 'static,
     {
-        let path = format!("/run/netns/{}", self.name);
         let ns = self.0.clone();
-        let h = std::thread::spawn(move || {
-            let fd = File::open(&path).unwrap();
-            setns(&fd, CloneFlags::CLONE_NEWNET).unwrap();
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(f(ns))
-        });
+        let Ns(netns) = &self.0;
+        let h = netns
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                Ok(rt.block_on(f(ns)))
+            })
+            .unwrap();
         match h.join() {
-            Ok(v) => v,
+            Ok(v) => v.unwrap(),
             Err(e) => std::panic::resume_unwind(e),
         }
     }
 }
 
 impl Ns {
-    /// Run `ip -n NS ARGS`, returning stdout or stderr.
+    /// Run `ip -n NS ARGS`, returning stdout or the error (with stderr).
     pub fn try_ip(&self, args: &[&str]) -> Result<String, String> {
-        let out = Command::new("ip")
-            .arg("-n")
-            .arg(&self.name)
-            .args(args)
-            .output()
-            .unwrap();
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
+        self.0.ip(args).map_err(|e| e.to_string())
     }
 
     /// Run `ip -n NS ARGS` and insist on success.
     pub fn ip(&self, args: &[&str]) -> String {
         self.try_ip(args)
-            .unwrap_or_else(|e| panic!("ip {args:?} in {}: {e}", self.name))
-    }
-
-    /// Run a shell command inside the namespace.
-    pub fn sh(&self, script: &str) -> String {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.name, "sh", "-c", script])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{script}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+            .unwrap_or_else(|e| panic!("ip {args:?} in {}: {e}", self.0.name()))
     }
 
     /// Interface index of a link, from `ip -o link show`.
@@ -139,17 +96,30 @@ impl Ns {
     }
 }
 
-impl Drop for NetNs {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
-    }
-}
-
 /// Parses addresses.
 pub fn ips(items: &[&str]) -> BTreeSet<IpAddr> {
     items.iter().map(|s| s.parse().unwrap()).collect()
+}
+
+/// Applies `diff`, asserting it took exactly `requests` requests, every change succeeded and
+/// `ip` then lists exactly `want` on kube-ipvs0.
+pub async fn apply_all(n: &Netif, ns: &Ns, diff: &AddrDiff, requests: u64, want: &[&str]) {
+    let before = n.requests_sent();
+    let res = n.apply(diff).await;
+    assert_eq!(n.requests_sent() - before, requests);
+    assert!(res.iter().all(|(_, r)| r.is_ok()), "{res:?}");
+    assert_eq!(ns.addrs(DUMMY_LINK), want);
+}
+
+/// Reads the addresses back, asserts they are `desired` and that applying the (empty) diff
+/// sends no request at all; returns what was read.
+pub async fn unchanged_sends_nothing(n: &Netif, desired: &BTreeSet<IpAddr>) -> BTreeSet<IpAddr> {
+    let current = n.addresses().await.unwrap();
+    assert_eq!(current, *desired);
+    let before = n.requests_sent();
+    assert!(n.apply(&diff_addresses(desired, &current)).await.is_empty());
+    assert_eq!(n.requests_sent(), before);
+    current
 }
 
 /// Wait (at most 1 s per change notification) until `pred` holds for the tracked set.
