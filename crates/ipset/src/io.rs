@@ -2,12 +2,11 @@
 //! per read and one `ipset restore -exist` per apply (plus one per rejected line, bounded).
 
 use std::collections::BTreeSet;
-use std::io::Write as _;
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::entry::Entry;
+use crate::process::{self, Output};
 use crate::state::{parse_save, restore_lines, IpsetDiff, IpsetState, LineOrigin};
 use crate::{Error, Result};
 
@@ -43,72 +42,14 @@ impl Runner {
         }
     }
 
-    fn command(&self, args: &[&str]) -> (Command, String) {
-        let prog = self.ipset.to_string_lossy().into_owned();
-        let mut shown = String::new();
-        let mut cmd = match &self.netns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns.as_str()]).arg(&self.ipset);
-                shown.push_str(&format!("ip netns exec {ns} "));
-                c
-            }
-            None => Command::new(&self.ipset),
-        };
-        cmd.args(args);
-        shown.push_str(&prog);
-        for a in args {
-            shown.push(' ');
-            shown.push_str(a);
-        }
-        (cmd, shown)
-    }
-
-    fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<(Output, String)> {
-        let (mut cmd, shown) = self.command(args);
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-        cmd.stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        });
-        let mut child = cmd.spawn().map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                let binary = if self.netns.is_some() {
-                    "ip".to_string()
-                } else {
-                    self.ipset.to_string_lossy().into_owned()
-                };
-                Error::MissingBinary { binary, source: e }
-            } else {
-                Error::Io {
-                    command: shown.clone(),
-                    source: e,
-                }
-            }
-        })?;
-        if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-            // A write error (EPIPE) means ipset exited early; its stderr tells why.
-            let _ = pipe.write_all(text.as_bytes());
-        }
-        let out = child.wait_with_output().map_err(|e| Error::Io {
-            command: shown.clone(),
-            source: e,
-        })?;
-        if !out.status.success() {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            // `ip netns exec` could not start ipset inside the namespace
-            if stderr.contains("exec of") && stderr.contains("No such file") {
-                return Err(Error::MissingBinary {
-                    binary: self.ipset.to_string_lossy().into_owned(),
-                    source: std::io::Error::new(std::io::ErrorKind::NotFound, stderr.trim()),
-                });
-            }
-            if let Some(k) = kernel_support_problem(&stderr) {
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<Output> {
+        let out = process::run(self.netns.as_deref(), self.ipset.as_os_str(), args, stdin)?;
+        if !out.success {
+            if let Some(k) = kernel_support_problem(&out.stderr) {
                 return Err(Error::KernelSupport(k));
             }
         }
-        Ok((out, shown))
+        Ok(out)
     }
 }
 
@@ -203,18 +144,18 @@ impl Ipset {
         self.spawned.load(Ordering::Relaxed)
     }
 
-    fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<(Output, String)> {
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<Output> {
         self.spawned.fetch_add(1, Ordering::Relaxed);
         self.runner.run(args, stdin)
     }
 
     /// `ipset version` output (checks the binary and kernel support).
     pub fn version(&self) -> Result<String> {
-        let (out, shown) = self.run(&["version"], None)?;
-        if !out.status.success() {
+        let out = self.run(&["version"], None)?;
+        if !out.success {
             return Err(Error::CommandFailed {
-                command: shown,
-                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                command: out.command,
+                stderr: out.stderr,
             });
         }
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
@@ -224,11 +165,11 @@ impl Ipset {
     /// `ipset save`. Sets not in `owned` are never read.
     pub fn read(&self, owned: &[String]) -> Result<IpsetState> {
         let owned: BTreeSet<&str> = owned.iter().map(String::as_str).collect();
-        let (out, shown) = self.run(&["save"], None)?;
-        if !out.status.success() {
+        let out = self.run(&["save"], None)?;
+        if !out.success {
             return Err(Error::CommandFailed {
-                command: shown,
-                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                command: out.command,
+                stderr: out.stderr,
             });
         }
         let text = String::from_utf8(out.stdout)
@@ -264,12 +205,16 @@ impl Ipset {
             if index.is_empty() {
                 return Ok(report);
             }
-            let (out, shown) = self.run(&["restore", "-exist"], Some(&script))?;
+            let Output {
+                command: shown,
+                success,
+                stderr,
+                ..
+            } = self.run(&["restore", "-exist"], Some(&script))?;
             report.processes += 1;
-            if out.status.success() {
+            if success {
                 return Ok(report);
             }
-            let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
             let Some((no, message)) = parse_error_line(&stderr) else {
                 return Err(Error::CommandFailed {
                     command: shown,

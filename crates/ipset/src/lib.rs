@@ -3,10 +3,12 @@
 //! Shape: [`IpsetState`] (pure desired/current state of the 17 kube-proxy sets, see
 //! [`SetKind`]), [`diff`] (pure), [`render_restore`] / [`render_save`] (pure text), and the IO
 //! module [`Ipset`] that reads the kernel with one `ipset save` and applies a diff with one
-//! `ipset restore -exist` process per sync.
+//! `ipset restore -exist` process per sync. [`process`] starts the tools (also for the iptables
+//! crate).
 
 mod entry;
 mod io;
+pub mod process;
 mod set;
 mod state;
 
@@ -57,6 +59,17 @@ pub enum Error {
     /// An entry was added to a set that was not declared.
     #[error("unknown set {0:?}")]
     UnknownSet(String),
+}
+
+impl From<process::Error> for Error {
+    fn from(e: process::Error) -> Self {
+        match e {
+            process::Error::MissingBinary(binary, source) => {
+                Error::MissingBinary { binary, source }
+            }
+            process::Error::Io(command, source) => Error::Io { command, source },
+        }
+    }
 }
 
 /// Result alias.

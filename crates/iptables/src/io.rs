@@ -2,8 +2,7 @@
 //! rule set only when its text changed and keeping the jumps from built-in chains unique.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write as _;
-use std::process::{Command, Stdio};
+use std::ffi::OsStr;
 
 use ipset::Family;
 
@@ -11,7 +10,8 @@ use crate::backend::{parse_version, pick_backend, random_fully_supported, Backen
 use crate::rules::{RuleSet, Table};
 use crate::{Error, Result};
 
-/// How programs are started: directly, or inside `ip netns exec NAME`.
+/// How programs are started: directly, or inside `ip netns exec NAME` (through
+/// [`ipset::process::run`], which the ipset crate uses too).
 #[derive(Debug, Clone, Default)]
 pub struct Runner {
     /// Run inside this named network namespace.
@@ -38,61 +38,12 @@ impl Runner {
         args: &[&str],
         stdin: Option<&str>,
     ) -> Result<(bool, String, String, String)> {
-        let mut shown = String::new();
-        let mut cmd = match &self.netns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns.as_str(), prog]);
-                shown.push_str(&format!("ip netns exec {ns} "));
-                c
-            }
-            None => Command::new(prog),
-        };
-        cmd.args(args);
-        shown.push_str(prog);
-        for a in args {
-            shown.push(' ');
-            shown.push_str(a);
-        }
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-        cmd.stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        });
-        let mut child = cmd.spawn().map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                Error::MissingBinary {
-                    binary: if self.netns.is_some() { "ip" } else { prog }.to_string(),
-                    source: e,
-                }
-            } else {
-                Error::Io {
-                    command: shown.clone(),
-                    source: e,
-                }
-            }
-        })?;
-        if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-            // EPIPE means the program exited early; its stderr says why.
-            let _ = pipe.write_all(text.as_bytes());
-        }
-        let out = child.wait_with_output().map_err(|e| Error::Io {
-            command: shown.clone(),
-            source: e,
-        })?;
-        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
-        if !out.status.success() && stderr.contains("exec of") && stderr.contains("No such file") {
-            return Err(Error::MissingBinary {
-                binary: prog.to_string(),
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, stderr),
-            });
-        }
+        let out = ipset::process::run(self.netns.as_deref(), OsStr::new(prog), args, stdin)?;
         Ok((
-            out.status.success(),
+            out.success,
             String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr,
-            shown,
+            out.stderr,
+            out.command,
         ))
     }
 }

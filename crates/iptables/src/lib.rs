@@ -70,5 +70,16 @@ pub enum Error {
     Parse(String),
 }
 
+impl From<ipset::process::Error> for Error {
+    fn from(e: ipset::process::Error) -> Self {
+        match e {
+            ipset::process::Error::MissingBinary(binary, source) => {
+                Error::MissingBinary { binary, source }
+            }
+            ipset::process::Error::Io(command, source) => Error::Io { command, source },
+        }
+    }
+}
+
 /// Result alias.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
