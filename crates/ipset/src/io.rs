@@ -440,8 +440,10 @@ impl Ipset {
     }
 }
 
-/// Whether a diff may go over netlink: members only, between 1 and `max` of them.
-fn netlink_eligible(diff: &IpsetDiff, max: usize) -> bool {
+/// Whether [`Ipset::apply`] with threshold `max` sends `diff` over netlink (when the kernel can
+/// be spoken to): members only, no set created, recreated or destroyed, between 1 and `max`
+/// members. Pure, so in-memory kernels can count requests the way the real applier does.
+pub fn netlink_eligible(diff: &IpsetDiff, max: usize) -> bool {
     let members = diff.adds.len() + diff.dels.len();
     diff.creates.is_empty()
         && diff.recreates.is_empty()

@@ -15,7 +15,7 @@ mod set;
 mod state;
 
 pub use entry::{Entry, Protocol};
-pub use io::{ApplyReport, Ipset, Rejected, Runner, NETLINK_MAX_MEMBERS};
+pub use io::{netlink_eligible, ApplyReport, Ipset, Rejected, Runner, NETLINK_MAX_MEMBERS};
 pub use set::{Family, SetKind, SetSpec, SetType, MAX_NAME_LEN};
 pub use state::{
     diff, parse_save, render_restore, render_save, restore_lines, EntryChange, IpsetDiff,
