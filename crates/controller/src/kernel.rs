@@ -117,8 +117,10 @@ impl std::fmt::Debug for NodeKernel {
 }
 
 impl NodeKernel {
-    /// Opens every subsystem. `rt` runs the rtnetlink futures; the kernel's methods must be
-    /// called from a thread outside that runtime's async context (e.g. a dedicated thread).
+    /// Opens every subsystem (the ipset netlink socket too, with its one protocol request, so
+    /// the first small sync does not pay for it). `rt` runs the rtnetlink futures; the
+    /// kernel's methods must be called from a thread outside that runtime's async context (e.g.
+    /// a dedicated thread).
     pub fn new(
         ipvs: ipvs_netlink::Client,
         netif: netif::Netif,
@@ -126,6 +128,9 @@ impl NodeKernel {
         iptables: iptables::Iptables,
         rt: tokio::runtime::Handle,
     ) -> NodeKernel {
+        if !ipset.prepare_netlink() {
+            tracing::info!("ipset over netlink unavailable: every ipset change uses ipset restore");
+        }
         NodeKernel {
             ipvs,
             netif,

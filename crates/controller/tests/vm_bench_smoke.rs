@@ -98,7 +98,7 @@ fn vm_bench_smoke() {
         u(&v, "/p2/delete-service/requests/ipvs_writes") == 1,
     ));
     // The ClusterIP's set members (KUBE-CLUSTER-IP, KUBE-IPVS-IPS) go over ipset netlink: one
-    // request each, no ipset process.
+    // request each, no ipset process (the one-time protocol probe ran when NodeKernel opened).
     for c in ["add-service", "delete-service"] {
         checks.push((
             "p2 add/delete: no ipset process",

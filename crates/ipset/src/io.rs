@@ -208,6 +208,20 @@ impl Ipset {
         self.requests.load(Ordering::Relaxed)
     }
 
+    /// Opens the netlink socket and agrees on the protocol version now (one request), instead
+    /// of on the first small apply; returns whether the netlink path is usable. Applying works
+    /// without calling this.
+    pub fn prepare_netlink(&self) -> bool {
+        if self.netlink_max == 0 {
+            return false;
+        }
+        let mut state = self.netlink.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(*state, NetlinkState::Closed) {
+            *state = self.open_channel();
+        }
+        matches!(*state, NetlinkState::Open(_))
+    }
+
     /// Whether [`Ipset::apply`] sends `diff` over netlink (when the kernel can be spoken to):
     /// it only adds and deletes members of existing sets (no set is created, recreated or
     /// destroyed) and has at least one and at most [`Ipset::netlink_threshold`] of them.
