@@ -290,9 +290,12 @@ pub fn rows(o: &Opts, run: Option<&Value>, ipset: Option<&Value>) -> Vec<Row> {
             ));
         }
         if o.wants("p2") {
+            // add: 1 NewService + M NewDest + 1 address + 2 ipset members (KUBE-CLUSTER-IP,
+            // KUBE-IPVS-IPS), which are netlink requests since ipset netlink replaced the
+            // `ipset restore` process of small syncs.
             for (name, reqs) in [
                 ("endpoint", 10.0),
-                ("add-service", m + 2.0),
+                ("add-service", m + 4.0),
                 ("delete-service", 10.0),
             ] {
                 let c = &r["p2"][name];

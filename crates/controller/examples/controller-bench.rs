@@ -251,12 +251,14 @@ fn requests(a: KernelCounters, b: KernelCounters) -> (u64, u64, Value) {
         "address_writes": d(a.address_writes, b.address_writes),
         "address_reads": d(a.address_reads, b.address_reads),
         "ipset_processes": d(a.ipset_processes, b.ipset_processes),
+        "ipset_requests": d(a.ipset_requests, b.ipset_requests),
         "iptables_processes": d(a.iptables_processes, b.iptables_processes),
     });
     let netlink = d(a.ipvs_writes, b.ipvs_writes)
         + d(a.ipvs_reads, b.ipvs_reads)
         + d(a.address_writes, b.address_writes)
-        + d(a.address_reads, b.address_reads);
+        + d(a.address_reads, b.address_reads)
+        + d(a.ipset_requests, b.ipset_requests);
     let procs =
         d(a.ipset_processes, b.ipset_processes) + d(a.iptables_processes, b.iptables_processes);
     (netlink, procs, v)
@@ -481,6 +483,12 @@ fn ours(n: usize, m: usize) -> Res<(Value, String)> {
     if vs.values().next().map(|v| v.real_servers.len()) != Some(m) {
         return Err("the added service is not in the kernel with all its reals".into());
     }
+    // Its set member went in (over ipset netlink): `ipset test` fails when it is missing.
+    run_cmd(
+        "ipset",
+        &["test", "KUBE-CLUSTER-IP", &format!("{},tcp:80", vip(n))],
+        None,
+    )?;
     changes.push(c);
 
     // P2: delete one service.
@@ -498,6 +506,10 @@ fn ours(n: usize, m: usize) -> Res<(Value, String)> {
         .map_err(io("read"))?;
     if !vs.is_empty() {
         return Err("the deleted service is still in the kernel".into());
+    }
+    let member = format!("{},tcp:80", vip(7 % n.max(1)));
+    if run_cmd("ipset", &["test", "KUBE-CLUSTER-IP", &member], None).is_ok() {
+        return Err("the deleted service is still in KUBE-CLUSTER-IP".into());
     }
     changes.push(c);
 

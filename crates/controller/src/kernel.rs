@@ -1,7 +1,8 @@
 //! The kernel as the proxier sees it: read and apply per subsystem, behind one trait.
 //!
 //! [`Kernel`] is the IO boundary of the controller. [`NodeKernel`] is the real node (IPVS over
-//! generic netlink, kube-ipvs0 over rtnetlink, `ipset restore`, `iptables-restore`);
+//! generic netlink, kube-ipvs0 over rtnetlink, ipset over netlink for small member changes and
+//! `ipset restore` otherwise, `iptables-restore`);
 //! [`FakeKernel`] is an in-memory kernel for tests that counts the requests each subsystem
 //! received, so tests can prove that work is proportional to what changed.
 
@@ -50,6 +51,10 @@ pub struct KernelCounters {
     pub address_reads: u64,
     /// ipset processes (reads and restores).
     pub ipset_processes: u64,
+    /// ipset netlink requests: one per member added or deleted without a process (small
+    /// member-only diffs, see [`ipset::netlink_eligible`]), plus the real applier's one-time
+    /// protocol probe.
+    pub ipset_requests: u64,
     /// iptables processes (saves and restores).
     pub iptables_processes: u64,
     /// conntrack entries deleted.
@@ -112,8 +117,10 @@ impl std::fmt::Debug for NodeKernel {
 }
 
 impl NodeKernel {
-    /// Opens every subsystem. `rt` runs the rtnetlink futures; the kernel's methods must be
-    /// called from a thread outside that runtime's async context (e.g. a dedicated thread).
+    /// Opens every subsystem (the ipset netlink socket too, with its one protocol request, so
+    /// the first small sync does not pay for it). `rt` runs the rtnetlink futures; the
+    /// kernel's methods must be called from a thread outside that runtime's async context (e.g.
+    /// a dedicated thread).
     pub fn new(
         ipvs: ipvs_netlink::Client,
         netif: netif::Netif,
@@ -121,6 +128,9 @@ impl NodeKernel {
         iptables: iptables::Iptables,
         rt: tokio::runtime::Handle,
     ) -> NodeKernel {
+        if !ipset.prepare_netlink() {
+            tracing::info!("ipset over netlink unavailable: every ipset change uses ipset restore");
+        }
         NodeKernel {
             ipvs,
             netif,
@@ -233,6 +243,7 @@ impl Kernel for NodeKernel {
             address_writes: self.netif.requests_sent(),
             address_reads: self.address_reads,
             ipset_processes: self.ipset.processes_spawned(),
+            ipset_requests: self.ipset.netlink_requests(),
             iptables_processes: self.iptables.processes_spawned(),
             conntrack_deleted: self.conntrack_deleted,
         }
@@ -420,7 +431,13 @@ impl Kernel for FakeKernel {
         if diff.is_empty() {
             return Ok(Vec::new());
         }
-        self.counters.ipset_processes += 1;
+        // Like the real applier: small member-only diffs are one netlink request per member,
+        // anything else one `ipset restore`.
+        if ipset::netlink_eligible(diff, ipset::NETLINK_MAX_MEMBERS) {
+            self.counters.ipset_requests += (diff.adds.len() + diff.dels.len()) as u64;
+        } else {
+            self.counters.ipset_processes += 1;
+        }
         for spec in diff.creates.iter().chain(diff.recreates.iter()) {
             self.ipsets.remove_set(&spec.name);
             self.ipsets.ensure_set(spec.clone());

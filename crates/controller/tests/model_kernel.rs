@@ -1,6 +1,8 @@
 //! Cross-check of the desired ipset state against the real kernel: every entry the model
 //! derives for every feature is accepted by `ipset restore` in a fresh network namespace and
-//! reads back (`ipset save`) identical. Needs root (host: `--ignored netns_`).
+//! reads back (`ipset save`) identical; then every service is deleted and added again one at a
+//! time, as incremental syncs do, which goes over ipset netlink with no process. Needs root
+//! (host: `--ignored netns_`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers
 
 mod fixtures;
@@ -111,6 +113,39 @@ fn check(cfg: ProxyConfig, v6: bool) {
         "10.96.0.1,tcp:80"
     };
     assert!(text.contains(cip), "{text}");
+
+    // Incremental: delete each service, then add it back, like the proxier's syncs after a
+    // Service delete/add. Each is a small member-only diff: netlink, no process.
+    let full = d.ipset_state();
+    for (s, slices) in services(v6) {
+        let name = ServiceName::of(&s);
+        let mut current = ipset.read(&names).unwrap();
+        d.update_service(name.clone(), None);
+        let del = ipset::diff(&d.ipset_state(), &current);
+        assert!(!del.dels.is_empty() && del.adds.is_empty(), "{del:?}");
+        assert!(ipset.uses_netlink(&del));
+        let (p0, r0) = (ipset.processes_spawned(), ipset.netlink_requests());
+        let rep = ipset.apply(&del).unwrap();
+        assert!(rep.rejected.is_empty(), "{:?}", rep.rejected);
+        assert_eq!(ipset.processes_spawned(), p0, "{name}: no ipset process");
+        assert!(ipset.netlink_requests() - r0 >= del.dels.len() as u64);
+        assert_eq!(rep.requests, del.dels.len() as u64);
+        current = ipset.read(&names).unwrap();
+        assert!(ipset::diff(&d.ipset_state(), &current).is_empty(), "{name}");
+
+        let refs: Vec<&EndpointSlice> = slices.iter().collect();
+        let derived = service_desired(&s, &refs, &cfg, &n).unwrap();
+        d.update_service(name.clone(), derived.desired);
+        let add = ipset::diff(&d.ipset_state(), &current);
+        assert_eq!(add.adds.len(), del.dels.len(), "{name}");
+        let p0 = ipset.processes_spawned();
+        let rep = ipset.apply(&add).unwrap();
+        assert!(rep.rejected.is_empty(), "{:?}", rep.rejected);
+        assert_eq!(ipset.processes_spawned(), p0, "{name}: no ipset process");
+        assert_eq!(rep.requests, add.adds.len() as u64);
+    }
+    // Back where we started, as the ipset program sees it.
+    assert!(ipset::diff(&full, &ipset.read(&names).unwrap()).is_empty());
 }
 
 #[test]

@@ -91,8 +91,10 @@ fn first_sync_programs_everything_from_one_read_per_subsystem() {
     assert_eq!(c.address_reads, 1);
     assert_eq!(c.ipvs_writes, 1000 * 11);
     assert_eq!(c.address_writes, 1000);
-    // One read of the sets and one restore of their members.
+    // One read of the sets and one restore of their members (set creation and a bulk load
+    // never go over netlink).
     assert_eq!(c.ipset_processes, 2);
+    assert_eq!(c.ipset_requests, 0);
     let cluster = k.ipsets.get("KUBE-CLUSTER-IP").expect("set created");
     assert_eq!(cluster.entries.len(), 1000);
     assert!(k.iptables.contains_key("nat") && k.iptables.contains_key("filter"));
@@ -130,6 +132,9 @@ fn one_endpoint_change_is_a_few_requests_and_no_dump() {
     assert_eq!(after.ipvs_reads, before.ipvs_reads, "no dump");
     assert_eq!(after.address_writes, before.address_writes);
     assert_eq!(after.iptables_processes, before.iptables_processes);
+    // No set member changes (the endpoints are on another node): no ipset work at all.
+    assert_eq!(after.ipset_processes, before.ipset_processes);
+    assert_eq!(after.ipset_requests, before.ipset_requests);
     assert_eq!(r.services_derived, 1);
     let vs = &k.ipvs[&key(500)];
     assert!(vs.real_servers.contains_key(&(ip("10.250.0.1"), 8080)));
@@ -272,6 +277,26 @@ fn adding_and_deleting_a_service_touches_only_that_service() {
     assert_eq!(mid.address_writes - before.address_writes, 1);
     assert_eq!(mid.ipvs_reads, before.ipvs_reads);
     assert!(k.addresses.contains(&vip(1000)));
+    // The new ClusterIP goes into KUBE-CLUSTER-IP and KUBE-IPVS-IPS over netlink: two
+    // requests and no ipset process.
+    assert_eq!(
+        mid.ipset_processes, before.ipset_processes,
+        "no ipset process"
+    );
+    assert_eq!(mid.ipset_requests - before.ipset_requests, 2);
+    let member = ipset::Entry::ip_port(vip(1000), ipset::Protocol::Tcp, 80);
+    assert!(k
+        .ipsets
+        .get("KUBE-CLUSTER-IP")
+        .unwrap()
+        .entries
+        .contains_key(&member));
+    assert!(k
+        .ipsets
+        .get("KUBE-IPVS-IPS")
+        .unwrap()
+        .entries
+        .contains_key(&ipset::Entry::Ip(vip(1000))));
 
     let ch = store.apply(SourceEvent::Delete(service_ev(7)));
     p.note(&ch);
@@ -280,6 +305,11 @@ fn adding_and_deleting_a_service_touches_only_that_service() {
     let after = k.counters();
     assert_eq!(after.ipvs_writes - mid.ipvs_writes, 1, "one DelService");
     assert_eq!(after.address_writes - mid.address_writes, 1);
+    assert_eq!(
+        after.ipset_processes, mid.ipset_processes,
+        "no ipset process"
+    );
+    assert_eq!(after.ipset_requests - mid.ipset_requests, 2);
     assert!(!k.ipvs.contains_key(&key(7)));
     assert!(!k.addresses.contains(&vip(7)));
     assert!(k.ipvs.contains_key(&key(8)));

@@ -97,6 +97,18 @@ fn vm_bench_smoke() {
         "p2 delete: 1 ipvs write",
         u(&v, "/p2/delete-service/requests/ipvs_writes") == 1,
     ));
+    // The ClusterIP's set members (KUBE-CLUSTER-IP, KUBE-IPVS-IPS) go over ipset netlink: one
+    // request each, no ipset process (the one-time protocol probe ran when NodeKernel opened).
+    for c in ["add-service", "delete-service"] {
+        checks.push((
+            "p2 add/delete: no ipset process",
+            u(&v, &format!("/p2/{c}/requests/ipset_processes")) == 0,
+        ));
+        checks.push((
+            "p2 add/delete: 2 ipset requests",
+            u(&v, &format!("/p2/{c}/requests/ipset_requests")) == 2,
+        ));
+    }
     // P4: one dump, no write.
     checks.push(("p4 one dump", u(&v, "/p4/requests/ipvs_reads") == 1));
     checks.push(("p4 no writes", u(&v, "/p4/requests/ipvs_writes") == 0));

@@ -1,14 +1,38 @@
 //! IO: run `ipset` (optionally inside a network namespace) to read and apply state, one process
-//! per read and one `ipset restore -exist` per apply (plus one per rejected line, bounded).
+//! per read and one `ipset restore -exist` per apply (plus one per rejected line, bounded); small
+//! member-only diffs go over the kernel's ipset netlink protocol instead, with no process at all.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use ipvs_netlink::netlink::{Pending, Socket, SocketProtocol};
 
 use crate::entry::Entry;
+use crate::netlink::{self as nl, Adt};
 use crate::process::{self, Output};
 use crate::state::{parse_save, restore_lines, IpsetDiff, IpsetState, LineOrigin};
 use crate::{Error, Result};
+
+/// Largest diff (members added plus deleted) [`Ipset::apply`] sends over netlink by default.
+///
+/// Why 256: an incremental sync touches a handful of members per changed service (its
+/// ClusterIP, external and load-balancer addresses, node ports, one KUBE-LOOP-BACK member per
+/// local endpoint), so 256 covers any single-service change, even a service with ~200
+/// endpoints, and a burst of several small ones. Such a diff is at most two windows of
+/// pipelined requests at the default receive buffer (~140 unanswered requests each) and takes
+/// well under a millisecond, while one `ipset restore` process costs ~50 ms whatever its size.
+/// Bulk loads (the first sync, a resync after a restart: thousands of members, plus set
+/// creation) stay on `ipset restore`, which packs many members per kernel message and is the
+/// one path that also creates, recreates and destroys sets.
+pub const NETLINK_MAX_MEMBERS: usize = 256;
+
+/// Receive buffer asked for the ipset netlink socket (capped by `net.core.rmem_max`).
+const WANT_RCVBUF: usize = 1024 * 1024;
+/// Receive-buffer budget per unanswered request: an error reply echoes the request (~100
+/// bytes); its skb truesize stays below this.
+const BUDGET_PER_REPLY: usize = 3072;
 
 /// How `ipset` is started: which binary, and optionally inside `ip netns exec NAME`.
 #[derive(Debug, Clone)]
@@ -95,20 +119,55 @@ pub struct Rejected {
 /// Result of [`Ipset::apply`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ApplyReport {
-    /// Restore lines in the diff.
+    /// Restore lines in the diff (for the netlink path: members added or deleted).
     pub lines: usize,
     /// Processes spawned for this apply.
     pub processes: u64,
+    /// Netlink requests sent for this apply (0 when it went through `ipset restore`).
+    pub requests: u64,
     /// Lines the kernel (or ipset) rejected; all other lines were applied.
     pub rejected: Vec<Rejected>,
 }
 
+/// The netlink side of an applier: a socket in the runner's namespace and the protocol
+/// version agreed with the kernel.
+struct Channel {
+    sock: Socket,
+    protocol: u8,
+    window: usize,
+}
+
+/// Whether the netlink path can be used.
+enum NetlinkState {
+    /// Not opened yet (or dropped after a socket error: reopened on the next apply).
+    Closed,
+    /// Open and probed.
+    Open(Channel),
+    /// The kernel cannot be spoken to over netlink (no common protocol version, or the
+    /// namespace cannot be entered): every apply uses `ipset restore`.
+    Unavailable,
+}
+
 /// The ipset applier.
-#[derive(Debug)]
 pub struct Ipset {
     runner: Runner,
     spawned: AtomicU64,
+    requests: AtomicU64,
     max_retries: usize,
+    netlink_max: usize,
+    netlink: Mutex<NetlinkState>,
+}
+
+impl std::fmt::Debug for Ipset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ipset")
+            .field("runner", &self.runner)
+            .field("spawned", &self.spawned)
+            .field("requests", &self.requests)
+            .field("max_retries", &self.max_retries)
+            .field("netlink_max", &self.netlink_max)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for Ipset {
@@ -124,8 +183,50 @@ impl Ipset {
         Ipset {
             runner,
             spawned: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
             max_retries: 8,
+            netlink_max: NETLINK_MAX_MEMBERS,
+            netlink: Mutex::new(NetlinkState::Closed),
         }
+    }
+
+    /// Change the largest member-only diff sent over netlink instead of `ipset restore`
+    /// (default [`NETLINK_MAX_MEMBERS`]; 0 always uses `ipset restore`).
+    pub fn with_netlink_threshold(mut self, members: usize) -> Ipset {
+        self.netlink_max = members;
+        self
+    }
+
+    /// The largest member-only diff sent over netlink.
+    pub fn netlink_threshold(&self) -> usize {
+        self.netlink_max
+    }
+
+    /// Netlink requests sent so far by this applier (the protocol probe and one per member
+    /// added or deleted over netlink).
+    pub fn netlink_requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Opens the netlink socket and agrees on the protocol version now (one request), instead
+    /// of on the first small apply; returns whether the netlink path is usable. Applying works
+    /// without calling this.
+    pub fn prepare_netlink(&self) -> bool {
+        if self.netlink_max == 0 {
+            return false;
+        }
+        let mut state = self.netlink.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(*state, NetlinkState::Closed) {
+            *state = self.open_channel();
+        }
+        matches!(*state, NetlinkState::Open(_))
+    }
+
+    /// Whether [`Ipset::apply`] sends `diff` over netlink (when the kernel can be spoken to):
+    /// it only adds and deletes members of existing sets (no set is created, recreated or
+    /// destroyed) and has at least one and at most [`Ipset::netlink_threshold`] of them.
+    pub fn uses_netlink(&self, diff: &IpsetDiff) -> bool {
+        netlink_eligible(diff, self.netlink_max)
     }
 
     /// Change how many times one apply may drop a rejected line and retry.
@@ -177,19 +278,96 @@ impl Ipset {
         parse_save(&text, |n| owned.contains(n))
     }
 
-    /// Apply a diff with one `ipset restore -exist`. If ipset rejects a line, that line (or, for
-    /// a set that cannot be created, that set's lines) is reported in
-    /// [`ApplyReport::rejected`] and the rest is sent again, so one bad entry never stops the
-    /// batch. An empty diff runs nothing.
+    /// Apply a diff. A small diff that only adds and deletes members (see
+    /// [`Ipset::uses_netlink`]) goes over netlink, one pipelined request per member; anything
+    /// else (or when netlink is unavailable) with one `ipset restore -exist`.
+    ///
+    /// Both paths have `-exist` semantics (adding a present member and deleting an absent one
+    /// succeed) and report alike: a member (or restore line) the kernel rejects is reported in
+    /// [`ApplyReport::rejected`] with its owner and line, and everything else is applied; with
+    /// restore, a set that cannot be created is reported with its members skipped. An empty
+    /// diff runs nothing.
     pub fn apply(&self, diff: &IpsetDiff) -> Result<ApplyReport> {
         let lines = restore_lines(diff);
+        if lines.is_empty() {
+            return Ok(ApplyReport::default());
+        }
+        if self.uses_netlink(diff) {
+            if let Some(report) = self.apply_netlink(&lines) {
+                return Ok(report);
+            }
+        }
+        self.apply_restore(lines)
+    }
+
+    /// The netlink path; `None` when netlink is unavailable or the socket failed (nothing is
+    /// known to be lost: ADD/DEL with `-exist` semantics can be sent again with restore).
+    fn apply_netlink(&self, lines: &[(String, LineOrigin)]) -> Option<ApplyReport> {
+        let mut state = self.netlink.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(*state, NetlinkState::Closed) {
+            *state = self.open_channel();
+        }
+        let NetlinkState::Open(ch) = &mut *state else {
+            return None;
+        };
         let mut report = ApplyReport {
             lines: lines.len(),
             ..ApplyReport::default()
         };
-        if lines.is_empty() {
-            return Ok(report);
+        match send_members(ch, lines, &mut report) {
+            Ok(()) => {
+                self.requests.fetch_add(report.requests, Ordering::Relaxed);
+                Some(report)
+            }
+            Err(e) => {
+                self.requests.fetch_add(report.requests, Ordering::Relaxed);
+                tracing::warn!(error = %e, "ipset netlink failed; applying with ipset restore");
+                *state = NetlinkState::Closed;
+                None
+            }
         }
+    }
+
+    /// Opens and probes the netlink socket in the runner's namespace.
+    fn open_channel(&self) -> NetlinkState {
+        let opened = match &self.runner.netns {
+            None => Socket::connect(SocketProtocol::Netfilter, WANT_RCVBUF)
+                .map_err(|e| Error::Netlink(e.to_string())),
+            Some(ns) => socket_in_netns(ns),
+        };
+        let mut sock = match opened {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "ipset over netlink unavailable; using ipset restore");
+                return NetlinkState::Unavailable;
+            }
+        };
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        match probe_protocol(&mut sock) {
+            Ok(protocol) => {
+                let window = (sock.rcvbuf() / BUDGET_PER_REPLY).clamp(16, 8192);
+                NetlinkState::Open(Channel {
+                    sock,
+                    protocol,
+                    window,
+                })
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "ipset over netlink unavailable; using ipset restore");
+                NetlinkState::Unavailable
+            }
+        }
+    }
+
+    /// The restore path: one `ipset restore -exist`. If ipset rejects a line, that line (or,
+    /// for a set that cannot be created, that set's lines) is reported in
+    /// [`ApplyReport::rejected`] and the rest is sent again, so one bad entry never stops the
+    /// batch.
+    fn apply_restore(&self, lines: Vec<(String, LineOrigin)>) -> Result<ApplyReport> {
+        let mut report = ApplyReport {
+            lines: lines.len(),
+            ..ApplyReport::default()
+        };
         let mut active = vec![true; lines.len()];
         let mut retries = 0usize;
         loop {
@@ -273,6 +451,147 @@ impl Ipset {
                 });
             }
         }
+    }
+}
+
+/// Whether [`Ipset::apply`] with threshold `max` sends `diff` over netlink (when the kernel can
+/// be spoken to): members only, no set created, recreated or destroyed, between 1 and `max`
+/// members. Pure, so in-memory kernels can count requests the way the real applier does.
+pub fn netlink_eligible(diff: &IpsetDiff, max: usize) -> bool {
+    let members = diff.adds.len() + diff.dels.len();
+    diff.creates.is_empty()
+        && diff.recreates.is_empty()
+        && diff.destroys.is_empty()
+        && members > 0
+        && members <= max
+}
+
+/// Opens a netfilter netlink socket inside the named namespace (`/run/netns/NAME`), from a
+/// helper thread that enters it: a socket stays in the namespace it was created in.
+fn socket_in_netns(ns: &str) -> Result<Socket> {
+    let path = if ns.contains('/') {
+        PathBuf::from(ns)
+    } else {
+        PathBuf::from("/run/netns").join(ns)
+    };
+    let file = std::fs::File::open(&path)
+        .map_err(|e| Error::Netlink(format!("open {}: {e}", path.display())))?;
+    std::thread::spawn(move || {
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| Error::Netlink(format!("setns: {e}")))?;
+        Socket::connect(SocketProtocol::Netfilter, WANT_RCVBUF)
+            .map_err(|e| Error::Netlink(e.to_string()))
+    })
+    .join()
+    .map_err(|_| Error::Netlink("netns helper thread panicked".into()))?
+}
+
+/// Sends `IPSET_CMD_PROTOCOL` and agrees on a version.
+fn probe_protocol(sock: &mut Socket) -> Result<u8> {
+    let seq = sock.next_seq();
+    nl::put_protocol(sock.buf(), seq);
+    sock.send().map_err(|e| Error::Netlink(e.to_string()))?;
+    loop {
+        let datagram = sock.recv().map_err(|e| Error::Netlink(e.to_string()))?;
+        match nl::protocol_answer(datagram, seq)? {
+            None => continue,
+            Some(Err(errno)) => {
+                return Err(Error::KernelSupport(format!(
+                    "the kernel refused the ipset protocol probe: {}",
+                    nl::error_message(Adt::Add, errno)
+                )))
+            }
+            Some(Ok(kernel)) => {
+                return nl::negotiate(kernel).ok_or_else(|| {
+                    Error::KernelSupport(format!(
+                        "kernel ipset protocol versions {}..{} do not include {}..{}",
+                        kernel.1,
+                        kernel.0,
+                        nl::consts::IPSET_PROTOCOL_MIN,
+                        nl::consts::IPSET_PROTOCOL
+                    ))
+                })
+            }
+        }
+    }
+}
+
+/// Sends one ADD/DEL per member line, a window of pipelined requests at a time, and records
+/// each rejected member. A socket error is returned (the caller falls back to restore).
+fn send_members(
+    ch: &mut Channel,
+    lines: &[(String, LineOrigin)],
+    report: &mut ApplyReport,
+) -> Result<()> {
+    let mut next = 0;
+    while next < lines.len() {
+        let base = ch.sock.seq().wrapping_add(1);
+        let mut in_window: Vec<(usize, Adt)> = Vec::new();
+        while next < lines.len() && in_window.len() < ch.window {
+            let (line, origin) = &lines[next];
+            let (adt, c) = match origin {
+                LineOrigin::Add(c) => (Adt::Add, c),
+                LineOrigin::Del(c) => (Adt::Del, c),
+                // Not eligible for netlink; `netlink_eligible` keeps these out.
+                _ => return Err(Error::Netlink(format!("not a member line: {line:?}"))),
+            };
+            let seq = ch.sock.seq().wrapping_add(1);
+            match nl::put_adt(ch.sock.buf(), adt, seq, ch.protocol, &c.set, &c.entry) {
+                Ok(()) => {
+                    ch.sock.next_seq();
+                    in_window.push((next, adt));
+                    report.requests += 1;
+                }
+                Err(e) => report.rejected.push(rejected(line, origin, e.to_string())),
+            }
+            next += 1;
+        }
+        if in_window.is_empty() {
+            continue;
+        }
+        ch.sock.send().map_err(|e| Error::Netlink(e.to_string()))?;
+        // nfnetlink handles the requests inside `send`: every answer is queued (or was
+        // dropped on overrun) when it returns, so reading without blocking cannot hang.
+        let mut pending = Pending::new(base, in_window.len());
+        let mut answers: Vec<Option<std::result::Result<(), i32>>> = vec![None; in_window.len()];
+        while pending.left() > 0 {
+            let datagram = match ch.sock.try_recv() {
+                Ok(d) => d,
+                Err(e) if e.is_overrun() => continue,
+                Err(_) => break,
+            };
+            // A malformed message ends this datagram; the next one is still read.
+            let _ = pending.take(datagram, |i, r| answers[i] = Some(r));
+        }
+        for ((i, adt), answer) in in_window.into_iter().zip(answers) {
+            let (line, origin) = &lines[i];
+            let message = match answer {
+                Some(r) if nl::answer_ok(r) => continue,
+                Some(Err(errno)) => nl::error_message(adt, errno),
+                _ => "no answer from the kernel (netlink receive buffer overrun)".to_string(),
+            };
+            let r = rejected(line, origin, message);
+            tracing::warn!(set = %r.set, line = %r.line, owner = %r.owner,
+                message = %r.message, "kernel rejected an ipset member");
+            report.rejected.push(r);
+        }
+    }
+    Ok(())
+}
+
+/// A rejected member line with its owner.
+fn rejected(line: &str, origin: &LineOrigin, message: String) -> Rejected {
+    let (entry, owner) = match origin {
+        LineOrigin::Add(c) | LineOrigin::Del(c) => (Some(c.entry.clone()), c.owner.clone()),
+        _ => (None, String::new()),
+    };
+    Rejected {
+        set: origin.set().to_string(),
+        entry,
+        owner,
+        line: line.to_string(),
+        message,
+        skipped: 0,
     }
 }
 

@@ -3,17 +3,19 @@
 //! Shape: [`IpsetState`] (pure desired/current state of the 17 kube-proxy sets, see
 //! [`SetKind`]), [`diff`] (pure), [`render_restore`] / [`render_save`] (pure text), and the IO
 //! module [`Ipset`] that reads the kernel with one `ipset save` and applies a diff with one
-//! `ipset restore -exist` process per sync. [`process`] starts the tools (also for the iptables
-//! crate).
+//! `ipset restore -exist` process per sync, or, for a small diff of members only, over the
+//! kernel's ipset netlink protocol ([`netlink`], pure codec) with no process. [`process`] starts
+//! the tools (also for the iptables crate).
 
 mod entry;
 mod io;
+pub mod netlink;
 pub mod process;
 mod set;
 mod state;
 
 pub use entry::{Entry, Protocol};
-pub use io::{ApplyReport, Ipset, Rejected, Runner};
+pub use io::{netlink_eligible, ApplyReport, Ipset, Rejected, Runner, NETLINK_MAX_MEMBERS};
 pub use set::{Family, SetKind, SetSpec, SetType, MAX_NAME_LEN};
 pub use state::{
     diff, parse_save, render_restore, render_save, restore_lines, EntryChange, IpsetDiff,
@@ -59,6 +61,9 @@ pub enum Error {
     /// An entry was added to a set that was not declared.
     #[error("unknown set {0:?}")]
     UnknownSet(String),
+    /// The ipset netlink socket failed, or a kernel reply could not be read.
+    #[error("ipset netlink: {0}")]
+    Netlink(String),
 }
 
 impl From<process::Error> for Error {

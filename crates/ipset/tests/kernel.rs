@@ -6,7 +6,10 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use ipset::{diff, Entry, Family, Ipset, IpsetState, Protocol, Runner, SetKind, SetType};
+use ipset::{
+    diff, Entry, EntryChange, Family, Ipset, IpsetDiff, IpsetState, Protocol, Runner, SetKind,
+    SetType,
+};
 use testkit::netns::Netns;
 
 /// The ipset applier working inside `ns`.
@@ -262,7 +265,328 @@ fn wrong_type_set_in_use_is_reported(ns: &Netns) {
     assert!(save_of(ns, "KUBE-CLUSTER-IP").0.contains(" hash:ip "));
 }
 
+/// The 17 sets of both families, created with one restore each.
+fn create_all(ipset: &Ipset) {
+    for fam in [Family::V4, Family::V6] {
+        let owned = SetKind::all_names(fam);
+        let d = diff(&IpsetState::kube(fam), &ipset.read(&owned).unwrap());
+        let rep = ipset.apply(&d).unwrap();
+        assert!(rep.rejected.is_empty(), "{:?}", rep.rejected);
+        assert_eq!(
+            (rep.processes, rep.requests),
+            (1, 0),
+            "creates go through restore"
+        );
+    }
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// Two members for every one of the 17 sets of `fam` (every set type, networks and hosts).
+fn members(fam: Family) -> IpsetState {
+    let mut st = IpsetState::kube(fam);
+    let (a, b, c) = match fam {
+        Family::V4 => (ip("10.96.0.1"), ip("10.244.1.5"), "10.1.2.3/8"),
+        Family::V6 => (ip("fd00::1"), ip("fd00:244::5"), "fd00:1:2::3/48"),
+    };
+    for k in SetKind::ALL {
+        let (e1, e2) = match k.set_type() {
+            SetType::HashIp => (Entry::Ip(a), Entry::Ip(b)),
+            SetType::HashIpPort => (
+                Entry::ip_port(a, Protocol::Tcp, 80),
+                Entry::ip_port(b, Protocol::Sctp, 9),
+            ),
+            SetType::HashIpPortIp => (
+                Entry::ip_port_ip(b, Protocol::Tcp, 8080, b),
+                Entry::ip_port_ip(b, Protocol::Udp, 53, a),
+            ),
+            SetType::HashIpPortNet => (
+                Entry::ip_port_net(a, Protocol::Tcp, 80, c.parse().unwrap()),
+                Entry::ip_port_net(a, Protocol::Udp, 80, ipnet::IpNet::from(b)),
+            ),
+            SetType::BitmapPort => (Entry::Port(30080), Entry::Port(80)),
+        };
+        st.add(k, fam, e1, &format!("{k:?}/1")).unwrap();
+        st.add(k, fam, e2, &format!("{k:?}/2")).unwrap();
+    }
+    st
+}
+
+/// `add NAME MEMBER` lines of every owned set of `fam`, as `ipset save` prints them, sorted.
+fn saved_members(ns: &Netns, fam: Family) -> Vec<String> {
+    let mut v = Vec::new();
+    for name in SetKind::all_names(fam) {
+        v.extend(save_of(ns, &name).1);
+    }
+    v.sort();
+    v
+}
+
+fn expected_members(st: &IpsetState) -> Vec<String> {
+    let mut v: Vec<String> = st
+        .sets()
+        .flat_map(|(n, s)| s.entries.keys().map(move |e| format!("add {n} {e}")))
+        .collect();
+    v.sort();
+    v
+}
+
+fn netlink_adds_and_deletes_every_type(ns: &Netns) {
+    let ipset = ipset_in(ns);
+    create_all(&ipset);
+    for fam in [Family::V4, Family::V6] {
+        let owned = SetKind::all_names(fam);
+        let want = members(fam);
+        let d = diff(&want, &ipset.read(&owned).unwrap());
+        assert_eq!((d.adds.len(), d.creates.len()), (34, 0));
+        assert!(ipset.uses_netlink(&d));
+        let (p0, r0) = (ipset.processes_spawned(), ipset.netlink_requests());
+        let rep = ipset.apply(&d).unwrap();
+        assert!(rep.rejected.is_empty(), "{fam:?}: {:?}", rep.rejected);
+        assert_eq!((rep.processes, rep.requests), (0, 34), "{fam:?}");
+        assert_eq!(
+            ipset.processes_spawned(),
+            p0,
+            "no process on the netlink path"
+        );
+        assert!(ipset.netlink_requests() - r0 >= 34);
+        // The ipset program sees exactly the desired members.
+        assert_eq!(saved_members(ns, fam), expected_members(&want), "{fam:?}");
+        assert!(diff(&want, &ipset.read(&owned).unwrap()).is_empty());
+
+        // -exist semantics: adding present members and deleting absent ones succeed.
+        let again = IpsetDiff {
+            adds: d.adds.clone(),
+            dels: vec![EntryChange {
+                set: SetKind::IpvsIps.name(fam),
+                entry: Entry::Ip(match fam {
+                    Family::V4 => ip("192.0.2.99"),
+                    Family::V6 => ip("2001:db8::99"),
+                }),
+                owner: "gone".into(),
+            }],
+            ..IpsetDiff::default()
+        };
+        let rep = ipset.apply(&again).unwrap();
+        assert!(rep.rejected.is_empty(), "{:?}", rep.rejected);
+        assert_eq!((rep.processes, rep.requests), (0, 35));
+        assert_eq!(saved_members(ns, fam), expected_members(&want));
+
+        // Delete half of them (one member per set) over netlink.
+        let mut half = IpsetState::kube(fam);
+        for (name, set) in want.sets() {
+            if let Some((e, o)) = set.entries.iter().next() {
+                half.insert(name, e.clone(), o).unwrap();
+            }
+        }
+        let d = diff(&half, &ipset.read(&owned).unwrap());
+        assert_eq!((d.dels.len(), d.adds.len()), (17, 0));
+        let rep = ipset.apply(&d).unwrap();
+        assert!(rep.rejected.is_empty(), "{:?}", rep.rejected);
+        assert_eq!((rep.processes, rep.requests), (0, 17));
+        assert_eq!(saved_members(ns, fam), expected_members(&half), "{fam:?}");
+        // ... and the rest.
+        let d = diff(&IpsetState::kube(fam), &ipset.read(&owned).unwrap());
+        let rep = ipset.apply(&d).unwrap();
+        assert_eq!((rep.processes, rep.requests), (0, 17));
+        assert!(saved_members(ns, fam).is_empty());
+    }
+    // The sets themselves are untouched: still 34, with their types.
+    assert_eq!(ns.sh("ipset list -n").unwrap().lines().count(), 34);
+}
+
+fn netlink_rejects_one_member_rest_lands(ns: &Netns) {
+    let ipset = ipset_in(ns);
+    create_all(&ipset);
+    let change = |set: &str, entry: Entry, owner: &str| EntryChange {
+        set: set.into(),
+        entry,
+        owner: owner.into(),
+    };
+    let d = IpsetDiff {
+        adds: vec![
+            change(
+                "KUBE-CLUSTER-IP",
+                Entry::ip_port(ip("10.96.0.10"), Protocol::Udp, 53),
+                "kube-system/dns:dns",
+            ),
+            // IPv6 member in the IPv4 set
+            change(
+                "KUBE-CLUSTER-IP",
+                Entry::ip_port(ip("fd00::10"), Protocol::Tcp, 80),
+                "default/v6:http",
+            ),
+            // a /0 source range: the kernel refuses CIDR 0
+            change(
+                "KUBE-LOAD-BALANCER-SOURCE-CIDR",
+                Entry::ip_port_net(
+                    ip("10.96.0.100"),
+                    Protocol::Tcp,
+                    80,
+                    "0.0.0.0/0".parse().unwrap(),
+                ),
+                "default/lb:http",
+            ),
+            // a member of the wrong kind for the set
+            change(
+                "KUBE-NODE-PORT-TCP",
+                Entry::Ip(ip("10.0.0.1")),
+                "default/np:x",
+            ),
+            // a set that does not exist
+            change("KUBE-NOPE", Entry::Ip(ip("10.0.0.2")), "default/nope:x"),
+            change("KUBE-NODE-PORT-TCP", Entry::Port(30053), "default/np:y"),
+            change("KUBE-6-IPVS-IPS", Entry::Ip(ip("fd00::1")), "default/v6ok"),
+        ],
+        ..IpsetDiff::default()
+    };
+    assert!(ipset.uses_netlink(&d));
+    let p0 = ipset.processes_spawned();
+    let rep = ipset.apply(&d).unwrap();
+    assert_eq!(ipset.processes_spawned(), p0);
+    assert_eq!(rep.processes, 0);
+    for r in &rep.rejected {
+        eprintln!("rejected: {} ({}): {}", r.line, r.owner, r.message);
+    }
+    let owners: Vec<&str> = rep.rejected.iter().map(|r| r.owner.as_str()).collect();
+    assert_eq!(
+        owners,
+        vec![
+            "default/v6:http",
+            "default/lb:http",
+            "default/np:x",
+            "default/nope:x"
+        ],
+        "{:?}",
+        rep.rejected
+    );
+    let r = &rep.rejected[0];
+    assert_eq!(r.set, "KUBE-CLUSTER-IP");
+    assert_eq!(r.line, "add KUBE-CLUSTER-IP fd00::10,tcp:80");
+    assert_eq!(
+        r.entry,
+        Some(Entry::ip_port(ip("fd00::10"), Protocol::Tcp, 80))
+    );
+    assert!(
+        rep.rejected[1].message.contains("CIDR"),
+        "{}",
+        rep.rejected[1].message
+    );
+    assert!(
+        rep.rejected[3].message.contains("does not exist"),
+        "{}",
+        rep.rejected[3].message
+    );
+    for r in &rep.rejected {
+        assert!(!r.message.is_empty() && r.skipped == 0, "{r:?}");
+    }
+    // Everything else landed.
+    assert_eq!(
+        save_of(ns, "KUBE-CLUSTER-IP").1,
+        vec!["add KUBE-CLUSTER-IP 10.96.0.10,udp:53"]
+    );
+    assert_eq!(
+        save_of(ns, "KUBE-NODE-PORT-TCP").1,
+        vec!["add KUBE-NODE-PORT-TCP 30053"]
+    );
+    assert_eq!(
+        save_of(ns, "KUBE-6-IPVS-IPS").1,
+        vec!["add KUBE-6-IPVS-IPS fd00::1"]
+    );
+    assert!(save_of(ns, "KUBE-LOAD-BALANCER-SOURCE-CIDR").1.is_empty());
+}
+
+fn large_or_structural_diffs_use_restore(ns: &Netns) {
+    let ipset = ipset_in(ns);
+    create_all(&ipset);
+    let owned = SetKind::all_names(Family::V4);
+    let fill = |n: u32| {
+        let mut st = IpsetState::kube(Family::V4);
+        for i in 0..n {
+            st.add(SetKind::IpvsIps, Family::V4, Entry::Ip(ip4(i)), "o")
+                .unwrap();
+        }
+        st
+    };
+    // Over the threshold: one restore, no netlink request.
+    let want = fill(ipset::NETLINK_MAX_MEMBERS as u32 + 1);
+    let d = diff(&want, &ipset.read(&owned).unwrap());
+    assert!(!ipset.uses_netlink(&d));
+    let (p0, r0) = (ipset.processes_spawned(), ipset.netlink_requests());
+    let rep = ipset.apply(&d).unwrap();
+    assert_eq!((rep.processes, rep.requests), (1, 0));
+    assert_eq!(
+        (
+            ipset.processes_spawned() - p0,
+            ipset.netlink_requests() - r0
+        ),
+        (1, 0)
+    );
+    assert_eq!(saved_members(ns, Family::V4), expected_members(&want));
+    // At the threshold: netlink (here deleting 256 of the 257).
+    let want = fill(1);
+    let d = diff(&want, &ipset.read(&owned).unwrap());
+    assert_eq!(d.dels.len(), ipset::NETLINK_MAX_MEMBERS);
+    let rep = ipset.apply(&d).unwrap();
+    assert_eq!((rep.processes, rep.requests), (0, 256));
+    assert_eq!(saved_members(ns, Family::V4), expected_members(&want));
+    // A create in the diff: restore, even for one member.
+    let mut want2 = want.clone();
+    want2.ensure_set(ipset::SetSpec::new(
+        "KUBE-EXTRA",
+        SetType::HashIp,
+        Family::V4,
+    ));
+    want2.insert("KUBE-EXTRA", Entry::Ip(ip4(7)), "x").unwrap();
+    let mut owned2 = owned.clone();
+    owned2.push("KUBE-EXTRA".into());
+    let d = diff(&want2, &ipset.read(&owned2).unwrap());
+    assert_eq!((d.creates.len(), d.adds.len()), (1, 1));
+    let rep = ipset.apply(&d).unwrap();
+    assert_eq!((rep.processes, rep.requests), (1, 0));
+    assert_eq!(
+        save_of(ns, "KUBE-EXTRA").1,
+        vec!["add KUBE-EXTRA 10.96.0.7"]
+    );
+    // A destroy in the diff: restore.
+    let d = diff(&want, &ipset.read(&owned2).unwrap());
+    assert_eq!(d.destroys, vec!["KUBE-EXTRA".to_string()]);
+    assert_eq!(ipset.apply(&d).unwrap().processes, 1);
+    // Threshold 0 turns netlink off; a bigger one pipelines several windows.
+    let off = ipset_in(ns).with_netlink_threshold(0);
+    let d = diff(&fill(2), &off.read(&owned).unwrap());
+    let rep = off.apply(&d).unwrap();
+    assert_eq!((rep.processes, rep.requests), (1, 0));
+    let big = ipset_in(ns).with_netlink_threshold(5_000);
+    let want = fill(3_000);
+    let d = diff(&want, &big.read(&owned).unwrap());
+    let rep = big.apply(&d).unwrap();
+    assert!(rep.rejected.is_empty(), "{:?}", rep.rejected);
+    assert_eq!((rep.processes, rep.requests), (0, 2_998));
+    assert_eq!(saved_members(ns, Family::V4), expected_members(&want));
+}
+
 // ---------------------------------------------------------------- native (netns)
+
+#[test]
+#[ignore = "netns"]
+fn netns_netlink_adds_and_deletes_every_type() {
+    netlink_adds_and_deletes_every_type(&Netns::new("nl").unwrap());
+}
+
+#[test]
+#[ignore = "netns"]
+fn netns_netlink_rejects_one_member_rest_lands() {
+    netlink_rejects_one_member_rest_lands(&Netns::new("nlrej").unwrap());
+}
+
+#[test]
+#[ignore = "netns"]
+fn netns_large_or_structural_diffs_use_restore() {
+    large_or_structural_diffs_use_restore(&Netns::new("nlbig").unwrap());
+}
 
 #[test]
 #[ignore = "netns"]
@@ -308,6 +632,24 @@ fn netns_missing_binary_inside_namespace_is_a_clear_error() {
 }
 
 // ---------------------------------------------------------------- VM (6.1 kernel, modules)
+
+#[test]
+#[ignore = "vm"]
+fn vm_netlink_adds_and_deletes_every_type() {
+    netlink_adds_and_deletes_every_type(&Netns::new("nl").unwrap());
+}
+
+#[test]
+#[ignore = "vm"]
+fn vm_netlink_rejects_one_member_rest_lands() {
+    netlink_rejects_one_member_rest_lands(&Netns::new("nlrej").unwrap());
+}
+
+#[test]
+#[ignore = "vm"]
+fn vm_large_or_structural_diffs_use_restore() {
+    large_or_structural_diffs_use_restore(&Netns::new("nlbig").unwrap());
+}
 
 #[test]
 #[ignore = "vm"]
