@@ -432,9 +432,29 @@ fn a_failing_service_does_not_block_others_and_is_retried() {
     assert_eq!(after.ipvs_writes - before.ipvs_writes, 11);
 }
 
+/// One IPv4 family on a fake kernel, and a loop configuration that returns after the first sync.
+fn once_loop() -> (
+    Vec<Box<dyn controller::sync_loop::Backend + Send>>,
+    controller::sync_loop::LoopConfig,
+) {
+    use controller::sync_loop::{FamilyProxier, LoopConfig};
+    use std::time::Duration;
+    let families: Vec<Box<dyn controller::sync_loop::Backend + Send>> =
+        vec![Box::new(FamilyProxier {
+            proxier: Proxier::new(cfg4(), RulesConfig::default(), NODE),
+            kernel: Box::new(controller::kernel::SharedFakeKernel::default()),
+        })];
+    let cfg = LoopConfig {
+        min_sync_period: Duration::from_millis(10),
+        sync_period: Duration::from_secs(30),
+        once: true,
+    };
+    (families, cfg)
+}
+
 #[test]
 fn loop_waits_for_both_lists_then_syncs_once() {
-    use controller::sync_loop::{run, Backend, Exit, FamilyProxier, Input, LoopConfig, NoObserver};
+    use controller::sync_loop::{run, Exit, Input, NoObserver};
     use std::time::Duration;
     let (tx, rx) = std::sync::mpsc::channel();
     // Services listed, slices not yet: nothing may be programmed.
@@ -444,16 +464,7 @@ fn loop_waits_for_both_lists_then_syncs_once() {
         .unwrap();
     tx.send(Input::Source(SourceEvent::InitDone(Kind::Service)))
         .unwrap();
-    let kernel = controller::kernel::SharedFakeKernel::default();
-    let mut families: Vec<Box<dyn Backend + Send>> = vec![Box::new(FamilyProxier {
-        proxier: Proxier::new(cfg4(), RulesConfig::default(), NODE),
-        kernel: Box::new(kernel.clone()),
-    })];
-    let cfg = LoopConfig {
-        min_sync_period: Duration::from_millis(10),
-        sync_period: Duration::from_secs(30),
-        once: true,
-    };
+    let (mut families, cfg) = once_loop();
     let sender = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(200));
         tx.send(Input::Source(SourceEvent::Init(Kind::EndpointSlice)))
@@ -490,11 +501,8 @@ fn loop_waits_for_both_lists_then_syncs_once() {
 /// of another service count apart) until a sync takes them, then read 0.
 #[test]
 fn loop_reports_pending_changes_until_the_sync() {
-    use controller::sync_loop::{
-        run, Backend, Exit, FamilyProxier, Input, LoopConfig, SyncObserver,
-    };
+    use controller::sync_loop::{run, Exit, Input, SyncObserver};
     use std::sync::Mutex;
-    use std::time::Duration;
     #[derive(Default)]
     struct Pending(Mutex<Vec<(usize, usize)>>);
     impl SyncObserver for Pending {
@@ -514,16 +522,7 @@ fn loop_reports_pending_changes_until_the_sync() {
     ] {
         tx.send(Input::Source(ev)).unwrap();
     }
-    let kernel = controller::kernel::SharedFakeKernel::default();
-    let mut families: Vec<Box<dyn Backend + Send>> = vec![Box::new(FamilyProxier {
-        proxier: Proxier::new(cfg4(), RulesConfig::default(), NODE),
-        kernel: Box::new(kernel.clone()),
-    })];
-    let cfg = LoopConfig {
-        min_sync_period: Duration::from_millis(10),
-        sync_period: Duration::from_secs(30),
-        once: true,
-    };
+    let (mut families, cfg) = once_loop();
     let observer = Pending::default();
     let mut store = Store::new();
     let exit = run(&rx, &mut store, &mut families, node_addrs(), cfg, &observer);

@@ -518,25 +518,7 @@ fn netns_iptables_mode_plan_is_what_iptables_restore_takes() {
         assert!(svc_chains.len() >= 10, "{payload}");
         assert!(payload.contains("-A KUBE-SERVICES"), "{payload}");
 
-        let mut child = Command::new("iptables-restore")
-            .arg("--noflush")
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(payload.as_bytes())
-            .unwrap();
-        let done = child.wait_with_output().unwrap();
-        assert!(
-            done.status.success(),
-            "iptables-restore: {}",
-            text(&done.stderr)
-        );
+        common::sh_stdin("iptables-restore --noflush", &payload);
         let saved = Command::new("iptables-save")
             .args(["-t", "nat"])
             .output()

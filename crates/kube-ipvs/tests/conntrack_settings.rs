@@ -83,7 +83,12 @@ fn global_max() -> u64 {
 /// `kube-ipvs --once` on the examples inside `ns`, with `args` (the daemon falls back to its
 /// iptables mode where the kernel has no IPVS; the conntrack settings apply in both).
 fn once_in(ns: &Netns, args: &[&str]) -> (Output, String) {
-    let mut c = ns.command(BIN);
+    run_once(ns.command(BIN), args)
+}
+
+/// Runs `c` (the binary, or a wrapper whose arguments start with it) with `--once` on the
+/// examples and `args`; returns its output and stderr.
+fn run_once(mut c: std::process::Command, args: &[&str]) -> (Output, String) {
     c.args(["--once", "--source-dir"])
         .arg(examples())
         .args([
@@ -271,20 +276,8 @@ fn netns_conntrack_hash_size_is_raised_under_the_sysfs_root_and_read_only_sysfs_
     let script =
         format!("mount --bind {dir} {dir} && mount -o remount,bind,ro {dir} && exec \"$0\" \"$@\"");
     let mut c = ns.command("sh");
-    c.args(["-c", &script, BIN, "--once", "--source-dir"])
-        .arg(examples())
-        .args([
-            "--hostname-override",
-            "node-1",
-            "--healthz-bind-address",
-            "127.0.0.1:0",
-            "--metrics-bind-address",
-            "127.0.0.1:0",
-        ])
-        .args(args)
-        .env_remove("RUST_LOG");
-    let out = c.output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    c.args(["-c", &script, BIN]);
+    let (out, err) = run_once(c, &args);
     assert!(out.status.success(), "{err}");
     assert!(err.contains("sysfs is read-only"), "{err}");
     assert!(err.contains("sync done"), "{err}");

@@ -206,28 +206,6 @@ fn sh(cmd: &str) -> String {
     String::from_utf8_lossy(&out.stdout).to_string()
 }
 
-/// Feeds `input` to `sh -c CMD` (e.g. `ipvsadm --restore`).
-fn sh_stdin(cmd: &str, input: &str) {
-    let mut child = Command::new("sh")
-        .args(["-c", cmd])
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn sorted_lines(s: &str) -> Vec<String> {
     let mut v: Vec<String> = s
         .lines()
@@ -280,9 +258,9 @@ fn program_upstream_state(fixture: Fixture) {
     for vip in &vips {
         sh(&format!("ip addr add {vip}/32 dev kube-ipvs0"));
     }
-    sh_stdin("ipset restore", &sets);
-    sh_stdin("iptables-restore", UPSTREAM_IPTABLES);
-    sh_stdin("ipvsadm --restore", &ipvs);
+    common::sh_stdin("ipset restore", &sets);
+    common::sh_stdin("iptables-restore", UPSTREAM_IPTABLES);
+    common::sh_stdin("ipvsadm --restore", &ipvs);
 }
 
 /// The numbers of one "sync done" log line.

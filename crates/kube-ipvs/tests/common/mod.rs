@@ -1,4 +1,5 @@
-//! Shared helpers for kube-ipvs's integration tests: a raw HTTP/1.1 client and free ports.
+//! Shared helpers for kube-ipvs's integration tests: a raw HTTP/1.1 client, free ports, running a
+//! tool with input on stdin.
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -90,4 +91,27 @@ where
         Ok(())
     })
     .expect("the test body failed inside the namespace (see its panic above)");
+}
+
+/// Feeds `input` to `sh -c CMD` (e.g. `ipvsadm --restore`).
+pub fn sh_stdin(cmd: &str, input: &str) {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", cmd])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
