@@ -52,6 +52,17 @@ pub struct HealthCheck {
     pub local_endpoints: usize,
 }
 
+impl HealthCheck {
+    /// This check combined with another view of the same service's check (another port of it,
+    /// or the other address family): the largest local endpoint count answers.
+    pub fn merge(self, other: HealthCheck) -> HealthCheck {
+        HealthCheck {
+            node_port: self.node_port,
+            local_endpoints: self.local_endpoints.max(other.local_endpoints),
+        }
+    }
+}
+
 /// iptables features a service uses (bit set; see the constants).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Features(pub u16);
@@ -335,17 +346,11 @@ pub fn service_desired(
         if let Some(hc) = sp.health_check_node_port {
             entry(SetKind::HealthCheckNodePort, Entry::Port(hc));
             features |= Features::HEALTH_CHECK_NODE_PORTS;
-            let n = sel.local.len();
-            health_check = Some(match health_check {
-                Some(h) => HealthCheck {
-                    node_port: hc,
-                    local_endpoints: h.local_endpoints.max(n),
-                },
-                None => HealthCheck {
-                    node_port: hc,
-                    local_endpoints: n,
-                },
-            });
+            let this = HealthCheck {
+                node_port: hc,
+                local_endpoints: sel.local.len(),
+            };
+            health_check = Some(health_check.map_or(this, |h| this.merge(h)));
         }
     }
     for a in &addresses {

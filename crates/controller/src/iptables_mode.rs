@@ -114,6 +114,8 @@ pub struct UdpConntrackCleanup {
 struct PortState {
     rules: ServicePortRules,
     rendered: RenderedServicePort,
+    /// Local traffic policies that leave this port without endpoints (for the metric).
+    no_local: NoLocalEndpoints,
 }
 
 /// The iptables-mode proxier of one address family.
@@ -178,7 +180,10 @@ fn ep_rules(eps: &[Endpoint]) -> Vec<EndpointRule> {
 
 /// The iptables-mode inputs of a Service's ports, and the EndpointSlices skipped as invalid
 /// (slice name, reason).
-pub type PortRules = (Vec<ServicePortRules>, Vec<(String, Invalid)>);
+pub type PortRules = (
+    Vec<(ServicePortRules, NoLocalEndpoints)>,
+    Vec<(String, Invalid)>,
+);
 
 /// The iptables-mode input of every port of one Service (`Ok(vec![])` when the proxy does not
 /// handle it), with the EndpointSlices skipped as invalid.
@@ -210,7 +215,14 @@ pub fn service_port_rules(
         both.internal_local = false;
         both.external_local = false;
         let sel = select_endpoints(&both, &merged.endpoints, node.zone.as_deref());
-        out.push(ServicePortRules {
+        let no_local = NoLocalEndpoints::of(
+            sp.internal_local,
+            sp.external_local,
+            sp.externally_accessible(),
+            !sel.cluster.is_empty(),
+            !sel.local.is_empty(),
+        );
+        let rules = ServicePortRules {
             name: service_port_string(sp),
             protocol: set_proto(sp.name.protocol),
             cluster_ip: sp.cluster_ip,
@@ -230,7 +242,8 @@ pub fn service_port_rules(
             health_check_node_port: sp.health_check_node_port,
             cluster_endpoints: ep_rules(&sel.cluster),
             local_endpoints: ep_rules(&sel.local),
-        });
+        };
+        out.push((rules, no_local));
     }
     Ok((out, rejected))
 }
@@ -356,11 +369,12 @@ impl IptablesProxier {
                             }
                             let mut states = Vec::with_capacity(ports.len());
                             let mut bad = None;
-                            for p in ports {
+                            for (p, no_local) in ports {
                                 match proxy_mode::render_service_port(mode, &p) {
                                     Ok(r) => states.push(PortState {
                                         rules: p,
                                         rendered: r,
+                                        no_local,
                                     }),
                                     Err(e) => bad = Some(Invalid::new(e.to_string())),
                                 }
@@ -671,23 +685,12 @@ impl Backend for IptablesProxier {
         (self.rejections.current(), self.rejections.total())
     }
     fn no_local_endpoints(&self) -> (usize, usize) {
-        let mut n = (0, 0);
-        for r in self.services.values().flatten().map(|p| &p.rules) {
-            let externally = r.external_local
-                || r.node_port.is_some()
-                || !r.external_ips.is_empty()
-                || !r.load_balancer_ips.is_empty();
-            let gap = NoLocalEndpoints::of(
-                r.internal_local,
-                r.external_local,
-                externally,
-                !r.cluster_endpoints.is_empty(),
-                !r.local_endpoints.is_empty(),
-            );
-            n.0 += usize::from(gap.internal);
-            n.1 += usize::from(gap.external);
-        }
-        n
+        self.services.values().flatten().fold((0, 0), |(i, e), p| {
+            (
+                i + usize::from(p.no_local.internal),
+                e + usize::from(p.no_local.external),
+            )
+        })
     }
     fn health_checks(&self) -> BTreeMap<ServiceName, HealthCheck> {
         let mut out: BTreeMap<ServiceName, HealthCheck> = BTreeMap::new();
@@ -696,13 +699,13 @@ impl Backend for IptablesProxier {
                 let Some(node_port) = r.health_check_node_port else {
                     continue;
                 };
-                let n = r.local_endpoints.len();
+                let this = HealthCheck {
+                    node_port,
+                    local_endpoints: r.local_endpoints.len(),
+                };
                 out.entry(name.clone())
-                    .and_modify(|h| h.local_endpoints = h.local_endpoints.max(n))
-                    .or_insert(HealthCheck {
-                        node_port,
-                        local_endpoints: n,
-                    });
+                    .and_modify(|h| *h = this.merge(*h))
+                    .or_insert(this);
             }
         }
         out

@@ -449,9 +449,7 @@ impl SyncObserver for Observer {
                 for (name, hc) in seen.values().flatten() {
                     merged
                         .entry(name.clone())
-                        .and_modify(|h| {
-                            h.local_endpoints = h.local_endpoints.max(hc.local_endpoints)
-                        })
+                        .and_modify(|h| *h = h.merge(*hc))
                         .or_insert(*hc);
                 }
             }
