@@ -6,12 +6,11 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use common::{free_port, get};
+use common::{free_port, get, wait_for, Daemon};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kube-ipvs");
 
@@ -43,6 +42,21 @@ fn run_proxy(args: &[&str]) -> Output {
     run(&[args, &CONNTRACK_AS_IS[..]].concat())
 }
 
+/// `--once` on the manifests in `source_dir`, health and metrics on ephemeral loopback ports,
+/// plus `extra`.
+fn run_once(source_dir: &str, extra: &[&str]) -> Output {
+    let base = [
+        "--once",
+        "--source-dir",
+        source_dir,
+        "--healthz-bind-address",
+        "127.0.0.1:0",
+        "--metrics-bind-address",
+        "127.0.0.1:0",
+    ];
+    run_proxy(&[&base[..], extra].concat())
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).to_string()
 }
@@ -50,16 +64,6 @@ fn text(b: &[u8]) -> String {
 /// Whether this kernel has IPVS (what the daemon's probe looks at).
 fn kernel_has_ipvs() -> bool {
     std::path::Path::new("/proc/net/ip_vs").exists()
-}
-
-/// Kills the child on drop so a failing test leaves no daemon behind.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[test]
@@ -170,19 +174,6 @@ fn daemon_args<'a>(ex: &'a str, hz: &'a str, m: &'a str) -> Vec<&'a str> {
         CONNTRACK_AS_IS[1],
         CONNTRACK_AS_IS[2],
     ]
-}
-
-/// Polls `addr` until it answers; the limit only guards against a hang.
-async fn wait_for(addr: SocketAddr, path: &str, want: &str) -> common::Response {
-    for _ in 0..600 {
-        if let Ok(r) = get(addr, path).await {
-            if r.body.contains(want) {
-                return r;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("{addr}{path} never contained {want:?}");
 }
 
 /// Runs the daemon, which programs the kernel: inside its own network namespace.
@@ -306,18 +297,7 @@ fn netns_once_exits_after_the_first_sync_with_json_logs() {
 
 fn once_exits_after_the_first_sync_with_json_logs() {
     let ex = examples();
-    let out = run_proxy(&[
-        "--once",
-        "--log-format=json",
-        "-v",
-        "2",
-        "--source-dir",
-        ex.to_str().unwrap(),
-        "--healthz-bind-address",
-        "127.0.0.1:0",
-        "--metrics-bind-address",
-        "127.0.0.1:0",
-    ]);
+    let out = run_once(ex.to_str().unwrap(), &["--log-format=json", "-v", "2"]);
     let err = text(&out.stderr);
     assert!(out.status.success(), "{err}");
     let mut lines = 0;
@@ -336,16 +316,7 @@ fn once_exits_after_the_first_sync_with_json_logs() {
 #[test]
 fn ipvs_fallback_false_fails_without_ipvs() {
     let ex = examples();
-    let out = run_proxy(&[
-        "--once",
-        "--ipvs-fallback=false",
-        "--source-dir",
-        ex.to_str().unwrap(),
-        "--healthz-bind-address",
-        "127.0.0.1:0",
-        "--metrics-bind-address",
-        "127.0.0.1:0",
-    ]);
+    let out = run_once(ex.to_str().unwrap(), &["--ipvs-fallback=false"]);
     let err = text(&out.stderr);
     if kernel_has_ipvs() {
         assert!(out.status.success(), "{err}");
@@ -364,15 +335,7 @@ fn ipvs_fallback_false_fails_without_ipvs() {
 
 #[test]
 fn missing_source_dir_is_an_error() {
-    let out = run_proxy(&[
-        "--once",
-        "--source-dir",
-        "/nonexistent/kube-ipvs-dir",
-        "--healthz-bind-address",
-        "127.0.0.1:0",
-        "--metrics-bind-address",
-        "127.0.0.1:0",
-    ]);
+    let out = run_once("/nonexistent/kube-ipvs-dir", &[]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(text(&out.stderr).contains("/nonexistent/kube-ipvs-dir"));
 }
@@ -395,16 +358,7 @@ fn vm_daemon_selects_ipvs_mode_programs_and_cleans_up() {
             "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  clusterIP: 10.96.0.20\n  ports: [{port: 80, protocol: TCP}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{port: 8080, protocol: TCP}]\nendpoints:\n- addresses: [10.244.1.5]\n  conditions: {ready: true}\n",
         )
         .unwrap();
-        let out = run_proxy(&[
-            "--once",
-            "--ipvs-fallback=false",
-            "--source-dir",
-            ex.to_str().unwrap(),
-            "--healthz-bind-address",
-            "127.0.0.1:0",
-            "--metrics-bind-address",
-            "127.0.0.1:0",
-        ]);
+        let out = run_once(ex.to_str().unwrap(), &["--ipvs-fallback=false"]);
         let err = text(&out.stderr);
         assert!(out.status.success(), "{err}");
         assert!(
@@ -453,16 +407,7 @@ fn vm_plan_ipvs_section_equals_what_once_programs() {
         assert!(out.status.success(), "{}", text(&out.stderr));
         let planned = text(&out.stdout);
         assert!(planned.lines().count() > 20, "{planned}");
-        let out = run_proxy(&[
-            "--once",
-            "--ipvs-fallback=false",
-            "--source-dir",
-            ex,
-            "--healthz-bind-address",
-            "127.0.0.1:0",
-            "--metrics-bind-address",
-            "127.0.0.1:0",
-        ]);
+        let out = run_once(ex, &["--ipvs-fallback=false"]);
         assert!(out.status.success(), "{}", text(&out.stderr));
         let programmed = sh("ipvsadm -Sn");
         // The plan, restored by ipvsadm itself, gives the identical table.

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, ServiceAccount, Volume};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::Value;
@@ -62,6 +62,22 @@ fn pod_spec() -> PodSpec {
     daemonset().spec.unwrap().template.spec.unwrap()
 }
 
+/// The pod volume the container mounts at `dir` (panics when there is none).
+fn volume_mounted_at(dir: &str) -> Volume {
+    let mount = container()
+        .volume_mounts
+        .unwrap_or_default()
+        .into_iter()
+        .find(|m| m.mount_path == dir)
+        .unwrap_or_else(|| panic!("no volume mounted at {dir}"));
+    pod_spec()
+        .volumes
+        .unwrap_or_default()
+        .into_iter()
+        .find(|v| v.name == mount.name)
+        .unwrap_or_else(|| panic!("volume {} is not in the pod spec", mount.name))
+}
+
 fn container() -> Container {
     let spec = pod_spec();
     assert_eq!(spec.containers.len(), 1);
@@ -108,19 +124,7 @@ fn loaded_config() -> kube_ipvs::config::Loaded {
     let config_path = args.flag("config").expect("--config").to_string();
     let (dir, key) = config_path.rsplit_once('/').unwrap();
     // The file is the ConfigMap key mounted at the flag's directory.
-    let c = container();
-    let mount = c
-        .volume_mounts
-        .unwrap_or_default()
-        .into_iter()
-        .find(|m| m.mount_path == dir)
-        .unwrap_or_else(|| panic!("no volume mounted at {dir}"));
-    let vol = pod_spec()
-        .volumes
-        .unwrap_or_default()
-        .into_iter()
-        .find(|v| v.name == mount.name)
-        .unwrap();
+    let vol = volume_mounted_at(dir);
     let cm = configmap();
     assert_eq!(
         vol.config_map.map(|c| c.name),
@@ -355,18 +359,7 @@ fn configmap_loads_without_errors_or_warnings() {
         .clone()
         .expect("clientConnection.kubeconfig: in-cluster config would need the ClusterIP");
     let (dir, key) = kc.to_str().unwrap().rsplit_once('/').unwrap();
-    let mount = container()
-        .volume_mounts
-        .unwrap_or_default()
-        .into_iter()
-        .find(|m| m.mount_path == dir)
-        .unwrap_or_else(|| panic!("nothing mounted at {dir}"));
-    let vol = pod_spec()
-        .volumes
-        .unwrap_or_default()
-        .into_iter()
-        .find(|v| v.name == mount.name)
-        .unwrap();
+    let vol = volume_mounted_at(dir);
     let cm = vol.config_map.unwrap();
     assert_eq!(cm.name, "kube-proxy", "kubeadm's ConfigMap");
     assert!(cm

@@ -18,31 +18,12 @@
 mod api_lab;
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use api_lab::{wait_ipvs, Daemon, Lab};
 use serde_json::{json, Value};
 use testkit::apiserver::FakeApiServer;
-
-fn echo_once(to: SocketAddr, n: u64) -> Result<(), String> {
-    let payload = format!("request {n}\n").into_bytes();
-    let mut s =
-        TcpStream::connect_timeout(&to, Duration::from_secs(5)).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())?;
-    s.write_all(&payload).map_err(|e| e.to_string())?;
-    s.shutdown(std::net::Shutdown::Write)
-        .map_err(|e| e.to_string())?;
-    let mut back = Vec::new();
-    s.read_to_end(&mut back).map_err(|e| e.to_string())?;
-    if back == payload {
-        Ok(())
-    } else {
-        Err(format!("echo mismatch: {back:?}"))
-    }
-}
 
 fn service(name: &str, cluster_ip: &str, ports: Value) -> Value {
     json!({
@@ -193,7 +174,7 @@ async fn bad_objects() {
         let to: SocketAddr = vip.parse().unwrap();
         for n in 0..10 {
             attempted += 1;
-            match echo_once(to, n) {
+            match api_lab::echo_once(to, n) {
                 Ok(()) => succeeded += 1,
                 Err(e) => {
                     failed += 1;

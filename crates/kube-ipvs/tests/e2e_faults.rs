@@ -19,8 +19,7 @@
 mod api_lab;
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -51,24 +50,6 @@ impl Counts {
     }
 }
 
-fn echo_once(to: SocketAddr, n: u64) -> Result<(), String> {
-    let payload = format!("request {n}\n").into_bytes();
-    let mut s =
-        TcpStream::connect_timeout(&to, Duration::from_secs(5)).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())?;
-    s.write_all(&payload).map_err(|e| e.to_string())?;
-    s.shutdown(std::net::Shutdown::Write)
-        .map_err(|e| e.to_string())?;
-    let mut back = Vec::new();
-    s.read_to_end(&mut back).map_err(|e| e.to_string())?;
-    if back == payload {
-        Ok(())
-    } else {
-        Err(format!("echo mismatch: {back:?}"))
-    }
-}
-
 /// Starts the client on its own thread (inheriting the current thread's namespace).
 fn start_client(
     to: SocketAddr,
@@ -80,7 +61,7 @@ fn start_client(
         while !stop.load(Ordering::SeqCst) {
             n += 1;
             counts.attempted.fetch_add(1, Ordering::SeqCst);
-            match echo_once(to, n) {
+            match api_lab::echo_once(to, n) {
                 Ok(()) => {
                     counts.succeeded.fetch_add(1, Ordering::SeqCst);
                 }

@@ -8,36 +8,14 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{free_port, get};
+use common::{free_port, get, wait_for, Daemon};
 use k8s_openapi::api::core::v1::Node;
 use testkit::apiserver::FakeApiServer;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kube-ipvs");
-
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Polls until the body contains `want` and returns the response; the limit guards a hang.
-async fn wait_for(addr: SocketAddr, path: &str, want: &str) -> common::Response {
-    for _ in 0..600 {
-        if let Ok(r) = get(addr, path).await {
-            if r.body.contains(want) {
-                return r;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("{addr}{path} never contained {want:?}");
-}
 
 fn start(extra: &[&str]) -> (Daemon, SocketAddr, SocketAddr) {
     let (hp, mp) = (free_port(), free_port());

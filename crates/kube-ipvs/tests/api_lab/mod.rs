@@ -3,6 +3,7 @@
 //! against the in-process fake API server.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -138,5 +139,24 @@ pub async fn wait_ipvs(
             d.log()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// One request to the echo server behind `to`: send a line, half-close, read it all back.
+pub fn echo_once(to: SocketAddr, n: u64) -> Result<(), String> {
+    let payload = format!("request {n}\n").into_bytes();
+    let mut s = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5))
+        .map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    s.write_all(&payload).map_err(|e| e.to_string())?;
+    s.shutdown(std::net::Shutdown::Write)
+        .map_err(|e| e.to_string())?;
+    let mut back = Vec::new();
+    s.read_to_end(&mut back).map_err(|e| e.to_string())?;
+    if back == payload {
+        Ok(())
+    } else {
+        Err(format!("echo mismatch: {back:?}"))
     }
 }

@@ -115,3 +115,27 @@ pub fn sh_stdin(cmd: &str, input: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A child process (the daemon) killed and reaped when the test ends, however it ends.
+pub struct Daemon(pub std::process::Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Polls `addr` until the body at `path` contains `want` and returns the response; the limit
+/// only guards against a hang.
+pub async fn wait_for(addr: SocketAddr, path: &str, want: &str) -> Response {
+    for _ in 0..600 {
+        if let Ok(r) = get(addr, path).await {
+            if r.body.contains(want) {
+                return r;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("{addr}{path} never contained {want:?}");
+}
