@@ -324,9 +324,7 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         rt: rt.clone(),
         rejections: publisher.as_ref().map(|_| rejections_tx),
         reported: std::sync::Mutex::default(),
-        drained_seen: std::sync::Mutex::default(),
-        no_local_seen: std::sync::Mutex::default(),
-        health_seen: std::sync::Mutex::default(),
+        seen: std::sync::Mutex::default(),
     };
     let engine = crate::engine::Engine::start(
         backends,

@@ -278,13 +278,20 @@ pub struct Observer {
     pub rejections: Option<tokio::sync::mpsc::UnboundedSender<Rejection>>,
     /// `(key, reason)` already reported, so dual-stack nodes report a rejection once.
     pub reported: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
-    /// Drain totals already counted, per family (the proxier keeps running totals).
-    pub drained_seen: std::sync::Mutex<BTreeMap<Family, (u64, u64)>>,
-    /// Ports without local endpoints (internal, external) last reported, per family.
-    pub no_local_seen: std::sync::Mutex<BTreeMap<Family, (usize, usize)>>,
-    /// Health-check node ports last reported, per family: a node port is served while either
-    /// family wants it (a single-stack Service on a dual-stack node is in one family only).
-    pub health_seen: std::sync::Mutex<BTreeMap<Family, BTreeMap<ServiceName, HealthCheck>>>,
+    /// What each family's last sync reported, for the node-wide values that sum or merge them.
+    pub seen: std::sync::Mutex<BTreeMap<Family, FamilySeen>>,
+}
+
+/// One family's last reported values (see [`Observer::seen`]).
+#[derive(Debug, Default)]
+pub struct FamilySeen {
+    /// Drain totals already counted: (drained, cap) (the proxier keeps running totals).
+    drained: (u64, u64),
+    /// Ports without local endpoints: (internal, external).
+    no_local: (usize, usize),
+    /// Health-check node ports: a node port is served while either family wants it (a
+    /// single-stack Service on a dual-stack node is in one family only).
+    health: BTreeMap<ServiceName, HealthCheck>,
 }
 
 /// An object skipped as invalid, to be reported as a Kubernetes Event.
@@ -402,38 +409,12 @@ impl SyncObserver for Observer {
         if report.iptables_restore_failed {
             self.metrics.iptables_restore_failures_total.inc();
         }
-        if let Ok(mut seen) = self.no_local_seen.lock() {
-            seen.insert(family, backend.no_local_endpoints());
-            let (internal, external) = seen.values().fold((0, 0), |(i, e), (a, b)| (i + a, e + b));
-            for (policy, n) in [("internal", internal), ("external", external)] {
-                self.metrics
-                    .no_local_endpoints_total
-                    .get_or_create(&crate::metrics::TrafficPolicyLabel {
-                        traffic_policy: policy.to_string(),
-                    })
-                    .set(n as i64);
-            }
-        }
         self.metrics
             .draining_destinations
             .set(backend.draining() as i64);
         self.metrics
             .conntrack_deleted_entries_total
             .inc_by(report.conntrack_deleted);
-        let (drained, cap) = backend.drained();
-        if let Ok(mut seen) = self.drained_seen.lock() {
-            let before = seen.insert(family, (drained, cap)).unwrap_or((0, 0));
-            for (reason, now, was) in [("drained", drained, before.0), ("cap", cap, before.1)] {
-                if now > was {
-                    self.metrics
-                        .drained_destinations_total
-                        .get_or_create(&crate::metrics::ReasonLabel {
-                            reason: reason.to_string(),
-                        })
-                        .inc_by(now - was);
-                }
-            }
-        }
         if report.ipvs_ops > 0 {
             self.metrics
                 .ipvs_requests_total
@@ -442,19 +423,42 @@ impl SyncObserver for Observer {
                 })
                 .inc_by(report.ipvs_ops as u64);
         }
-        let mut merged: BTreeMap<ServiceName, HealthCheck> = BTreeMap::new();
-        match self.health_seen.lock() {
-            Ok(mut seen) => {
-                seen.insert(family, backend.health_checks());
-                for (name, hc) in seen.values().flatten() {
-                    merged
-                        .entry(name.clone())
-                        .and_modify(|h| *h = h.merge(*hc))
-                        .or_insert(*hc);
-                }
+        // The values are plain counters and maps: a panic elsewhere cannot leave them torn.
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let this = seen.entry(family).or_default();
+        let (drained, cap) = backend.drained();
+        let before = std::mem::replace(&mut this.drained, (drained, cap));
+        for (reason, now, was) in [("drained", drained, before.0), ("cap", cap, before.1)] {
+            if now > was {
+                self.metrics
+                    .drained_destinations_total
+                    .get_or_create(&crate::metrics::ReasonLabel {
+                        reason: reason.to_string(),
+                    })
+                    .inc_by(now - was);
             }
-            Err(_) => merged = backend.health_checks(),
         }
+        this.no_local = backend.no_local_endpoints();
+        this.health = backend.health_checks();
+        let (internal, external) = seen
+            .values()
+            .fold((0, 0), |(i, e), f| (i + f.no_local.0, e + f.no_local.1));
+        for (policy, n) in [("internal", internal), ("external", external)] {
+            self.metrics
+                .no_local_endpoints_total
+                .get_or_create(&crate::metrics::TrafficPolicyLabel {
+                    traffic_policy: policy.to_string(),
+                })
+                .set(n as i64);
+        }
+        let mut merged: BTreeMap<ServiceName, HealthCheck> = BTreeMap::new();
+        for (name, hc) in seen.values().flat_map(|f| &f.health) {
+            merged
+                .entry(name.clone())
+                .and_modify(|h| *h = h.merge(*hc))
+                .or_insert(*hc);
+        }
+        drop(seen);
         let wanted: BTreeMap<u16, HealthCheckService> = merged
             .into_iter()
             .map(|(name, hc)| {
