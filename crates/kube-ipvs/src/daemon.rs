@@ -222,15 +222,18 @@ async fn node_address_tracker() -> Option<netif::NodeAddresses> {
 }
 
 /// Runs kube-ipvs until SIGTERM/SIGINT (or, with `--once`, until the first sync is done).
+///
+/// In IPVS mode the health and metrics servers start first, then the IPVS probe runs until it
+/// decides (see [`crate::probe::select_mode`]: transient failures are retried with backoff while
+/// `/healthz` answers 503; nothing is removed meanwhile). The other mode's leftovers are removed
+/// only after this mode's first successful sync (see [`crate::handover`]).
 pub async fn run_daemon(config: Config) -> Result<()> {
-    let probe = match config.mode {
-        ProxyMode::Ipvs => crate::engine::probe_ipvs(&config.ipvs.scheduler),
-        ProxyMode::Iptables => Ok(()),
+    let prober = match config.mode {
+        ProxyMode::Ipvs => Some(crate::probe::Prober::from_env(&config.ipvs.scheduler)?),
+        ProxyMode::Iptables => None,
     };
-    let mode = crate::mode::select(&config, || probe.clone())?;
-    let fell_back = config.mode == ProxyMode::Ipvs && mode == ProxyMode::Iptables;
     tracing::info!(
-        mode = mode.as_str(),
+        mode = config.mode.as_str(),
         node = %config.node_name,
         source = config.source_dir.as_ref().map(|d| d.display().to_string()).unwrap_or_else(|| "kubernetes".into()),
         "starting kube-ipvs {}",
@@ -241,27 +244,60 @@ pub async fn run_daemon(config: Config) -> Result<()> {
     // that must change and cannot stops the start like upstream.
     let conntrack_warning =
         tokio::task::block_in_place(|| crate::engine::apply_conntrack(&config))?;
-    let mut daemon = Daemon::start(config, mode).await?;
+    let requested = config.mode;
+    let mut daemon = Daemon::start(config, requested).await?;
+    let mut signal = Box::pin(shutdown_signal());
+    let mut fallback_reason = None;
+    if let Some(prober) = prober {
+        let selected = crate::probe::select_mode(
+            &daemon.config,
+            prober,
+            &daemon.health,
+            &daemon.metrics,
+            &mut signal,
+        )
+        .await;
+        match selected {
+            Ok(crate::probe::Selected::Mode(mode, reason)) => {
+                fallback_reason = reason;
+                if mode != daemon.mode {
+                    // The servers restart with the mode's health window and metrics.
+                    let config = daemon.config.clone();
+                    daemon.stop().await;
+                    daemon = Daemon::start(config, mode).await?;
+                }
+            }
+            Ok(crate::probe::Selected::Stopped) => {
+                daemon.stop().await;
+                return Ok(());
+            }
+            Err(e) => {
+                daemon.stop().await;
+                return Err(e);
+            }
+        }
+    }
+    let mode = daemon.mode;
+    tracing::info!(mode = mode.as_str(), "proxy mode selected");
     let config = daemon.config.clone();
     let rt = tokio::runtime::Handle::current();
 
-    // The node, its families, and the other mode's leftovers.
+    // The node, its families, and the other mode's leftovers (removed after the first
+    // successful sync of this mode, never before: see crate::handover).
     let tracker = node_address_tracker().await;
     let node_ips = tracker
         .as_ref()
         .map(|t| t.current().node_ips())
         .unwrap_or_default();
     let families = crate::engine::families(&config, &node_ips);
-    let netif_handle = netif::Netif::new().await.ok();
-    {
-        let (cfg, fams, rt2) = (config.clone(), families.clone(), rt.clone());
-        let removed = tokio::task::block_in_place(|| {
-            crate::engine::cleanup(&cfg, &fams, Some(mode), netif_handle.as_ref(), &rt2)
-        });
-        for r in removed {
-            tracing::info!("handover cleanup: {r}");
-        }
-    }
+    let first_sync = crate::handover::FirstSync::new(&families);
+    let handover = crate::handover::spawn_cleanup(
+        config.clone(),
+        families.clone(),
+        mode,
+        netif::Netif::new().await.ok(),
+        first_sync.clone(),
+    );
 
     // One backend per family.
     let mut backends = Vec::new();
@@ -289,8 +325,8 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         Some(_) => None,
         None => Some(kube_client(&config.kube).await?),
     };
-    if let (true, Some(c), Err(reason)) = (fell_back, &client, &probe) {
-        // Loud, in three places: the log (mode::select), the metric, and an Event on the Node.
+    if let (Some(c), Some(reason)) = (&client, &fallback_reason) {
+        // Loud, in three places: the log (probe::select_mode), the metric, and an Event on the Node.
         tokio::spawn(crate::engine::publish_node_event(
             c.clone(),
             config.node_name.clone(),
@@ -325,6 +361,7 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         rejections: publisher.as_ref().map(|_| rejections_tx),
         reported: std::sync::Mutex::default(),
         seen: std::sync::Mutex::default(),
+        first_sync: Some(first_sync),
     };
     let engine = crate::engine::Engine::start(
         backends,
@@ -357,7 +394,6 @@ pub async fn run_daemon(config: Config) -> Result<()> {
             })
         }
     };
-    let mut signal = Box::pin(shutdown_signal());
     let mut tick = tokio::time::interval(std::time::Duration::from_millis(50));
     let result = loop {
         tokio::select! {
@@ -390,6 +426,7 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         f.abort();
     }
     let exit = tokio::task::block_in_place(|| engine.stop());
+    handover.finish().await;
     daemon.stop().await;
     result?;
     match exit {

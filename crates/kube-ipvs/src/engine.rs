@@ -1,4 +1,4 @@
-//! The sync engine's wiring: the IPVS probe, one backend (proxier + kernel) per address family,
+//! The sync engine's wiring: one backend (proxier + kernel) per address family,
 //! sysctls, the node-address tracker, and the sync-loop thread that the daemon feeds.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -13,43 +13,12 @@ use controller::proxier::{DrainConfig, Proxier, RulesConfig, SyncReport};
 use controller::source::SourceEvent;
 use controller::store::{Changes, Store};
 use controller::sync_loop::{self, Backend, Exit, FamilyProxier, Input, LoopConfig, SyncObserver};
-use ipvs_netlink::{Family, Op, Protocol, Service, ServiceKey};
+use ipvs_netlink::{Family, Op};
 
 use crate::config::{Config, DetectLocal, NodePortAddress, ProxyMode};
 use crate::health::{IpFamily, ProxyHealth};
 use crate::metrics::Metrics;
 use crate::service_health::{HealthCheckService, NamespacedName, ServiceHealthServer};
-
-/// The address upstream kube-proxy probes IPVS with (TEST-NET-2, never a real service).
-const PROBE_ADDR: &str = "198.51.100.0";
-/// The port of the probe virtual server.
-const PROBE_PORT: u16 = 20000;
-
-/// Probes IPVS like upstream: resolve the generic netlink family, then create and delete a
-/// virtual server with the configured scheduler (which also loads the scheduler's module).
-pub fn probe_ipvs(scheduler: &str) -> Result<(), String> {
-    let mut client = ipvs_netlink::Client::new().map_err(|e| {
-        format!("IPVS is not available in this kernel: {e} (CONFIG_IP_VS / the ip_vs module)")
-    })?;
-    let addr: IpAddr = PROBE_ADDR
-        .parse()
-        .map_err(|e| format!("probe address: {e}"))?;
-    let key = ServiceKey::Inet {
-        protocol: Protocol::Tcp,
-        addr,
-        port: PROBE_PORT,
-    };
-    let svc = Service::new(key, scheduler);
-    let results = client.apply(&[Op::NewService(svc), Op::DelService(key)]);
-    match results.first() {
-        Some(Ok(())) | None => Ok(()),
-        Some(Err(ipvs_netlink::Error::Kernel { errno: 17, .. })) => Ok(()), // left by a crash
-        Some(Err(e)) => Err(format!(
-            "IPVS cannot create a virtual server with scheduler {scheduler:?}: {e} \
-             (is the ip_vs_{scheduler} module available?)"
-        )),
-    }
-}
 
 /// The families this node serves: IPv4 when the node has an IPv4 address, IPv6 when it has a
 /// global IPv6 address, and any family of the cluster CIDRs (upstream: dual-stack when the
@@ -280,6 +249,9 @@ pub struct Observer {
     pub reported: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
     /// What each family's last sync reported, for the node-wide values that sum or merge them.
     pub seen: std::sync::Mutex<BTreeMap<Family, FamilySeen>>,
+    /// Told about every sync, so the other mode's leftovers go only after this mode's first
+    /// successful sync (see [`crate::handover`]).
+    pub first_sync: Option<Arc<crate::handover::FirstSync>>,
 }
 
 /// One family's last reported values (see [`Observer::seen`]).
@@ -384,6 +356,9 @@ impl SyncObserver for Observer {
     }
 
     fn synced(&self, family: Family, report: &SyncReport, backend: &dyn Backend) {
+        if let Some(first) = &self.first_sync {
+            first.record(family, report.ok());
+        }
         self.metrics.record_sync(report.duration.as_secs_f64());
         if report.ok() {
             self.health.updated(ip_family(family));

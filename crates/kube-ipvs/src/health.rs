@@ -35,6 +35,8 @@ struct State {
     last_updated: HashMap<IpFamily, SystemTime>,
     oldest_pending: HashMap<IpFamily, SystemTime>,
     node_eligible: bool,
+    /// Why the proxy cannot start syncing yet (e.g. the IPVS probe keeps failing).
+    blocked: Option<String>,
 }
 
 /// Shared proxy health state; cheap to query from HTTP handlers.
@@ -68,6 +70,7 @@ impl ProxyHealth {
                 oldest_pending: HashMap::new(),
                 // Eligible until a Node event says otherwise.
                 node_eligible: true,
+                blocked: None,
             }),
             metrics,
         }
@@ -110,6 +113,18 @@ impl ProxyHealth {
         self.lock().node_eligible = !(deleting || tainted);
     }
 
+    /// Marks the proxy unhealthy (`/healthz` and `/livez` 503, the reason in the body) until
+    /// called with `None`: while it cannot start syncing at all (the IPVS probe at start keeps
+    /// failing and is retried).
+    pub fn set_blocked(&self, reason: Option<String>) {
+        self.lock().blocked = reason;
+    }
+
+    /// Why the proxy is blocked, if it is (see [`Self::set_blocked`]).
+    pub fn blocked(&self) -> Option<String> {
+        self.lock().blocked.clone()
+    }
+
     /// The node is eligible (not being deleted).
     pub fn node_eligible(&self) -> bool {
         self.lock().node_eligible
@@ -149,6 +164,9 @@ impl ProxyHealth {
                     healthy = false;
                 }
             }
+        }
+        if s.blocked.is_some() {
+            healthy = false;
         }
         let node_eligible = s.node_eligible;
         if with_node {
@@ -234,6 +252,9 @@ fn answer(health: &ProxyHealth, livez: bool) -> Response {
     if !livez {
         body["nodeEligible"] = serde_json::Value::Bool(st.node_eligible);
     }
+    if let Some(reason) = health.blocked() {
+        body["reason"] = serde_json::Value::String(reason);
+    }
     json_response(code, body.to_string())
 }
 
@@ -293,6 +314,24 @@ mod tests {
         let st = h.status_at(t(2060), true);
         assert!(!st.healthy);
         assert_eq!(st.last_updated, Some(t(1080)));
+    }
+
+    #[test]
+    fn blocked_is_unhealthy_for_healthz_and_livez_with_the_reason() {
+        let h = Arc::new(ProxyHealth::new(Duration::from_secs(60), None));
+        assert!(h.status_at(t(10), true).healthy);
+        h.set_blocked(Some("IPVS probe failing".into()));
+        assert!(!h.status_at(t(10), true).healthy);
+        assert!(!h.status_at(t(10), false).healthy);
+        assert!(!h.is_healthy());
+        for livez in [false, true] {
+            let r = answer(&h, livez);
+            assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        }
+        assert_eq!(h.blocked().as_deref(), Some("IPVS probe failing"));
+        h.set_blocked(None);
+        assert!(h.status_at(t(10), true).healthy);
+        assert_eq!(answer(&h, false).status(), StatusCode::OK);
     }
 
     #[test]

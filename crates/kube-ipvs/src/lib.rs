@@ -9,11 +9,13 @@ pub mod daemon;
 pub mod duration;
 pub mod engine;
 pub mod error;
+pub mod handover;
 pub mod health;
 pub mod http;
 pub mod logging;
 pub mod metrics;
 pub mod mode;
+pub mod probe;
 pub mod service_health;
 pub mod settings;
 

@@ -42,6 +42,14 @@ pub struct ModeLabel {
     pub mode: String,
 }
 
+/// `kind` label of `kube_ipvs_ipvs_probe_failures_total` (a fixed set, see
+/// [`crate::probe::ProbeError::kind`]).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProbeKindLabel {
+    /// `absent`, `scheduler_missing`, an errno name, `errno` or `protocol`.
+    pub kind: String,
+}
+
 /// `subsystem` label (ipvs, netif, ipset, iptables, sysctl, conntrack).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SubsystemLabel {
@@ -97,6 +105,9 @@ pub struct Metrics {
     pub proxy_livez_total: Family<CodeLabel, Counter>,
     /// `kube_ipvs_proxy_mode{mode}`: 1 for the mode in use.
     pub proxy_mode: Family<ModeLabel, Gauge>,
+    /// `kube_ipvs_ipvs_probe_failures_total{kind}`: failed IPVS probes at start (retried, or
+    /// followed by a fallback).
+    pub ipvs_probe_failures_total: Family<ProbeKindLabel, Counter>,
     /// `kube_ipvs_drift_repairs_total{subsystem}`: kernel state found changed behind our back.
     pub drift_repairs_total: Family<SubsystemLabel, Counter>,
     /// `kube_ipvs_sync_errors_total{subsystem}`: failed operations (retried).
@@ -162,6 +173,7 @@ impl Metrics {
             proxy_healthz_total: Family::default(),
             proxy_livez_total: Family::default(),
             proxy_mode: Family::default(),
+            ipvs_probe_failures_total: Family::default(),
             drift_repairs_total: Family::default(),
             sync_errors_total: Family::default(),
             invalid_objects_total: Family::default(),
@@ -255,6 +267,11 @@ impl Metrics {
             m.drained_destinations_total.clone(),
         );
         r.register(
+            format!("{o}ipvs_probe_failures"),
+            "Failed IPVS probes at start, by kind (transient ones are retried with backoff)",
+            m.ipvs_probe_failures_total.clone(),
+        );
+        r.register(
             format!("{o}proxy_mode"),
             "Proxy mode in use (1 for the active mode)",
             m.proxy_mode.clone(),
@@ -328,6 +345,15 @@ impl Metrics {
                 .get_or_create(&label)
                 .set(i64::from(other == mode));
         }
+    }
+
+    /// Counts one failed IPVS probe of `kind` (a [`crate::probe::ProbeError::kind`]).
+    pub fn record_probe_failure(&self, kind: &'static str) {
+        self.ipvs_probe_failures_total
+            .get_or_create(&ProbeKindLabel {
+                kind: kind.to_string(),
+            })
+            .inc();
     }
 
     /// Records a successful sync that took `seconds`, now.

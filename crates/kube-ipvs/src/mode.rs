@@ -1,36 +1,31 @@
-//! Proxy mode selection: IPVS if asked for and usable, else iptables (or an error).
+//! Proxy mode selection: IPVS if asked for and usable, else iptables (or an error). The probe,
+//! its classification and the retry loop the daemon runs are in [`crate::probe`].
 
 use crate::config::{Config, ProxyMode};
 use crate::error::{Error, Result};
+use crate::probe::{decide, Decision, NodeIpvsState, ProbeError};
 
-/// A cheap check that the kernel has IPVS: `/proc/net/ip_vs` exists once `ip_vs` is loaded
-/// (built in or as a module). A stricter probe can replace it via [`select`]'s argument.
-pub fn probe_ipvs() -> std::result::Result<(), String> {
-    if std::path::Path::new("/proc/net/ip_vs").exists() {
-        Ok(())
-    } else {
-        Err("the kernel has no IPVS (no /proc/net/ip_vs; is the ip_vs module loaded?)".into())
-    }
-}
-
-/// The mode to run in. `probe` is called only when IPVS mode is asked for. If it fails,
-/// kube-ipvs falls back to iptables mode with a loud warning, unless `--ipvs-fallback=false`.
+/// One probe attempt's outcome for `config`, on a node whose IPVS-mode state is `state`
+/// (`None`: unknown): `Some(mode)` to run in, `None` to probe again after a backoff (a
+/// transient failure, or IPVS state on the node that a fallback would replace), or the error
+/// when IPVS is unusable and `--ipvs-fallback=false`. `probe` is called only when IPVS mode is
+/// asked for. See [`decide`] for the rules.
 pub fn select(
     config: &Config,
-    probe: impl FnOnce() -> std::result::Result<(), String>,
-) -> Result<ProxyMode> {
-    match config.mode {
-        ProxyMode::Iptables => Ok(ProxyMode::Iptables),
-        ProxyMode::Ipvs => match probe() {
-            Ok(()) => Ok(ProxyMode::Ipvs),
-            Err(reason) if config.ipvs_fallback => {
-                tracing::warn!(
-                    reason = %reason,
-                    "IPVS IS NOT USABLE: FALLING BACK TO IPTABLES MODE (set --ipvs-fallback=false to fail instead)"
-                );
-                Ok(ProxyMode::Iptables)
-            }
-            Err(reason) => Err(Error::IpvsUnavailable { reason }),
-        },
+    state: Option<NodeIpvsState>,
+    probe: impl FnOnce() -> std::result::Result<(), ProbeError>,
+) -> Result<Option<ProxyMode>> {
+    if config.mode == ProxyMode::Iptables {
+        return Ok(Some(ProxyMode::Iptables));
+    }
+    let result = probe();
+    match (decide(&result, state, config.ipvs_fallback), result) {
+        (Decision::Ipvs, _) => Ok(Some(ProxyMode::Ipvs)),
+        (Decision::Retry, _) => Ok(None),
+        (Decision::Fallback, _) => Ok(Some(ProxyMode::Iptables)),
+        (Decision::Fail, Err(e)) => Err(Error::IpvsUnavailable {
+            reason: e.to_string(),
+        }),
+        (Decision::Fail, Ok(())) => Ok(Some(ProxyMode::Ipvs)),
     }
 }

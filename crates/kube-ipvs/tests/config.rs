@@ -537,23 +537,50 @@ fn node_name_comes_from_the_host_unless_overridden() {
 #[test]
 fn mode_selection_and_fallback() {
     use kube_ipvs::mode::select;
+    use kube_ipvs::probe::{ModuleLoad, NodeIpvsState, ProbeError, ProbeStep, Transient};
+    // A node without IPVS-mode state.
+    let clean = Some(NodeIpvsState::default());
+    let absent = || Err(ProbeError::Absent(ModuleLoad::Failed(Some(1))));
     let c = load(None, &[]).unwrap().config;
-    assert_eq!(select(&c, || Ok(())).unwrap(), ProxyMode::Ipvs);
+    assert_eq!(select(&c, clean, || Ok(())).unwrap(), Some(ProxyMode::Ipvs));
     assert_eq!(
-        select(&c, || Err("no ip_vs".into())).unwrap(),
-        ProxyMode::Iptables
+        select(&c, clean, absent).unwrap(),
+        Some(ProxyMode::Iptables)
     );
     let strict = load(None, &["--ipvs-fallback=false"]).unwrap().config;
-    let err = select(&strict, || Err("no ip_vs".into())).unwrap_err();
+    let err = select(&strict, clean, absent).unwrap_err();
     assert!(err.to_string().contains("--ipvs-fallback=false"), "{err}");
-    assert!(err.to_string().contains("no ip_vs"), "{err}");
+    assert!(err.to_string().contains("IPVS is absent"), "{err}");
     let ipt = load(None, &["--proxy-mode=iptables", "--ipvs-fallback=false"])
         .unwrap()
         .config;
     assert_eq!(
-        select(&ipt, || panic!("no probe in iptables mode")).unwrap(),
-        ProxyMode::Iptables
+        select(&ipt, clean, || panic!("no probe in iptables mode")).unwrap(),
+        Some(ProxyMode::Iptables)
     );
+    // A transient failure is retried (None), with fallback on or off: never iptables mode.
+    let busy = || {
+        Err(ProbeError::Transient(Transient {
+            step: ProbeStep::Open,
+            errno: Some(16),
+            detail: "EBUSY".into(),
+        }))
+    };
+    assert_eq!(select(&c, clean, busy).unwrap(), None);
+    assert_eq!(select(&strict, clean, busy).unwrap(), None);
+    // A missing scheduler on a node with IPVS state is retried, not a fallback.
+    let sched = || {
+        Err(ProbeError::SchedulerMissing {
+            scheduler: "mh".into(),
+            module: ModuleLoad::NoModprobe,
+        })
+    };
+    let serving = Some(NodeIpvsState {
+        dummy_link: true,
+        owned_services: 3,
+    });
+    assert_eq!(select(&c, serving, sched).unwrap(), None);
+    assert_eq!(select(&c, clean, sched).unwrap(), Some(ProxyMode::Iptables));
 }
 
 #[test]
