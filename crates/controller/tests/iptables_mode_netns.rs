@@ -602,3 +602,95 @@ fn bench_iptables_mode_sync() {
         );
     }
 }
+
+/// Issue #16: the other mode's leftovers are removed only after the running mode's first
+/// successful sync (kube-ipvs's `handover` module). This proves that order works on a real
+/// kernel: the iptables-mode sync succeeds with every IPVS-mode rule and set still in place,
+/// and the IPVS-mode cleanup that follows leaves the iptables-mode rules exactly as synced (a
+/// full sync afterwards finds no drift); the other way round, IPVS-mode rules written over
+/// iptables-mode chains survive the iptables-mode cleanup unchanged.
+#[test]
+#[ignore = "netns"]
+fn netns_handover_cleanup_after_the_new_mode_leaves_its_rules_intact() {
+    let node = Netns::new(&format!("ctl-iptm-ho2-{}", std::process::id())).unwrap();
+    let fam = iptables::Family::V4;
+    let ipset = ipset::Ipset::new(ipset::Runner::in_netns(node.name()));
+    // What an IPVS-mode sync writes (a fresh applier each time, so nothing is skipped as
+    // already applied).
+    let ipvs_mode = || {
+        let want = ipset::IpsetState::kube(fam);
+        let have = ipset.read(&ipset::SetKind::all_names(fam)).unwrap();
+        ipset.apply(&ipset::diff(&want, &have)).unwrap();
+        let mut input = iptables::IpvsModeInput::new(fam);
+        input.non_empty_sets = ipset::SetKind::ALL.into_iter().collect();
+        let mut ipt = Iptables::detect(fam, Runner::in_netns(node.name())).unwrap();
+        ipt.apply(&iptables::render_ipvs_mode(&input).unwrap())
+            .unwrap();
+    };
+    let mut ipt = Iptables::detect(fam, Runner::in_netns(node.name())).unwrap();
+    ipvs_mode();
+    let sets = node.run(&["ipset", "list", "-n"]).unwrap().lines().count();
+    assert!(sets >= 17, "{sets}");
+
+    // 1. Fallback: iptables mode syncs first, with the IPVS-mode state still there.
+    let store = synced_store(
+        vec![svc("default", "web", "10.96.0.10")
+            .node_port("http", 80, "TCP", 30080)
+            .build()],
+        vec![slice_of("web", &[0, 1], "node-b")],
+    );
+    let ipt2 = Iptables::detect(fam, Runner::in_netns(node.name())).unwrap();
+    let mut p = IptablesProxier::new(cfg4(), RulesConfig::default(), NODE, Box::new(ipt2));
+    let r = p.sync(&store, &node_addrs());
+    assert!(r.ok(), "iptables mode over IPVS-mode leftovers: {r:?}");
+    let synced = node.run(&["iptables-save", "-t", "nat"]).unwrap();
+    assert!(synced.contains(":KUBE-SVC-") && synced.contains("match-set"));
+    // Then the IPVS-mode leftovers go, and the iptables-mode rules stay as synced.
+    let report = cleanup_ipvs_mode_leftovers(&cfg4(), &mut ipt, &ipset, None, None).unwrap();
+    println!("after the first iptables-mode sync: {report:?}");
+    assert_eq!(report.ipsets.len(), sets);
+    let saved = node.run(&["iptables-save"]).unwrap();
+    for gone in ["KUBE-IPVS-FILTER", "KUBE-LOAD-BALANCER", "match-set"] {
+        assert!(!saved.contains(gone), "{gone} left:\n{saved}");
+    }
+    let svc_rules = |t: &str| -> Vec<String> {
+        t.lines()
+            .filter(|l| l.contains("KUBE-SVC-") || l.contains("KUBE-SEP-"))
+            .map(str::to_string)
+            .collect()
+    };
+    assert!(!svc_rules(&synced).is_empty());
+    assert_eq!(
+        svc_rules(&node.run(&["iptables-save", "-t", "nat"]).unwrap()),
+        svc_rules(&synced),
+        "the cleanup changed iptables-mode rules"
+    );
+    p.request_full();
+    let r = p.sync(&store, &node_addrs());
+    assert!(r.ok() && r.drift.is_empty(), "{r:?}");
+
+    // 2. Back to IPVS mode: its rules are written over the iptables-mode chains first, then the
+    // iptables-mode chains go, and every IPVS-mode rule stays.
+    ipvs_mode();
+    let ipvs_rules = |t: &str| -> BTreeSet<String> {
+        t.lines()
+            .filter(|l| {
+                l.starts_with("-A ") && (l.contains("match-set") || l.contains("KUBE-IPVS"))
+            })
+            .map(str::to_string)
+            .collect()
+    };
+    let before = ipvs_rules(&node.run(&["iptables-save"]).unwrap());
+    assert!(!before.is_empty());
+    let report = cleanup_iptables_mode(&mut ipt, true).unwrap();
+    println!("after the first IPVS-mode sync: {report:?}");
+    let saved = node.run(&["iptables-save"]).unwrap();
+    for gone in ["KUBE-SVC-", "KUBE-SEP-", "KUBE-EXT-"] {
+        assert!(!saved.contains(gone), "{gone} left:\n{saved}");
+    }
+    assert_eq!(
+        ipvs_rules(&saved),
+        before,
+        "the cleanup changed IPVS-mode rules"
+    );
+}

@@ -409,7 +409,7 @@ async fn absent_fallback() {
         );
     }
     for s in &samples {
-        println!("{s:?}");
+        println!("t+{:.2} s {s:?}", s.at.as_secs_f64());
     }
     let removed_early: Vec<&Sample> = samples
         .iter()
