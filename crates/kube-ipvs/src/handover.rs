@@ -14,7 +14,6 @@
 //! waits for it and then runs [`crate::engine::cleanup`] on a blocking thread.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ipvs_netlink::Family;
@@ -66,7 +65,7 @@ impl FirstSync {
 #[derive(Debug)]
 pub struct DeferredCleanup {
     task: tokio::task::JoinHandle<()>,
-    started: Arc<AtomicBool>,
+    first: Arc<FirstSync>,
 }
 
 /// Starts waiting for `first` and then removes what the mode other than `mode` left behind
@@ -78,11 +77,9 @@ pub fn spawn_cleanup(
     netif: Option<netif::Netif>,
     first: Arc<FirstSync>,
 ) -> DeferredCleanup {
-    let started = Arc::new(AtomicBool::new(false));
-    let flag = started.clone();
+    let fired = first.clone();
     let task = tokio::spawn(async move {
-        first.wait().await;
-        flag.store(true, Ordering::SeqCst);
+        fired.wait().await;
         let rt = tokio::runtime::Handle::current();
         let run = tokio::task::spawn_blocking(move || {
             crate::engine::cleanup(&config, &families, Some(mode), netif.as_ref(), &rt)
@@ -99,14 +96,15 @@ pub fn spawn_cleanup(
             Err(e) => tracing::error!(error = %e, "handover cleanup task failed"),
         }
     });
-    DeferredCleanup { task, started }
+    DeferredCleanup { task, first }
 }
 
 impl DeferredCleanup {
-    /// At shutdown: lets a cleanup that has started finish; one still waiting for the first
-    /// successful sync is dropped (the leftovers stay for the next start).
+    /// At shutdown: once the first successful sync happened, the cleanup runs to its end
+    /// (also with `--once`, whose loop ends right after that sync); one still waiting for it is
+    /// dropped (the leftovers stay for the next start).
     pub async fn finish(self) {
-        if self.started.load(Ordering::SeqCst) {
+        if self.first.fired() {
             let _ = self.task.await;
         } else {
             self.task.abort();
