@@ -266,6 +266,14 @@ impl Metrics {
             "Draining real servers deleted, by reason: last connection ended (drained) or drain cap passed (cap)",
             m.drained_destinations_total.clone(),
         );
+        for kind in crate::probe::kinds() {
+            // Every series exists from the start (0), so increase() and alerts see the first.
+            m.ipvs_probe_failures_total
+                .get_or_create(&ProbeKindLabel {
+                    kind: kind.to_string(),
+                })
+                .inc_by(0);
+        }
         r.register(
             format!("{o}ipvs_probe_failures"),
             "Failed IPVS probes at start, by kind (transient ones are retried with backoff)",

@@ -212,6 +212,13 @@ const ERRNOS: [(&str, i32); 8] = [
     ("etimedout", 110),
 ];
 
+/// Every value [`ProbeError::kind`] can take.
+pub fn kinds() -> impl Iterator<Item = &'static str> {
+    ["absent", "scheduler_missing", "errno", "protocol"]
+        .into_iter()
+        .chain(ERRNOS.iter().map(|(name, _)| *name))
+}
+
 fn errno_name(errno: i32) -> Option<&'static str> {
     ERRNOS.iter().find(|(_, n)| *n == errno).map(|(s, _)| *s)
 }
@@ -792,6 +799,34 @@ mod tests {
             assert!(matches!(r, Err(ProbeError::Transient(_))), "{r:?}");
             assert!(loaded.is_empty());
         }
+    }
+
+    #[test]
+    fn every_kind_is_in_the_fixed_label_set() {
+        let all: Vec<&str> = kinds().collect();
+        let mut errors: Vec<ProbeError> = (0..200)
+            .map(|errno| {
+                ProbeError::Transient(Transient {
+                    step: ProbeStep::Open,
+                    errno: Some(errno),
+                    detail: String::new(),
+                })
+            })
+            .collect();
+        errors.push(ProbeError::Absent(ModuleLoad::TimedOut));
+        errors.push(ProbeError::SchedulerMissing {
+            scheduler: "x".into(),
+            module: ModuleLoad::Loaded,
+        });
+        errors.push(ProbeError::Transient(Transient {
+            step: ProbeStep::State,
+            errno: None,
+            detail: String::new(),
+        }));
+        for e in &errors {
+            assert!(all.contains(&e.kind()), "{e:?} -> {}", e.kind());
+        }
+        assert_eq!(all.len(), 12);
     }
 
     #[test]
