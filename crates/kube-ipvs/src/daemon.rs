@@ -265,6 +265,9 @@ pub async fn run_daemon(config: Config) -> Result<()> {
                     let config = daemon.config.clone();
                     daemon.stop().await;
                     daemon = Daemon::start(config, mode).await?;
+                    if let Some(e) = &fallback_reason {
+                        daemon.metrics.record_probe_failure(e.kind());
+                    }
                 }
             }
             Ok(crate::probe::Selected::Stopped) => {

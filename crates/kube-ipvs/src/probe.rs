@@ -616,7 +616,7 @@ pub async fn select_mode(
                 return Ok(Selected::Mode(ProxyMode::Ipvs, None));
             }
             (Decision::Fallback, Err(e)) => {
-                metrics.record_probe_failure(e.kind());
+                // Counted by the caller, in the metrics of the iptables-mode daemon.
                 tracing::warn!(
                     reason = %e,
                     state = ?state,
