@@ -790,6 +790,16 @@ pub struct SelectedEndpoints {
     pub no_local: NoLocalEndpoints,
 }
 
+impl SelectedEndpoints {
+    /// The endpoints a health-check node port counts for this port: local and ready, never
+    /// serving-terminating ones (those may still carry traffic, but a node with only
+    /// terminating endpoints must fail the load balancer's check). Upstream:
+    /// `EndpointsMap.LocalReadyEndpoints` / `getLocalReadyEndpointIPs` (pkg/proxy/endpoints.go).
+    pub fn health_check_ips(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.local.iter().filter(|e| e.ready).map(|e| e.ip)
+    }
+}
+
 /// True when topology hints may be used: the node has a zone, every ready endpoint has zone
 /// hints, and at least one is hinted for this zone.
 fn use_topology(eps: &[Endpoint], zone: Option<&str>) -> bool {

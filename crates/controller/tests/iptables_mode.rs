@@ -644,3 +644,17 @@ fn iptables_mode_cleanup_is_idempotent_and_keeps_shared_chains_on_handover() {
     let again = cleanup_iptables_mode(&mut clean, true).unwrap();
     assert!(again.is_empty() && clean.restores.is_empty());
 }
+
+/// iptables mode counts a health-check node port's endpoints like IPVS mode and upstream
+/// (`EndpointsMap.LocalReadyEndpoints`): ready local endpoints, by IP over all ports; a
+/// serving-terminating one is not counted.
+#[test]
+fn iptables_mode_health_check_counts_ready_local_endpoint_ips_like_upstream() {
+    let (s, slices) = hc_two_ports();
+    let store = synced_store(vec![s], slices);
+    let (mut p, _rec) = proxier(cfg4());
+    assert!(p.sync(&store, &addrs()).ok());
+    let hc = p.health_checks();
+    let h = hc.values().next().unwrap();
+    assert_eq!((h.node_port, h.local_endpoints), (32001, 3), "{hc:?}");
+}

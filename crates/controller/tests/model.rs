@@ -1208,3 +1208,34 @@ fn model_node_port_addresses_cidrs_and_primary() {
         .collect();
     assert_eq!(node_port_vips, ["192.168.0.10"]);
 }
+
+/// Upstream's health-check count (`EndpointsMap.LocalReadyEndpoints` via
+/// `getLocalReadyEndpointIPs`, pkg/proxy/endpoints.go): local endpoints that are *ready*,
+/// squashed by IP over all ports of the Service. Serving-terminating endpoints are not counted
+/// (a node whose only endpoints are terminating fails the load balancer's check, so it stops
+/// sending new traffic), even though they still receive traffic as the fallback.
+#[test]
+fn model_health_check_counts_ready_local_endpoint_ips_like_upstream() {
+    let (s, slices) = hc_two_ports();
+    let refs: Vec<&EndpointSlice> = slices.iter().collect();
+    let d = service_desired(&s, &refs, &cfg4(), &node()).unwrap();
+    let hc = d.desired.unwrap().health_check.unwrap();
+    // 10.244.1.1 (both ports), 10.244.1.6 and 10.244.1.2: three IPs.
+    assert_eq!((hc.node_port, hc.local_endpoints), (32001, 3));
+
+    // Only a serving-terminating local endpoint left: it still gets traffic, the check fails.
+    let term_only = slice("ns", "hc2", "hc2-http")
+        .port("http", 8080, "TCP")
+        .ep("10.244.1.4", NODE, C::Term)
+        .ep("10.244.1.3", "node-b", C::Ready)
+        .build();
+    let d = service_desired(&s, &[&term_only], &cfg4(), &node()).unwrap();
+    let sd = d.desired.unwrap();
+    assert_eq!(sd.health_check.map(|h| h.local_endpoints), Some(0));
+    let reals: Vec<String> = sd
+        .virtual_servers
+        .values()
+        .flat_map(|vs| vs.real_servers.keys().map(|(ip, _)| ip.to_string()))
+        .collect();
+    assert!(reals.iter().any(|r| r == "10.244.1.4"), "{reals:?}");
+}
