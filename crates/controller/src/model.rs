@@ -458,7 +458,12 @@ pub fn service_ports(svc: &Service, cfg: &ProxyConfig) -> Result<Vec<ServicePort
             .as_ref()
             .and_then(|s| s.load_balancer.as_ref())
             .and_then(|lb| lb.ingress.as_ref())
-            .map(|v| v.iter().filter_map(|i| i.ip.as_deref()).collect())
+            .map(|v| {
+                v.iter()
+                    .filter(|i| is_vip_mode(i))
+                    .filter_map(|i| i.ip.as_deref())
+                    .collect()
+            })
             .unwrap_or_default()
     } else {
         Vec::new()
@@ -798,6 +803,15 @@ impl SelectedEndpoints {
     pub fn health_check_ips(&self) -> impl Iterator<Item = IpAddr> + '_ {
         self.local.iter().filter(|e| e.ready).map(|e| e.ip)
     }
+}
+
+/// Whether a load-balancer ingress IP is programmed on the node (KEP-1860, GA in 1.32): `VIP`
+/// (or no `ipMode`, the default) makes it a virtual IP like an externalIP; `Proxy` means the
+/// load balancer delivers traffic to the node itself, so the IP gets no virtual server, no
+/// kube-ipvs0 address and no ipset entry. Upstream: `proxyutil.IsVIPMode`, applied in
+/// `newBaseServiceInfo` (pkg/proxy/serviceport.go), which skips non-VIP ingress IPs.
+fn is_vip_mode(ingress: &k8s_openapi::api::core::v1::LoadBalancerIngress) -> bool {
+    ingress.ip_mode.as_deref().is_none_or(|m| m == "VIP")
 }
 
 /// True when topology hints may be used: the node has a zone, every ready endpoint has zone

@@ -1239,3 +1239,50 @@ fn model_health_check_counts_ready_local_endpoint_ips_like_upstream() {
         .collect();
     assert!(reals.iter().any(|r| r == "10.244.1.4"), "{reals:?}");
 }
+
+/// KEP-1860 (`status.loadBalancer.ingress[].ipMode`, GA 1.32): a `Proxy` ingress IP is not a
+/// virtual IP on the node — no virtual server, no kube-ipvs0 address, no ipset entry — while
+/// `VIP` and an unset mode (the default) are programmed as before. Upstream:
+/// `proxyutil.IsVIPMode`, used by `newBaseServiceInfo` (pkg/proxy/serviceport.go).
+#[test]
+fn model_lb_ingress_ip_mode_proxy_is_not_programmed() {
+    let s = svc("ns", "lbm", "10.96.0.9")
+        .node_port("http", 80, "TCP", 30090)
+        .lb_ingress_modes(&[
+            ("1.2.3.8", Some("VIP")),
+            ("1.2.3.9", Some("Proxy")),
+            ("1.2.3.10", None),
+        ])
+        .build();
+    let eps = slice("ns", "lbm", "lbm-1")
+        .port("http", 8080, "TCP")
+        .ep("10.244.1.1", NODE, C::Ready)
+        .build();
+    let sd = service_desired(&s, &[&eps], &cfg4(), &node())
+        .unwrap()
+        .desired
+        .unwrap();
+    let vs = render_vs(&sd).join("\n");
+    assert!(vs.contains("tcp 1.2.3.8:80 "), "{vs}");
+    assert!(vs.contains("tcp 1.2.3.10:80 "), "{vs}");
+    assert!(!vs.contains("1.2.3.9"), "{vs}");
+    let addrs = render_addrs(&sd);
+    assert!(addrs.contains(&"1.2.3.8".to_string()), "{addrs:?}");
+    assert!(!addrs.contains(&"1.2.3.9".to_string()), "{addrs:?}");
+    let sets = render_sets(&sd).join("\n");
+    assert!(sets.contains("1.2.3.8"), "{sets}");
+    assert!(!sets.contains("1.2.3.9"), "{sets}");
+    // All Proxy: the Service still has its ClusterIP and NodePort, and no load-balancer VIP.
+    let proxy_only = svc("ns", "lbm", "10.96.0.9")
+        .node_port("http", 80, "TCP", 30090)
+        .lb_ingress_modes(&[("1.2.3.9", Some("Proxy"))])
+        .build();
+    let sd = service_desired(&proxy_only, &[&eps], &cfg4(), &node())
+        .unwrap()
+        .desired
+        .unwrap();
+    let vs = render_vs(&sd).join("\n");
+    assert!(vs.contains("tcp 10.96.0.9:80 "), "{vs}");
+    assert!(!vs.contains("1.2.3.9"), "{vs}");
+    assert!(!render_sets(&sd).iter().any(|e| e.contains("1.2.3.9")));
+}
