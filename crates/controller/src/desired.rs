@@ -214,7 +214,7 @@ pub fn service_desired(
         for (name, why) in merged.rejected {
             rejected.entry(name).or_insert(why);
         }
-        let sel = select_endpoints(sp, &merged.endpoints, node.zone.as_deref());
+        let sel = select_endpoints(sp, &merged.endpoints, &node.name, node.zone.as_deref());
         d.no_local_internal += u32::from(sel.no_local.internal);
         d.no_local_external += u32::from(sel.no_local.external);
         let proto = sp.name.protocol;

@@ -226,7 +226,7 @@ pub fn service_port_rules(
         let mut both = sp.clone();
         both.internal_local = false;
         both.external_local = false;
-        let sel = select_endpoints(&both, &merged.endpoints, node.zone.as_deref());
+        let sel = select_endpoints(&both, &merged.endpoints, &node.name, node.zone.as_deref());
         let no_local = NoLocalEndpoints::of(
             sp.internal_local,
             sp.external_local,

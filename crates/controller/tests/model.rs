@@ -581,6 +581,98 @@ fn cases() -> Vec<Case> {
     c.addrs = &["10.96.0.9"];
     v.push(c);
 
+    // trafficDistribution: PreferSameNode (hints.forNodes), upstream `topologyModeFromHints`.
+    let mut c = case(
+        "topology: every endpoint node-hinted, this node's only",
+        svc("ns", "topo", "10.96.0.9")
+            .port("http", 80, "TCP")
+            .build(),
+        vec![slice("ns", "topo", "topo-1")
+            .port("http", 8080, "TCP")
+            .ep("10.244.1.1", NODE, C::Ready)
+            .node_hints(&[NODE])
+            .hints(&["zone-a"])
+            .ep("10.244.1.2", "node-b", C::Ready)
+            .node_hints(&["node-b"])
+            .hints(&["zone-a"])
+            .build()],
+    );
+    c.vs = &["tcp 10.96.0.9:80 rr -> 10.244.1.1:8080"];
+    c.addrs = &["10.96.0.9"];
+    v.push(c);
+
+    let mut c = case(
+        "topology: no endpoint hinted for this node falls back to zone hints",
+        svc("ns", "topo", "10.96.0.9")
+            .port("http", 80, "TCP")
+            .build(),
+        vec![slice("ns", "topo", "topo-1")
+            .port("http", 8080, "TCP")
+            .ep("10.244.1.1", "node-b", C::Ready)
+            .hints(&["zone-a"])
+            .node_hints(&["node-b"])
+            .ep("10.244.1.2", "node-c", C::Ready)
+            .hints(&["zone-b"])
+            .node_hints(&["node-c"])
+            .build()],
+    );
+    c.vs = &["tcp 10.96.0.9:80 rr -> 10.244.1.1:8080"];
+    c.addrs = &["10.96.0.9"];
+    v.push(c);
+
+    let mut c = case(
+        "topology: a ready endpoint without a node hint disables node hints (zone hints apply)",
+        svc("ns", "topo", "10.96.0.9")
+            .port("http", 80, "TCP")
+            .build(),
+        vec![slice("ns", "topo", "topo-1")
+            .port("http", 8080, "TCP")
+            .ep("10.244.1.1", NODE, C::Ready)
+            .hints(&["zone-b"])
+            .node_hints(&[NODE])
+            .ep("10.244.1.2", "node-c", C::Ready)
+            .hints(&["zone-a"])
+            .build()],
+    );
+    c.vs = &["tcp 10.96.0.9:80 rr -> 10.244.1.2:8080"];
+    c.addrs = &["10.96.0.9"];
+    v.push(c);
+
+    let mut c = case(
+        "topology: node hints only, none for this node, uses all",
+        svc("ns", "topo", "10.96.0.9")
+            .port("http", 80, "TCP")
+            .build(),
+        vec![slice("ns", "topo", "topo-1")
+            .port("http", 8080, "TCP")
+            .ep("10.244.1.1", "node-b", C::Ready)
+            .node_hints(&["node-b"])
+            .ep("10.244.1.2", "node-c", C::Ready)
+            .node_hints(&["node-c"])
+            .build()],
+    );
+    c.vs = &["tcp 10.96.0.9:80 rr -> 10.244.1.1:8080 10.244.1.2:8080"];
+    c.addrs = &["10.96.0.9"];
+    v.push(c);
+
+    let mut c = case(
+        "topology: a not-ready endpoint's missing node hint does not count",
+        svc("ns", "topo", "10.96.0.9")
+            .port("http", 80, "TCP")
+            .build(),
+        vec![slice("ns", "topo", "topo-1")
+            .port("http", 8080, "TCP")
+            .ep("10.244.1.1", NODE, C::Ready)
+            .node_hints(&[NODE])
+            .ep("10.244.1.2", "node-c", C::Ready)
+            .node_hints(&["node-c"])
+            .ep("10.244.1.3", "node-d", C::NotReady)
+            .build()],
+    );
+    c.vs = &["tcp 10.96.0.9:80 rr -> 10.244.1.1:8080"];
+    c.addrs = &["10.96.0.9"];
+    v.push(c);
+
     let dual = || {
         svc("ns", "dual", "10.96.0.11")
             .dual("fd00:96::11")
