@@ -48,13 +48,14 @@ pub struct IpsetEntry {
 pub struct HealthCheck {
     /// `spec.healthCheckNodePort`.
     pub node_port: u16,
-    /// Local endpoints (the largest count over the service's ports); 0 answers 503.
+    /// Local ready endpoints of the service: distinct IPs over all its ports, so an endpoint
+    /// serving two ports counts once (upstream's `LocalReadyEndpoints`); 0 answers 503.
     pub local_endpoints: usize,
 }
 
 impl HealthCheck {
-    /// This check combined with another view of the same service's check (another port of it,
-    /// or the other address family): the largest local endpoint count answers.
+    /// This check combined with another view of the same service's check (the other address
+    /// family): the largest local endpoint count answers.
     pub fn merge(self, other: HealthCheck) -> HealthCheck {
         HealthCheck {
             node_port: self.node_port,
@@ -205,6 +206,7 @@ pub fn service_desired(
     let mut features = 0u16;
     let mut addresses = BTreeSet::new();
     let mut health_check: Option<HealthCheck> = None;
+    let mut health_ips: BTreeSet<IpAddr> = BTreeSet::new();
     let mut node_dependent = false;
 
     for sp in &ports {
@@ -212,7 +214,7 @@ pub fn service_desired(
         for (name, why) in merged.rejected {
             rejected.entry(name).or_insert(why);
         }
-        let sel = select_endpoints(sp, &merged.endpoints, node.zone.as_deref());
+        let sel = select_endpoints(sp, &merged.endpoints, &node.name, node.zone.as_deref());
         d.no_local_internal += u32::from(sel.no_local.internal);
         d.no_local_external += u32::from(sel.no_local.external);
         let proto = sp.name.protocol;
@@ -346,11 +348,11 @@ pub fn service_desired(
         if let Some(hc) = sp.health_check_node_port {
             entry(SetKind::HealthCheckNodePort, Entry::Port(hc));
             features |= Features::HEALTH_CHECK_NODE_PORTS;
-            let this = HealthCheck {
-                node_port: hc,
-                local_endpoints: sel.local.len(),
-            };
-            health_check = Some(health_check.map_or(this, |h| this.merge(h)));
+            health_ips.extend(sel.health_check_ips());
+            health_check = Some(HealthCheck {
+                node_port: health_check.map_or(hc, |h| h.node_port),
+                local_endpoints: 0,
+            });
         }
     }
     for a in &addresses {
@@ -363,7 +365,10 @@ pub fn service_desired(
     }
     d.addresses = addresses;
     d.features = Features(features);
-    d.health_check = health_check;
+    d.health_check = health_check.map(|h| HealthCheck {
+        local_endpoints: health_ips.len(),
+        ..h
+    });
     d.node_dependent = node_dependent;
     Ok(Derived {
         desired: Some(d),

@@ -116,6 +116,9 @@ struct PortState {
     rendered: RenderedServicePort,
     /// Local traffic policies that leave this port without endpoints (for the metric).
     no_local: NoLocalEndpoints,
+    /// What the health-check node port counts for this port (see
+    /// [`crate::model::SelectedEndpoints::health_check_ips`]).
+    health_ips: Vec<IpAddr>,
 }
 
 /// The iptables-mode proxier of one address family.
@@ -178,12 +181,21 @@ fn ep_rules(eps: &[Endpoint]) -> Vec<EndpointRule> {
         .collect()
 }
 
+/// The iptables-mode input of one service port, with what its derivation decided besides the
+/// rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DerivedPort {
+    /// The rules' input.
+    pub rules: ServicePortRules,
+    /// Local traffic policies that leave the port without endpoints.
+    pub no_local: NoLocalEndpoints,
+    /// The local ready endpoints a health-check node port counts.
+    pub health_ips: Vec<IpAddr>,
+}
+
 /// The iptables-mode inputs of a Service's ports, and the EndpointSlices skipped as invalid
 /// (slice name, reason).
-pub type PortRules = (
-    Vec<(ServicePortRules, NoLocalEndpoints)>,
-    Vec<(String, Invalid)>,
-);
+pub type PortRules = (Vec<DerivedPort>, Vec<(String, Invalid)>);
 
 /// The iptables-mode input of every port of one Service (`Ok(vec![])` when the proxy does not
 /// handle it), with the EndpointSlices skipped as invalid.
@@ -214,7 +226,7 @@ pub fn service_port_rules(
         let mut both = sp.clone();
         both.internal_local = false;
         both.external_local = false;
-        let sel = select_endpoints(&both, &merged.endpoints, node.zone.as_deref());
+        let sel = select_endpoints(&both, &merged.endpoints, &node.name, node.zone.as_deref());
         let no_local = NoLocalEndpoints::of(
             sp.internal_local,
             sp.external_local,
@@ -243,7 +255,11 @@ pub fn service_port_rules(
             cluster_endpoints: ep_rules(&sel.cluster),
             local_endpoints: ep_rules(&sel.local),
         };
-        out.push((rules, no_local));
+        out.push(DerivedPort {
+            rules,
+            no_local,
+            health_ips: sel.health_check_ips().collect(),
+        });
     }
     Ok((out, rejected))
 }
@@ -369,12 +385,13 @@ impl IptablesProxier {
                             }
                             let mut states = Vec::with_capacity(ports.len());
                             let mut bad = None;
-                            for (p, no_local) in ports {
-                                match proxy_mode::render_service_port(mode, &p) {
+                            for p in ports {
+                                match proxy_mode::render_service_port(mode, &p.rules) {
                                     Ok(r) => states.push(PortState {
-                                        rules: p,
+                                        rules: p.rules,
                                         rendered: r,
-                                        no_local,
+                                        no_local: p.no_local,
+                                        health_ips: p.health_ips,
                                     }),
                                     Err(e) => bad = Some(Invalid::new(e.to_string())),
                                 }
@@ -695,17 +712,22 @@ impl Backend for IptablesProxier {
     fn health_checks(&self) -> BTreeMap<ServiceName, HealthCheck> {
         let mut out: BTreeMap<ServiceName, HealthCheck> = BTreeMap::new();
         for (name, ports) in &self.services {
-            for r in ports.iter().map(|p| &p.rules) {
-                let Some(node_port) = r.health_check_node_port else {
-                    continue;
-                };
-                let this = HealthCheck {
-                    node_port,
-                    local_endpoints: r.local_endpoints.len(),
-                };
-                out.entry(name.clone())
-                    .and_modify(|h| *h = this.merge(*h))
-                    .or_insert(this);
+            let mut node_port = None;
+            let mut ips: BTreeSet<IpAddr> = BTreeSet::new();
+            for p in ports {
+                if let Some(np) = p.rules.health_check_node_port {
+                    node_port.get_or_insert(np);
+                    ips.extend(p.health_ips.iter().copied());
+                }
+            }
+            if let Some(node_port) = node_port {
+                out.insert(
+                    name.clone(),
+                    HealthCheck {
+                        node_port,
+                        local_endpoints: ips.len(),
+                    },
+                );
             }
         }
         out

@@ -355,6 +355,9 @@ pub struct Endpoint {
     pub node_name: Option<String>,
     /// `hints.forZones` (None when the endpoint carries no zone hints).
     pub zone_hints: Option<BTreeSet<String>>,
+    /// `hints.forNodes` (None when the endpoint carries no node hints): set by the
+    /// EndpointSlice controller for `trafficDistribution: PreferSameNode`.
+    pub node_hints: Option<BTreeSet<String>>,
     /// `conditions.ready` (unset = true).
     pub ready: bool,
     /// `conditions.serving` (unset = ready).
@@ -458,7 +461,12 @@ pub fn service_ports(svc: &Service, cfg: &ProxyConfig) -> Result<Vec<ServicePort
             .as_ref()
             .and_then(|s| s.load_balancer.as_ref())
             .and_then(|lb| lb.ingress.as_ref())
-            .map(|v| v.iter().filter_map(|i| i.ip.as_deref()).collect())
+            .map(|v| {
+                v.iter()
+                    .filter(|i| is_vip_mode(i))
+                    .filter_map(|i| i.ip.as_deref())
+                    .collect()
+            })
             .unwrap_or_default()
     } else {
         Vec::new()
@@ -732,6 +740,12 @@ pub fn endpoints(
                 .and_then(|h| h.for_zones.as_ref())
                 .filter(|z| !z.is_empty())
                 .map(|z| z.iter().map(|z| z.name.clone()).collect::<BTreeSet<_>>());
+            let node_hints = ep
+                .hints
+                .as_ref()
+                .and_then(|h| h.for_nodes.as_ref())
+                .filter(|n| !n.is_empty())
+                .map(|n| n.iter().map(|n| n.name.clone()).collect::<BTreeSet<_>>());
             // Only the first address counts (the API's rule for EndpointSlices).
             let Some(ip) = ep.addresses.first().and_then(|a| a.parse::<IpAddr>().ok()) else {
                 continue;
@@ -741,6 +755,7 @@ pub fn endpoints(
                 port: tport,
                 node_name: ep.node_name.clone(),
                 zone_hints,
+                node_hints,
                 ready,
                 serving,
                 terminating,
@@ -790,24 +805,82 @@ pub struct SelectedEndpoints {
     pub no_local: NoLocalEndpoints,
 }
 
-/// True when topology hints may be used: the node has a zone, every ready endpoint has zone
-/// hints, and at least one is hinted for this zone.
-fn use_topology(eps: &[Endpoint], zone: Option<&str>) -> bool {
-    let Some(zone) = zone else { return false };
-    let mut for_zone = false;
+impl SelectedEndpoints {
+    /// The endpoints a health-check node port counts for this port: local and ready, never
+    /// serving-terminating ones (those may still carry traffic, but a node with only
+    /// terminating endpoints must fail the load balancer's check). Upstream:
+    /// `EndpointsMap.LocalReadyEndpoints` / `getLocalReadyEndpointIPs` (pkg/proxy/endpoints.go).
+    pub fn health_check_ips(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.local.iter().filter(|e| e.ready).map(|e| e.ip)
+    }
+}
+
+/// Whether a load-balancer ingress IP is programmed on the node (KEP-1860, GA in 1.32): `VIP`
+/// (or no `ipMode`, the default) makes it a virtual IP like an externalIP; `Proxy` means the
+/// load balancer delivers traffic to the node itself, so the IP gets no virtual server, no
+/// kube-ipvs0 address and no ipset entry. Upstream: `proxyutil.IsVIPMode`, applied in
+/// `newBaseServiceInfo` (pkg/proxy/serviceport.go), which skips non-VIP ingress IPs.
+fn is_vip_mode(ingress: &k8s_openapi::api::core::v1::LoadBalancerIngress) -> bool {
+    ingress.ip_mode.as_deref().is_none_or(|m| m == "VIP")
+}
+
+/// Which endpoint hints restrict the cluster endpoints of a service port on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopologyMode {
+    /// No restriction: every ready endpoint.
+    None,
+    /// `trafficDistribution: PreferSameNode` (hints.forNodes): endpoints hinted for this node.
+    SameNode,
+    /// Zone hints (topology-aware routing, `PreferSameZone`/`PreferClose`): endpoints hinted for
+    /// this node's zone.
+    SameZone,
+}
+
+/// The topology mode the hints allow, with upstream's fallbacks (`topologyModeFromHints`,
+/// pkg/proxy/topology.go, PreferSameTrafficDistribution GA in 1.35): node hints win when every
+/// ready endpoint has one and at least one names this node; otherwise zone hints when every ready
+/// endpoint has one and at least one names this node's zone; otherwise none.
+pub fn topology_mode(eps: &[Endpoint], node_name: &str, zone: Option<&str>) -> TopologyMode {
+    let (mut all_node, mut for_node) = (true, false);
+    let (mut all_zone, mut for_zone) = (true, false);
     for e in eps.iter().filter(|e| e.ready) {
+        match &e.node_hints {
+            None => all_node = false,
+            Some(n) => for_node |= n.contains(node_name),
+        }
         match &e.zone_hints {
-            None => return false,
-            Some(z) => for_zone |= z.contains(zone),
+            None => all_zone = false,
+            Some(z) => for_zone |= zone.is_some_and(|zn| z.contains(zn)),
         }
     }
-    for_zone
+    if all_node && for_node {
+        TopologyMode::SameNode
+    } else if all_zone && for_zone {
+        TopologyMode::SameZone
+    } else {
+        TopologyMode::None
+    }
+}
+
+impl TopologyMode {
+    /// Whether `e` may serve this node under this mode (upstream `availableForTopology`).
+    fn admits(self, e: &Endpoint, node_name: &str, zone: Option<&str>) -> bool {
+        match self {
+            TopologyMode::None => true,
+            TopologyMode::SameNode => e.node_hints.as_ref().is_some_and(|n| n.contains(node_name)),
+            TopologyMode::SameZone => e
+                .zone_hints
+                .as_ref()
+                .is_some_and(|z| zone.is_some_and(|zn| z.contains(zn))),
+        }
+    }
 }
 
 /// Kubernetes' endpoint selection for one service port.
 ///
-/// - Cluster endpoints: ready ones (restricted to this zone's hinted ones when topology
-///   applies); if none, serving-and-terminating ones.
+/// - Cluster endpoints: ready ones (restricted to those hinted for this node or this zone when
+///   [`topology_mode`] says so); if none, serving-and-terminating ones (upstream
+///   `CategorizeEndpoints`, pkg/proxy/topology.go).
 /// - Local endpoints: ready local ones; if none, serving-and-terminating local ones.
 /// - ClusterIP uses local endpoints with internalTrafficPolicy Local, else cluster endpoints.
 ///   External VIPs use local endpoints with externalTrafficPolicy Local, else cluster endpoints.
@@ -815,18 +888,13 @@ fn use_topology(eps: &[Endpoint], zone: Option<&str>) -> bool {
 pub fn select_endpoints(
     port: &ServicePort,
     eps: &[Endpoint],
+    node_name: &str,
     zone: Option<&str>,
 ) -> SelectedEndpoints {
-    let topo = use_topology(eps, zone);
+    let topo = topology_mode(eps, node_name, zone);
     let mut cluster: Vec<Endpoint> = eps
         .iter()
-        .filter(|e| e.ready)
-        .filter(|e| {
-            !topo
-                || e.zone_hints
-                    .as_ref()
-                    .is_some_and(|z| zone.is_some_and(|zn| z.contains(zn)))
-        })
+        .filter(|e| e.ready && topo.admits(e, node_name, zone))
         .cloned()
         .collect();
     if cluster.is_empty() {

@@ -125,9 +125,25 @@ pub fn parse_kernel_version(release: &str) -> Option<KernelVersion> {
     Some((major, minor, patch))
 }
 
+/// Where the running kernel's release is read from: this process's own procfs, never the
+/// sysctl root (under the DaemonSet only the host's `/proc/sys/net` is mounted there, while
+/// `/proc/sys/kernel/osrelease` of the container is the host kernel's: containers share it).
+pub const RUNNING_OSRELEASE: &str = "/proc/sys/kernel/osrelease";
+
+/// The running kernel's version, read from [`RUNNING_OSRELEASE`] (what `uname -r` prints),
+/// whatever the sysctl root is.
+pub fn running_kernel_version() -> Result<KernelVersion, SysctlError> {
+    kernel_version_from(Path::new(RUNNING_OSRELEASE))
+}
+
 /// Read the running kernel's version from `kernel/osrelease` under `root`.
 pub fn kernel_version(root: &Path) -> Result<KernelVersion, SysctlError> {
-    let path = root.join("kernel/osrelease");
+    kernel_version_from(&root.join("kernel/osrelease"))
+}
+
+/// Read a kernel version from an `osrelease` file.
+fn kernel_version_from(path: &Path) -> Result<KernelVersion, SysctlError> {
+    let path = path.to_path_buf();
     let text = std::fs::read_to_string(&path).map_err(|e| SysctlError::KernelVersion {
         path: path.clone(),
         detail: e.to_string(),

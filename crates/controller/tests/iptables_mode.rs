@@ -644,3 +644,40 @@ fn iptables_mode_cleanup_is_idempotent_and_keeps_shared_chains_on_handover() {
     let again = cleanup_iptables_mode(&mut clean, true).unwrap();
     assert!(again.is_empty() && clean.restores.is_empty());
 }
+
+/// iptables mode counts a health-check node port's endpoints like IPVS mode and upstream
+/// (`EndpointsMap.LocalReadyEndpoints`): ready local endpoints, by IP over all ports; a
+/// serving-terminating one is not counted.
+#[test]
+fn iptables_mode_health_check_counts_ready_local_endpoint_ips_like_upstream() {
+    let (s, slices) = hc_two_ports();
+    let store = synced_store(vec![s], slices);
+    let (mut p, _rec) = proxier(cfg4());
+    assert!(p.sync(&store, &addrs()).ok());
+    let hc = p.health_checks();
+    let h = hc.values().next().unwrap();
+    assert_eq!((h.node_port, h.local_endpoints), (32001, 3), "{hc:?}");
+}
+
+/// iptables mode reads the same model: a `Proxy` ingress IP gets no rule (KEP-1860, upstream
+/// `proxyutil.IsVIPMode`), a `VIP` one keeps its rules.
+#[test]
+fn iptables_mode_lb_ingress_ip_mode_proxy_gets_no_rules() {
+    let s = svc("ns", "lbm", "10.96.0.9")
+        .node_port("http", 80, "TCP", 30090)
+        .lb_ingress_modes(&[
+            ("198.51.100.8", Some("VIP")),
+            ("198.51.100.9", Some("Proxy")),
+        ])
+        .build();
+    let eps = slice("ns", "lbm", "lbm-1")
+        .port("http", 8080, "TCP")
+        .ep("10.244.1.1", NODE, C::Ready)
+        .build();
+    let store = synced_store(vec![s], vec![eps]);
+    let (mut p, rec) = proxier(cfg4());
+    assert!(p.sync(&store, &addrs()).ok());
+    let restored = rec.get().restores.join("\n");
+    assert!(restored.contains("198.51.100.8"), "{restored}");
+    assert!(!restored.contains("198.51.100.9"), "{restored}");
+}

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers
 
 use controller::source::kube::{
-    run, run_with, KubeSourceConfig, SourceHealth, PROXY_LABEL_SELECTOR,
+    proxy_label_selector, run, run_with, KubeSourceConfig, SourceHealth,
 };
 use controller::source::{Kind, Object, SourceEvent};
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -85,7 +85,7 @@ impl Replay {
 
 /// What the source should hold: the server's objects through the same selectors.
 fn expected(s: &FakeApiServer, node: &str) -> BTreeMap<Key, Object> {
-    let sel = LabelSelector::parse(PROXY_LABEL_SELECTOR).unwrap();
+    let sel = LabelSelector::parse(&proxy_label_selector()).unwrap();
     let labels_ok = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
         sel.matches(&json!({"metadata": {"labels": m.labels}}))
     };

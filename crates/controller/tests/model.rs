@@ -581,6 +581,98 @@ fn cases() -> Vec<Case> {
     c.addrs = &["10.96.0.9"];
     v.push(c);
 
+    // trafficDistribution: PreferSameNode (hints.forNodes), upstream `topologyModeFromHints`.
+    let mut c = case(
+        "topology: every endpoint node-hinted, this node's only",
+        svc("ns", "topo", "10.96.0.9")
+            .port("http", 80, "TCP")
+            .build(),
+        vec![slice("ns", "topo", "topo-1")
+            .port("http", 8080, "TCP")
+            .ep("10.244.1.1", NODE, C::Ready)
+            .node_hints(&[NODE])
+            .hints(&["zone-a"])
+            .ep("10.244.1.2", "node-b", C::Ready)
+            .node_hints(&["node-b"])
+            .hints(&["zone-a"])
+            .build()],
+    );
+    c.vs = &["tcp 10.96.0.9:80 rr -> 10.244.1.1:8080"];
+    c.addrs = &["10.96.0.9"];
+    v.push(c);
+
+    let mut c = case(
+        "topology: no endpoint hinted for this node falls back to zone hints",
+        svc("ns", "topo", "10.96.0.9")
+            .port("http", 80, "TCP")
+            .build(),
+        vec![slice("ns", "topo", "topo-1")
+            .port("http", 8080, "TCP")
+            .ep("10.244.1.1", "node-b", C::Ready)
+            .hints(&["zone-a"])
+            .node_hints(&["node-b"])
+            .ep("10.244.1.2", "node-c", C::Ready)
+            .hints(&["zone-b"])
+            .node_hints(&["node-c"])
+            .build()],
+    );
+    c.vs = &["tcp 10.96.0.9:80 rr -> 10.244.1.1:8080"];
+    c.addrs = &["10.96.0.9"];
+    v.push(c);
+
+    let mut c = case(
+        "topology: a ready endpoint without a node hint disables node hints (zone hints apply)",
+        svc("ns", "topo", "10.96.0.9")
+            .port("http", 80, "TCP")
+            .build(),
+        vec![slice("ns", "topo", "topo-1")
+            .port("http", 8080, "TCP")
+            .ep("10.244.1.1", NODE, C::Ready)
+            .hints(&["zone-b"])
+            .node_hints(&[NODE])
+            .ep("10.244.1.2", "node-c", C::Ready)
+            .hints(&["zone-a"])
+            .build()],
+    );
+    c.vs = &["tcp 10.96.0.9:80 rr -> 10.244.1.2:8080"];
+    c.addrs = &["10.96.0.9"];
+    v.push(c);
+
+    let mut c = case(
+        "topology: node hints only, none for this node, uses all",
+        svc("ns", "topo", "10.96.0.9")
+            .port("http", 80, "TCP")
+            .build(),
+        vec![slice("ns", "topo", "topo-1")
+            .port("http", 8080, "TCP")
+            .ep("10.244.1.1", "node-b", C::Ready)
+            .node_hints(&["node-b"])
+            .ep("10.244.1.2", "node-c", C::Ready)
+            .node_hints(&["node-c"])
+            .build()],
+    );
+    c.vs = &["tcp 10.96.0.9:80 rr -> 10.244.1.1:8080 10.244.1.2:8080"];
+    c.addrs = &["10.96.0.9"];
+    v.push(c);
+
+    let mut c = case(
+        "topology: a not-ready endpoint's missing node hint does not count",
+        svc("ns", "topo", "10.96.0.9")
+            .port("http", 80, "TCP")
+            .build(),
+        vec![slice("ns", "topo", "topo-1")
+            .port("http", 8080, "TCP")
+            .ep("10.244.1.1", NODE, C::Ready)
+            .node_hints(&[NODE])
+            .ep("10.244.1.2", "node-c", C::Ready)
+            .node_hints(&["node-c"])
+            .ep("10.244.1.3", "node-d", C::NotReady)
+            .build()],
+    );
+    c.vs = &["tcp 10.96.0.9:80 rr -> 10.244.1.1:8080"];
+    c.addrs = &["10.96.0.9"];
+    v.push(c);
+
     let dual = || {
         svc("ns", "dual", "10.96.0.11")
             .dual("fd00:96::11")
@@ -1207,4 +1299,82 @@ fn model_node_port_addresses_cidrs_and_primary() {
         })
         .collect();
     assert_eq!(node_port_vips, ["192.168.0.10"]);
+}
+
+/// Upstream's health-check count (`EndpointsMap.LocalReadyEndpoints` via
+/// `getLocalReadyEndpointIPs`, pkg/proxy/endpoints.go): local endpoints that are *ready*,
+/// squashed by IP over all ports of the Service. Serving-terminating endpoints are not counted
+/// (a node whose only endpoints are terminating fails the load balancer's check, so it stops
+/// sending new traffic), even though they still receive traffic as the fallback.
+#[test]
+fn model_health_check_counts_ready_local_endpoint_ips_like_upstream() {
+    let (s, slices) = hc_two_ports();
+    let refs: Vec<&EndpointSlice> = slices.iter().collect();
+    let d = service_desired(&s, &refs, &cfg4(), &node()).unwrap();
+    let hc = d.desired.unwrap().health_check.unwrap();
+    // 10.244.1.1 (both ports), 10.244.1.6 and 10.244.1.2: three IPs.
+    assert_eq!((hc.node_port, hc.local_endpoints), (32001, 3));
+
+    // Only a serving-terminating local endpoint left: it still gets traffic, the check fails.
+    let term_only = slice("ns", "hc2", "hc2-http")
+        .port("http", 8080, "TCP")
+        .ep("10.244.1.4", NODE, C::Term)
+        .ep("10.244.1.3", "node-b", C::Ready)
+        .build();
+    let d = service_desired(&s, &[&term_only], &cfg4(), &node()).unwrap();
+    let sd = d.desired.unwrap();
+    assert_eq!(sd.health_check.map(|h| h.local_endpoints), Some(0));
+    let reals: Vec<String> = sd
+        .virtual_servers
+        .values()
+        .flat_map(|vs| vs.real_servers.keys().map(|(ip, _)| ip.to_string()))
+        .collect();
+    assert!(reals.iter().any(|r| r == "10.244.1.4"), "{reals:?}");
+}
+
+/// KEP-1860 (`status.loadBalancer.ingress[].ipMode`, GA 1.32): a `Proxy` ingress IP is not a
+/// virtual IP on the node — no virtual server, no kube-ipvs0 address, no ipset entry — while
+/// `VIP` and an unset mode (the default) are programmed as before. Upstream:
+/// `proxyutil.IsVIPMode`, used by `newBaseServiceInfo` (pkg/proxy/serviceport.go).
+#[test]
+fn model_lb_ingress_ip_mode_proxy_is_not_programmed() {
+    let s = svc("ns", "lbm", "10.96.0.9")
+        .node_port("http", 80, "TCP", 30090)
+        .lb_ingress_modes(&[
+            ("1.2.3.8", Some("VIP")),
+            ("1.2.3.9", Some("Proxy")),
+            ("1.2.3.10", None),
+        ])
+        .build();
+    let eps = slice("ns", "lbm", "lbm-1")
+        .port("http", 8080, "TCP")
+        .ep("10.244.1.1", NODE, C::Ready)
+        .build();
+    let sd = service_desired(&s, &[&eps], &cfg4(), &node())
+        .unwrap()
+        .desired
+        .unwrap();
+    let vs = render_vs(&sd).join("\n");
+    assert!(vs.contains("tcp 1.2.3.8:80 "), "{vs}");
+    assert!(vs.contains("tcp 1.2.3.10:80 "), "{vs}");
+    assert!(!vs.contains("1.2.3.9"), "{vs}");
+    let addrs = render_addrs(&sd);
+    assert!(addrs.contains(&"1.2.3.8".to_string()), "{addrs:?}");
+    assert!(!addrs.contains(&"1.2.3.9".to_string()), "{addrs:?}");
+    let sets = render_sets(&sd).join("\n");
+    assert!(sets.contains("1.2.3.8"), "{sets}");
+    assert!(!sets.contains("1.2.3.9"), "{sets}");
+    // All Proxy: the Service still has its ClusterIP and NodePort, and no load-balancer VIP.
+    let proxy_only = svc("ns", "lbm", "10.96.0.9")
+        .node_port("http", 80, "TCP", 30090)
+        .lb_ingress_modes(&[("1.2.3.9", Some("Proxy"))])
+        .build();
+    let sd = service_desired(&proxy_only, &[&eps], &cfg4(), &node())
+        .unwrap()
+        .desired
+        .unwrap();
+    let vs = render_vs(&sd).join("\n");
+    assert!(vs.contains("tcp 10.96.0.9:80 "), "{vs}");
+    assert!(!vs.contains("1.2.3.9"), "{vs}");
+    assert!(!render_sets(&sd).iter().any(|e| e.contains("1.2.3.9")));
 }

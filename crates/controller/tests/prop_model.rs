@@ -214,7 +214,7 @@ proptest! {
                     .unwrap();
                 prop_assert!(validate_slice(s).is_err());
             }
-            let sel = select_endpoints(p, &merged.endpoints, None);
+            let sel = select_endpoints(p, &merged.endpoints, "node-a", None);
             for e in sel.cluster.iter().chain(&sel.local).chain(&sel.external) {
                 prop_assert!(merged.endpoints.contains(e));
             }

@@ -390,3 +390,95 @@ async fn run_fails_on_a_missing_directory() {
         .await;
     assert!(matches!(res, Err(StaticDirError::Watch { .. })), "{res:?}");
 }
+
+/// Objects labelled for another service proxy, and headless Services with their slices, are not
+/// this proxy's, whichever source reads them: the static source drops them like the Kubernetes
+/// source's label selector does (kube-proxy's informers: `!service.kubernetes.io/service-proxy-name`,
+/// `!service.kubernetes.io/headless`, cmd/kube-proxy/app/server.go).
+#[test]
+fn static_source_skips_other_proxies_and_headless_objects_like_the_kube_source() {
+    let text = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: mine}
+spec: {clusterIP: 10.96.0.1, ports: [{port: 80, protocol: TCP}]}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: theirs
+  labels: {service.kubernetes.io/service-proxy-name: other-proxy}
+spec: {clusterIP: 10.96.0.2, ports: [{port: 80, protocol: TCP}]}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: headless
+  labels: {service.kubernetes.io/headless: ""}
+spec: {clusterIP: None, ports: [{port: 80, protocol: TCP}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: headless-1
+  labels: {kubernetes.io/service-name: headless, service.kubernetes.io/headless: ""}
+addressType: IPv4
+endpoints: [{addresses: [10.244.0.5], conditions: {ready: true}}]
+ports: [{port: 80, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: mine-1
+  labels: {kubernetes.io/service-name: mine}
+addressType: IPv4
+endpoints: [{addresses: [10.244.0.6], conditions: {ready: true}}]
+ports: [{port: 80, protocol: TCP}]
+"#;
+    let objs = static_dir::parse_file(Path::new("proxies.yaml"), text).unwrap();
+    let svcs: Vec<_> = objs
+        .services
+        .iter()
+        .map(|s| s.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(svcs, vec!["mine"]);
+    let slices: Vec<_> = objs
+        .endpoint_slices
+        .iter()
+        .map(|s| s.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(slices, vec!["mine-1"]);
+    assert!(objs.warnings.is_empty(), "{:?}", objs.warnings);
+}
+
+/// The static source's predicate and the Kubernetes source's label selector (evaluated by the
+/// fake API server's selector, which follows the API server's rules) agree on every combination
+/// of the excluding labels, with any value, beside unrelated labels.
+#[test]
+fn handled_by_proxy_agrees_with_the_kube_label_selector() {
+    use controller::source::{handled_by_proxy, kube::proxy_label_selector};
+    use std::collections::BTreeMap;
+    let sel = testkit::apiserver::LabelSelector::parse(&proxy_label_selector()).unwrap();
+    let keys = [
+        "service.kubernetes.io/service-proxy-name",
+        "service.kubernetes.io/headless",
+        "app",
+    ];
+    for mask in 0..(1u8 << keys.len()) {
+        for value in ["", "x"] {
+            let labels: BTreeMap<String, String> = keys
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| mask & (1 << i) != 0)
+                .map(|(_, k)| (k.to_string(), value.to_string()))
+                .collect();
+            let obj = serde_json::json!({"metadata": {"labels": labels}});
+            assert_eq!(
+                handled_by_proxy(Some(&labels)),
+                sel.matches(&obj),
+                "{labels:?}"
+            );
+        }
+    }
+    assert!(handled_by_proxy(None));
+}

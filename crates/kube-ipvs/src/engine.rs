@@ -93,9 +93,21 @@ pub fn rules_config(config: &Config, random_fully: bool) -> RulesConfig {
 
 /// Sets the sysctls IPVS mode needs under `root` (normally `/proc/sys`). Failures are logged:
 /// the proxy still works without most of them.
+///
+/// The kernel version that decides `conn_reuse_mode` is the running kernel's, read from this
+/// process's own `/proc/sys/kernel/osrelease` (the host kernel's in a container), not from under
+/// `root`: the DaemonSet mounts only the host's `/proc/sys/net` there. Upstream reads the same
+/// file (`utilkernel.GetVersion` in pkg/util/kernel, `/proc/sys/kernel/osrelease`), called from
+/// the IPVS proxier's `NewProxier` for the conn_reuse_mode decision.
 pub fn apply_sysctls(root: &Path, strict_arp: bool) {
-    let kernel = match controller::sysctl::kernel_version(root) {
-        Ok(k) => k,
+    let kernel = match controller::sysctl::running_kernel_version() {
+        Ok(k) => {
+            tracing::info!(
+                kernel = %format!("{}.{}.{}", k.0, k.1, k.2),
+                "kernel version for the IPVS sysctls (conn_reuse_mode)"
+            );
+            k
+        }
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the kernel version; conn_reuse_mode left alone");
             (9999, 0, 0)

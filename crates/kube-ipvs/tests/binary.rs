@@ -478,3 +478,70 @@ fn netns_iptables_mode_plan_is_what_iptables_restore_takes() {
         }
     });
 }
+
+/// The DaemonSet mounts only the host's `/proc/sys/net` at `/host/proc/sys/net` and passes
+/// `--sysctl-root=/host/proc/sys` (deploy/daemonset.yaml). The kernel version that decides
+/// `net/ipv4/vs/conn_reuse_mode` must still be the running kernel's: upstream reads
+/// `/proc/sys/kernel/osrelease` (`utilkernel.GetVersion`, pkg/util/kernel) from its own procfs,
+/// not from the mounted tree. Here the same mount is made with a bind mount, the IPVS sysctls are
+/// reset first, and the run must set them through the mount and take the conn_reuse_mode
+/// decision for this kernel (issue #17, item 2).
+#[test]
+#[ignore = "vm"]
+fn vm_daemonset_mounts_decide_conn_reuse_mode_from_the_running_kernel() {
+    assert!(kernel_has_ipvs(), "the VM kernel should have IPVS loaded");
+    common::in_netns("kipvs-vm-sysroot", || async {
+        let base = std::env::temp_dir().join(format!("kube-ipvs-sysroot-{}", std::process::id()));
+        let net = base.join("host/proc/sys/net");
+        std::fs::create_dir_all(&net).unwrap();
+        let mounted = Command::new("mount")
+            .args(["-o", "bind", "/proc/sys/net", net.to_str().unwrap()])
+            .status()
+            .unwrap();
+        assert!(mounted.success(), "bind mount of /proc/sys/net");
+        // Values kube-ipvs must change (conntrack) and the one it decides on (conn_reuse_mode).
+        std::fs::write("/proc/sys/net/ipv4/vs/conntrack", "0").unwrap();
+        std::fs::write("/proc/sys/net/ipv4/vs/conn_reuse_mode", "1").unwrap();
+        let sysctl_root = base.join("host/proc/sys");
+        let ex = examples();
+        let out = run_once(
+            ex.to_str().unwrap(),
+            &[
+                "--ipvs-fallback=false",
+                &format!("--sysctl-root={}", sysctl_root.display()),
+            ],
+        );
+        let err = text(&out.stderr);
+        let conntrack = std::fs::read_to_string("/proc/sys/net/ipv4/vs/conntrack").unwrap();
+        let reuse = std::fs::read_to_string("/proc/sys/net/ipv4/vs/conn_reuse_mode").unwrap();
+        let _ = Command::new("umount").arg(&net).status();
+        let _ = std::fs::remove_dir_all(&base);
+        assert!(out.status.success(), "{err}");
+        // Written through the DaemonSet's mount.
+        assert_eq!(conntrack.trim(), "1", "{err}");
+        // The decision was taken with the running kernel's version, never skipped.
+        assert!(!err.contains("cannot read the kernel version"), "{err}");
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+        let mut parts = release.trim().split(|c: char| !c.is_ascii_digit());
+        let (major, minor): (u32, u32) = (
+            parts.next().unwrap().parse().unwrap(),
+            parts.next().unwrap().parse().unwrap(),
+        );
+        assert!(
+            err.contains(&format!("kernel={major}.{minor}.")),
+            "no kernel version decision logged for {release}: {err}"
+        );
+        if (major, minor) >= (5, 9) {
+            // Upstream leaves the kernel default on kernels with the fix.
+            assert!(err.contains("has the conn_reuse_mode fix"), "{err}");
+            assert_eq!(reuse.trim(), "1", "{err}");
+        } else {
+            assert_eq!(reuse.trim(), "0", "{err}");
+        }
+        println!(
+            "kernel {}: conn_reuse_mode={}",
+            release.trim(),
+            reuse.trim()
+        );
+    });
+}

@@ -1,7 +1,7 @@
 //! The Kubernetes source: kube-runtime watchers for Services, EndpointSlices and this Node.
 //!
 //! Three watchers run side by side: Services and EndpointSlices with the proxy label selector
-//! ([`PROXY_LABEL_SELECTOR`], like kube-proxy's informers), and this node's Node object by
+//! ([`proxy_label_selector`], like kube-proxy's informers), and this node's Node object by
 //! `metadata.name`. Their events become [`SourceEvent`]s: a (re)list is `Init`, `InitApply`…,
 //! `InitDone`; live changes are `Apply`/`Delete`. Every watcher error (410 Gone, a dropped
 //! connection, the API server being away) is recoverable: it is logged, counted in
@@ -25,9 +25,15 @@ use std::time::Instant;
 use tokio::sync::{mpsc, watch};
 
 /// The label selector kube-proxy uses for Services and EndpointSlices: skip objects owned by
-/// another proxy and headless services.
-pub const PROXY_LABEL_SELECTOR: &str =
-    "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
+/// another proxy and headless services (`!key` for each of
+/// [`super::PROXY_EXCLUDING_LABELS`], which the static source applies too).
+pub fn proxy_label_selector() -> String {
+    super::PROXY_EXCLUDING_LABELS
+        .iter()
+        .map(|k| format!("!{k}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
 
 /// The annotation kubectl stores a full copy of the object in; dropped to save memory.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -213,7 +219,7 @@ pub async fn run_with(
     health: watch::Sender<SourceHealth>,
 ) {
     let base = config.watcher_config();
-    let selected = base.clone().labels(PROXY_LABEL_SELECTOR);
+    let selected = base.clone().labels(&proxy_label_selector());
     let node = base.fields(&format!("metadata.name={}", config.node_name));
     let mut streams: SelectAll<BoxStream<'static, Item>> = SelectAll::new();
     streams.push(kind_stream(

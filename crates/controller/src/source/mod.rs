@@ -12,6 +12,34 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 pub mod kube;
 pub mod static_dir;
 
+/// The labels that take a Service or EndpointSlice away from this proxy: one naming another
+/// service proxy, and the one the EndpointSlice controller and API put on headless Services and
+/// their slices. kube-proxy's informers select `!L` for each (`newServiceInformer`/
+/// `NewInformerFactoryWithOptions` with `labelSelector` in cmd/kube-proxy/app/server.go). The
+/// Kubernetes source sends them as a label selector ([`kube::proxy_label_selector`]); the static
+/// source applies [`handled_by_proxy`]: one list, two uses.
+pub const PROXY_EXCLUDING_LABELS: [&str; 2] = [
+    "service.kubernetes.io/service-proxy-name",
+    "service.kubernetes.io/headless",
+];
+
+/// Whether an object with these labels is handled by this proxy: none of
+/// [`PROXY_EXCLUDING_LABELS`] is present (whatever its value, like the `!key` selector).
+pub fn handled_by_proxy(labels: Option<&std::collections::BTreeMap<String, String>>) -> bool {
+    labels.is_none_or(|l| PROXY_EXCLUDING_LABELS.iter().all(|k| !l.contains_key(*k)))
+}
+
+/// The label that excludes an object from this proxy, if any (for messages).
+pub fn excluding_label(
+    labels: Option<&std::collections::BTreeMap<String, String>>,
+) -> Option<&'static str> {
+    let l = labels?;
+    PROXY_EXCLUDING_LABELS
+        .iter()
+        .copied()
+        .find(|k| l.contains_key(*k))
+}
+
 /// The kinds of object the proxy watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Kind {

@@ -226,6 +226,10 @@ fn add_object(
             svc.metadata
                 .namespace
                 .get_or_insert_with(|| "default".into());
+            if let Some(label) = super::excluding_label(svc.metadata.labels.as_ref()) {
+                tracing::info!(object = %where_(), label, "Service not handled by this proxy");
+                return Ok(());
+            }
             out.services.push(svc);
         }
         "EndpointSlice" => {
@@ -237,6 +241,10 @@ fn add_object(
             eps.metadata
                 .namespace
                 .get_or_insert_with(|| "default".into());
+            if let Some(label) = super::excluding_label(eps.metadata.labels.as_ref()) {
+                tracing::info!(object = %where_(), label, "EndpointSlice not handled by this proxy");
+                return Ok(());
+            }
             let has_label = eps
                 .metadata
                 .labels
