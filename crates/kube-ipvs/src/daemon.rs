@@ -239,6 +239,12 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         "starting kube-ipvs {}",
         env!("CARGO_PKG_VERSION")
     );
+    // The configuration as started with: a later change of the file restarts the daemon.
+    let config_bytes = config
+        .config_file
+        .as_ref()
+        .and_then(|f| std::fs::read(f).ok());
+    let restart = crate::config_watch::restart_requested(config.config_file.clone(), config_bytes);
     apply_oom_score_adj(config.oom_score_adj);
     // kube-proxy's conntrack settings, in both modes, before anything is programmed: a value
     // that must change and cannot stops the start like upstream.
@@ -398,10 +404,19 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         }
     };
     let mut tick = tokio::time::interval(std::time::Duration::from_millis(50));
+    let mut restart = Box::pin(restart);
     let result = loop {
         tokio::select! {
             sig = &mut signal => {
                 tracing::info!("{sig}: stopping (IPVS, addresses and rules stay in place)");
+                break Ok(());
+            }
+            why = &mut restart => {
+                tracing::info!(
+                    reason = %why,
+                    "restart requested: stopping with exit 0 so the DaemonSet starts kube-ipvs \
+                     with the new configuration (IPVS, addresses and rules stay in place)"
+                );
                 break Ok(());
             }
             _ = tick.tick() => {

@@ -5,6 +5,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod config_watch;
 pub mod daemon;
 pub mod duration;
 pub mod engine;

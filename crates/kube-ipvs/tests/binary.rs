@@ -545,3 +545,77 @@ fn vm_daemonset_mounts_decide_conn_reuse_mode_from_the_running_kernel() {
         );
     });
 }
+
+/// Upstream kube-proxy stops when its `--config` file changes so the DaemonSet restarts it with
+/// the new file (`ProxyServer.Run`'s fsnotify watcher, cmd/kube-proxy/app/server.go). kube-ipvs
+/// does the same with exit 0 (issue #17, item 12), after a ConfigMap-style atomic swap of the
+/// file's content; SIGHUP asks for the same restart explicitly.
+#[test]
+#[ignore = "netns"]
+fn netns_config_change_and_sighup_stop_the_daemon_with_exit_0() {
+    common::in_netns("kipvs-cfgchg", || async {
+        let dir = std::env::temp_dir().join(format!("kube-ipvs-cfgchg-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("config.conf");
+        let conf = |bit: u32| {
+            format!(
+                "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+                 iptables:\n  masqueradeBit: {bit}\n"
+            )
+        };
+        std::fs::write(&file, conf(14)).unwrap();
+        let ex = examples();
+        for trigger in ["config", "sighup"] {
+            let hz = format!("127.0.0.1:{}", free_port());
+            let m = format!("127.0.0.1:{}", free_port());
+            let config_arg = format!("--config={}", file.display());
+            let mut args = daemon_args(ex.to_str().unwrap(), &hz, &m);
+            args.push(&config_arg);
+            let child = Command::new(BIN)
+                .args(&args)
+                .env_remove("RUST_LOG")
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut d = Daemon(child);
+            wait_for(
+                m.parse().unwrap(),
+                "/metrics",
+                "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            )
+            .await;
+            if trigger == "config" {
+                // Same content rewritten: nothing happens; new content: restart.
+                std::fs::write(dir.join(".tmp"), conf(14)).unwrap();
+                std::fs::rename(dir.join(".tmp"), &file).unwrap();
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                assert!(
+                    d.0.try_wait().unwrap().is_none(),
+                    "identical content stopped the daemon"
+                );
+                std::fs::write(dir.join(".tmp"), conf(15)).unwrap();
+                std::fs::rename(dir.join(".tmp"), &file).unwrap();
+            } else {
+                let pid = d.0.id().to_string();
+                assert!(Command::new("kill")
+                    .args(["-HUP", &pid])
+                    .status()
+                    .unwrap()
+                    .success());
+            }
+            let out = d.0.wait_with_output_ref();
+            assert_eq!(out.0.code(), Some(0), "{trigger}: stderr:\n{}", out.1);
+            assert!(out.1.contains("restart requested"), "{trigger}: {}", out.1);
+            let reason = if trigger == "config" {
+                "changed"
+            } else {
+                "SIGHUP"
+            };
+            assert!(out.1.contains(reason), "{trigger}: {}", out.1);
+            std::fs::write(&file, conf(14)).unwrap();
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
