@@ -138,7 +138,7 @@ fn kernel_support_problem(stderr: &str) -> Option<String> {
 /// iptables' message when it stopped waiting for the xtables lock ("Another app is currently
 /// holding the xtables lock. Stopped waiting after 5s.").
 fn lock_held(stderr: &str) -> bool {
-    stderr.contains("holding the xtables lock")
+    stderr.contains("holding the xtables lock") || stderr.contains("Stopped waiting after")
 }
 
 /// Find the failing line in iptables-restore's error output (`line N failed` when COMMIT fails,
