@@ -100,7 +100,8 @@ pub fn run(
     });
     // Its own process group: a timeout kills whatever it started too.
     cmd.process_group(0);
-    let deadline = Instant::now() + timeout;
+    // `None`: a limit too far in the future to represent, i.e. none.
+    let deadline = Instant::now().checked_add(timeout);
     let child = cmd.spawn().map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             let binary = if netns.is_some() { "ip" } else { &prog };
@@ -164,12 +165,12 @@ fn read_all(
 }
 
 /// Feeds `stdin`, collects the output and reaps `child` from helper threads (which own the
-/// pipes and the child), until `deadline`; past it, kills the child's process group and waits
-/// (at most [`REAP_GRACE`]) for the waiting thread to reap the child.
+/// pipes and the child), until `deadline` (`None`: no deadline); past it, kills the child's
+/// process group and waits (at most [`REAP_GRACE`]) for the waiting thread to reap the child.
 fn supervise(
     mut child: Child,
     stdin: Option<&str>,
-    deadline: Instant,
+    deadline: Option<Instant>,
 ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), Stop> {
     let pgid = i32::try_from(child.id()).ok().map(Pid::from_raw);
     if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
@@ -190,8 +191,11 @@ fn supervise(
     });
     let (mut status, mut stdout, mut stderr) = (None, None, None);
     while status.is_none() || stdout.is_none() || stderr.is_none() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
+        let event = match deadline {
+            Some(d) => rx.recv_timeout(d.saturating_duration_since(Instant::now())),
+            None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+        };
+        match event {
             Ok(Event::Stdout(b)) => stdout = Some(b),
             Ok(Event::Stderr(b)) => stderr = Some(b),
             Ok(Event::Exited(r)) => status = Some(r.map_err(Stop::Io)?),
@@ -334,6 +338,12 @@ mod tests {
         assert!(out.success);
         assert_eq!(out.stdout.len(), input.len());
         assert_eq!(out.stdout, input.as_bytes());
+    }
+
+    #[test]
+    fn a_limit_too_large_to_represent_means_none() {
+        let out = run(None, OsStr::new("true"), &[], None, Duration::MAX).unwrap();
+        assert!(out.success);
     }
 
     #[test]
