@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use ipvs_netlink::netlink::{Pending, Socket, SocketProtocol};
 
@@ -34,13 +35,30 @@ const WANT_RCVBUF: usize = 1024 * 1024;
 /// bytes); its skb truesize stays below this.
 const BUDGET_PER_REPLY: usize = 3072;
 
-/// How `ipset` is started: which binary, and optionally inside `ip netns exec NAME`.
+/// How long one `ipset` process may run by default before it is killed (with its process
+/// group) and the call fails with [`Error::Timeout`].
+///
+/// Why 30 s: the slowest call is a first sync's `ipset restore` of every member. Measured on
+/// the 2-core host: 100,000 `hash:ip,port` members restored in 0.71 s and saved in 0.40 s; in
+/// the benchmark (docs/benchmarks.md, P5) 10,000 members took 4.1 s in the emulated (TCG)
+/// test VM, which is tens of times slower than hardware. Thirty seconds leaves room for that on a
+/// slow or loaded node, so only an `ipset` that is stuck (a kernel lock, a hung
+/// `ip netns exec`) hits it, and it is no longer than the default `syncPeriod`, so a stuck
+/// process fails its sync before the next one is due. Upstream kube-proxy runs ipset with no
+/// limit at all. `--ipset-timeout` changes it.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How `ipset` is started: which binary, optionally inside `ip netns exec NAME`, and how long
+/// one process may run.
 #[derive(Debug, Clone)]
 pub struct Runner {
     /// The ipset program (looked up in `PATH` when it has no `/`).
     pub ipset: PathBuf,
     /// Run inside this named network namespace (via `ip netns exec`).
     pub netns: Option<String>,
+    /// Time limit of one process (default [`DEFAULT_TIMEOUT`]): past it the process (with its
+    /// process group) is killed and the call fails with [`Error::Timeout`].
+    pub timeout: Duration,
 }
 
 impl Default for Runner {
@@ -48,6 +66,7 @@ impl Default for Runner {
         Runner {
             ipset: PathBuf::from("ipset"),
             netns: None,
+            timeout: DEFAULT_TIMEOUT,
         }
     }
 }
@@ -66,8 +85,20 @@ impl Runner {
         }
     }
 
+    /// The same runner with another time limit per process.
+    pub fn with_timeout(mut self, timeout: Duration) -> Runner {
+        self.timeout = timeout;
+        self
+    }
+
     fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<Output> {
-        let out = process::run(self.netns.as_deref(), self.ipset.as_os_str(), args, stdin)?;
+        let out = process::run(
+            self.netns.as_deref(),
+            self.ipset.as_os_str(),
+            args,
+            stdin,
+            self.timeout,
+        )?;
         if !out.success {
             if let Some(k) = kernel_support_problem(&out.stderr) {
                 return Err(Error::KernelSupport(k));
@@ -643,10 +674,44 @@ mod tests {
     fn missing_binary_is_a_clear_error() {
         let ipset = Ipset::new(Runner {
             ipset: PathBuf::from("/nonexistent/ipset-kube-ipvs-test"),
-            netns: None,
+            ..Runner::default()
         });
         let err = ipset.read(&[]).unwrap_err();
         assert!(matches!(err, Error::MissingBinary { .. }), "{err}");
         assert!(err.to_string().contains("ipset-kube-ipvs-test"), "{err}");
+    }
+
+    /// An `ipset` that hangs (a script standing in for the program): every kind of call
+    /// fails with a timeout naming the command, instead of blocking the sync.
+    #[test]
+    fn hanging_ipset_times_out() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("kube-ipvs-ipset-hang-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fake = dir.join("ipset");
+        std::fs::write(&fake, "#!/bin/sh\nexec sleep 60\n").unwrap();
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let limit = Duration::from_millis(300);
+        let ipset = Ipset::new(
+            Runner {
+                ipset: fake.clone(),
+                ..Runner::default()
+            }
+            .with_timeout(limit),
+        )
+        .with_netlink_threshold(0);
+        let err = ipset.read(&[]).unwrap_err();
+        assert!(
+            matches!(&err, Error::Timeout { command, limit: l } if command.ends_with("ipset save") && *l == limit),
+            "{err}"
+        );
+        let mut diff = IpsetDiff::default();
+        diff.destroys.push("KUBE-TEST".to_string());
+        let err = ipset.apply(&diff).unwrap_err();
+        assert!(
+            matches!(&err, Error::Timeout { command, .. } if command.ends_with("ipset restore -exist")),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -15,7 +15,9 @@ mod set;
 mod state;
 
 pub use entry::{Entry, Protocol};
-pub use io::{netlink_eligible, ApplyReport, Ipset, Rejected, Runner, NETLINK_MAX_MEMBERS};
+pub use io::{
+    netlink_eligible, ApplyReport, Ipset, Rejected, Runner, DEFAULT_TIMEOUT, NETLINK_MAX_MEMBERS,
+};
 pub use set::{Family, SetKind, SetSpec, SetType, MAX_NAME_LEN};
 pub use state::{
     diff, parse_save, render_restore, render_save, restore_lines, EntryChange, IpsetDiff,
@@ -64,6 +66,14 @@ pub enum Error {
     /// The ipset netlink socket failed, or a kernel reply could not be read.
     #[error("ipset netlink: {0}")]
     Netlink(String),
+    /// `ipset` did not finish within its time limit ([`Runner::timeout`]); it was killed.
+    #[error("{command} did not finish within {limit:?}; killed")]
+    Timeout {
+        /// The command line.
+        command: String,
+        /// The time limit it exceeded.
+        limit: std::time::Duration,
+    },
 }
 
 impl From<process::Error> for Error {
@@ -73,6 +83,7 @@ impl From<process::Error> for Error {
                 Error::MissingBinary { binary, source }
             }
             process::Error::Io(command, source) => Error::Io { command, source },
+            process::Error::Timeout { command, limit } => Error::Timeout { command, limit },
         }
     }
 }

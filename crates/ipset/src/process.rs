@@ -1,12 +1,31 @@
 //! Running a tool: directly or inside `ip netns exec NAME`, with optional standard input, its
-//! output collected, and a program that is not installed told apart from other failures.
+//! output collected, a time limit, and a program that is not installed told apart from other
+//! failures.
 //!
 //! Shared by this crate's [`crate::Runner`] (`ipset`) and the iptables crate's runner
 //! (`iptables-save`, `iptables-restore`); each maps [`Error`] onto its own error type.
+//!
+//! Every call has a time limit. The program runs as the leader of its own process group, so a
+//! program that forks is stopped whole: when the limit passes, the group gets `SIGKILL`, the
+//! program is reaped (never left a zombie) and the call fails with [`Error::Timeout`] naming the
+//! command line and the limit. Standard input is written and standard output and error are read
+//! by helper threads, so a program that never reads its input (or never closes its output) can
+//! never block the caller past the limit.
 
 use std::ffi::OsStr;
-use std::io::Write as _;
-use std::process::{Command, Stdio};
+use std::io::{Read, Write as _};
+use std::os::unix::process::CommandExt as _;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+/// How long a killed program may take to be reaped before the call returns anyway (the
+/// waiting thread still reaps it when it finally dies: a process stuck in the kernel cannot
+/// be killed until it leaves it).
+const REAP_GRACE: Duration = Duration::from_secs(5);
 
 /// Errors starting a program or waiting for it.
 #[derive(Debug, thiserror::Error)]
@@ -17,6 +36,15 @@ pub enum Error {
     /// Starting or waiting for the shown command line failed for another reason.
     #[error("running {0}: {1}")]
     Io(String, #[source] std::io::Error),
+    /// The command did not finish within its time limit; its process group was killed and the
+    /// program reaped.
+    #[error("{command} did not finish within {limit:?}; killed")]
+    Timeout {
+        /// The command line.
+        command: String,
+        /// The time limit it exceeded.
+        limit: Duration,
+    },
 }
 
 /// A program that ran to its end (successfully or not).
@@ -33,16 +61,19 @@ pub struct Output {
 }
 
 /// Run `program args`, inside `ip netns exec NETNS` when `netns` is given, with `stdin` written
-/// to its standard input (none: `/dev/null`), and wait for it.
+/// to its standard input (none: `/dev/null`), and wait for it for at most `timeout`.
 ///
 /// A program that cannot be started because it does not exist is [`Error::MissingBinary`]: the
 /// program itself, or `ip` when entering a namespace, or the program again when `ip netns exec`
-/// reports that it could not execute it.
+/// reports that it could not execute it. A program that has not exited and closed its output
+/// within `timeout` (it, or a process it started in its process group) is killed with its
+/// whole process group and reaped: [`Error::Timeout`].
 pub fn run(
     netns: Option<&str>,
     program: &OsStr,
     args: &[&str],
     stdin: Option<&str>,
+    timeout: Duration,
 ) -> Result<Output, Error> {
     let prog = program.to_string_lossy().into_owned();
     let mut shown = String::new();
@@ -67,7 +98,11 @@ pub fn run(
     } else {
         Stdio::null()
     });
-    let mut child = cmd.spawn().map_err(|e| {
+    // Its own process group: a timeout kills whatever it started too.
+    cmd.process_group(0);
+    // `None`: a limit too far in the future to represent, i.e. none.
+    let deadline = Instant::now().checked_add(timeout);
+    let child = cmd.spawn().map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             let binary = if netns.is_some() { "ip" } else { &prog };
             Error::MissingBinary(binary.to_string(), e)
@@ -75,30 +110,247 @@ pub fn run(
             Error::Io(shown.clone(), e)
         }
     })?;
-    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        // A write error (EPIPE) means the program exited early; its stderr says why.
-        let _ = pipe.write_all(text.as_bytes());
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| Error::Io(shown.clone(), e))?;
-    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    let (status, stdout, stderr) = match supervise(child, stdin, deadline) {
+        Ok(done) => done,
+        Err(Stop::Timeout) => {
+            tracing::warn!(command = %shown, limit = ?timeout,
+                "command did not finish in time; killed its process group");
+            return Err(Error::Timeout {
+                command: shown,
+                limit: timeout,
+            });
+        }
+        Err(Stop::Io(e)) => return Err(Error::Io(shown, e)),
+    };
+    let stderr = String::from_utf8_lossy(&stderr).trim().to_string();
     // `ip netns exec` could not start the program inside the namespace.
-    if !out.status.success() && stderr.contains("exec of") && stderr.contains("No such file") {
+    if !status.success() && stderr.contains("exec of") && stderr.contains("No such file") {
         let source = std::io::Error::new(std::io::ErrorKind::NotFound, stderr);
         return Err(Error::MissingBinary(prog, source));
     }
     Ok(Output {
         command: shown,
-        success: out.status.success(),
-        stdout: out.stdout,
+        success: status.success(),
+        stdout,
         stderr,
     })
+}
+
+/// Why [`supervise`] gave up.
+enum Stop {
+    Timeout,
+    Io(std::io::Error),
+}
+
+/// What the helper threads of one call report.
+enum Event {
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
+    Exited(std::io::Result<ExitStatus>),
+}
+
+/// Reads `pipe` to its end from a helper thread and reports it through `tx`.
+fn read_all(
+    pipe: Option<impl Read + Send + 'static>,
+    tx: mpsc::SyncSender<Event>,
+    wrap: fn(Vec<u8>) -> Event,
+) {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(mut p) = pipe {
+            let _ = p.read_to_end(&mut buf);
+        }
+        let _ = tx.send(wrap(buf));
+    });
+}
+
+/// Feeds `stdin`, collects the output and reaps `child` from helper threads (which own the
+/// pipes and the child), until `deadline` (`None`: no deadline); past it, kills the child's
+/// process group and waits (at most [`REAP_GRACE`]) for the waiting thread to reap the child.
+fn supervise(
+    mut child: Child,
+    stdin: Option<&str>,
+    deadline: Option<Instant>,
+) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), Stop> {
+    let pgid = i32::try_from(child.id()).ok().map(Pid::from_raw);
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        let text = text.to_owned();
+        // A write error (EPIPE) means the program exited early (or was killed); its stderr
+        // says why.
+        std::thread::spawn(move || {
+            let _ = pipe.write_all(text.as_bytes());
+        });
+    }
+    // Exactly three events per call: a sender never blocks.
+    let (tx, rx) = mpsc::sync_channel::<Event>(3);
+    read_all(child.stdout.take(), tx.clone(), Event::Stdout);
+    read_all(child.stderr.take(), tx.clone(), Event::Stderr);
+    // The waiting thread owns the child: it reaps it whatever happens to this call.
+    std::thread::spawn(move || {
+        let _ = tx.send(Event::Exited(child.wait()));
+    });
+    let (mut status, mut stdout, mut stderr) = (None, None, None);
+    while status.is_none() || stdout.is_none() || stderr.is_none() {
+        let event = match deadline {
+            Some(d) => rx.recv_timeout(d.saturating_duration_since(Instant::now())),
+            None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+        };
+        match event {
+            Ok(Event::Stdout(b)) => stdout = Some(b),
+            Ok(Event::Stderr(b)) => stderr = Some(b),
+            Ok(Event::Exited(r)) => status = Some(r.map_err(Stop::Io)?),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                // The group outlives its leader while a member runs, so this reaches a
+                // program's children even after the program itself exited.
+                if let Some(pgid) = pgid {
+                    let _ = killpg(pgid, Signal::SIGKILL);
+                }
+                if status.is_none() {
+                    let grace = Instant::now() + REAP_GRACE;
+                    while let Ok(ev) =
+                        rx.recv_timeout(grace.saturating_duration_since(Instant::now()))
+                    {
+                        if matches!(ev, Event::Exited(_)) {
+                            break;
+                        }
+                    }
+                }
+                return Err(Stop::Timeout);
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(Stop::Io(std::io::Error::other(
+                    "a helper thread of the command ended without reporting",
+                )))
+            }
+        }
+    }
+    match (status, stdout, stderr) {
+        (Some(status), Some(stdout), Some(stderr)) => Ok((status, stdout, stderr)),
+        _ => Err(Stop::Io(std::io::Error::other("incomplete command result"))),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Far above what the quick programs here need; the timeout tests use their own.
+    const LIMIT: Duration = Duration::from_secs(60);
+
+    /// A short limit for programs that hang (they would run for 60 s).
+    const SHORT: Duration = Duration::from_millis(300);
+
+    /// The state letter of `/proc/PID/stat` (`None` when the process is gone).
+    fn proc_state(pid: u32) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // "pid (comm) S ..." — comm may contain spaces; the state follows the last ')'.
+        stat.rsplit_once(')')?.1.trim_start().chars().next()
+    }
+
+    /// Waits (bounded) until `pid` no longer runs: gone, or a zombie of another parent
+    /// (a killed grandchild is reparented; its reaping is not ours).
+    fn wait_not_running(pid: u32) -> Option<char> {
+        for _ in 0..200 {
+            match proc_state(pid) {
+                None => return None,
+                Some('Z') => return Some('Z'),
+                Some(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+        proc_state(pid)
+    }
+
+    fn pids_from(file: &std::path::Path) -> Vec<u32> {
+        std::fs::read_to_string(file)
+            .unwrap()
+            .split_whitespace()
+            .map(|p| p.parse().unwrap())
+            .collect()
+    }
+
+    fn temp_file(name: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("kube-ipvs-process-{}-{name}", std::process::id()))
+    }
+
+    #[test]
+    fn hanging_program_times_out_and_its_process_group_is_killed_and_reaped() {
+        let file = temp_file("hang");
+        let script = format!(
+            "sleep 60 & echo $$ $! > {}.tmp && mv {0}.tmp {0}; wait",
+            file.display()
+        );
+        let err = run(None, OsStr::new("sh"), &["-c", &script], None, SHORT).unwrap_err();
+        match &err {
+            Error::Timeout { command, limit } => {
+                assert!(command.starts_with("sh -c sleep 60"), "{command}");
+                assert_eq!(*limit, SHORT);
+            }
+            other => panic!("expected a timeout, got {other}"),
+        }
+        assert!(
+            err.to_string().contains("did not finish within 300ms"),
+            "{err}"
+        );
+        let pids = pids_from(&file);
+        let _ = std::fs::remove_file(&file);
+        assert_eq!(pids.len(), 2, "{pids:?}");
+        // The program itself is ours to reap: gone, not a zombie.
+        assert_eq!(proc_state(pids[0]), None, "the program was not reaped");
+        // What it started was killed with it (gone, or a zombie of init awaiting reaping).
+        assert!(
+            matches!(wait_not_running(pids[1]), None | Some('Z')),
+            "its child still runs: {:?}",
+            proc_state(pids[1])
+        );
+    }
+
+    #[test]
+    fn a_child_holding_the_output_open_after_the_program_exits_times_out_and_is_killed() {
+        let file = temp_file("orphan");
+        let script = format!(
+            "sleep 60 & echo $! > {}.tmp && mv {0}.tmp {0}; exit 0",
+            file.display()
+        );
+        let err = run(None, OsStr::new("sh"), &["-c", &script], None, SHORT).unwrap_err();
+        assert!(matches!(err, Error::Timeout { .. }), "{err}");
+        let pids = pids_from(&file);
+        let _ = std::fs::remove_file(&file);
+        assert!(
+            matches!(wait_not_running(pids[0]), None | Some('Z')),
+            "the background child still runs: {:?}",
+            proc_state(pids[0])
+        );
+    }
+
+    #[test]
+    fn program_that_never_reads_a_large_stdin_times_out() {
+        // More than a pipe holds: a writer on the calling thread would block for good.
+        let input = "x".repeat(4 << 20);
+        let err = run(None, OsStr::new("sleep"), &["60"], Some(&input), SHORT).unwrap_err();
+        assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    }
+
+    #[test]
+    fn large_input_and_output_flow_at_the_same_time() {
+        // `cat` writes while it reads: input and output both exceed a pipe's buffer.
+        let input = "0123456789abcdef\n".repeat(1 << 16);
+        let out = run(None, OsStr::new("cat"), &[], Some(&input), LIMIT).unwrap();
+        assert!(out.success);
+        assert_eq!(out.stdout.len(), input.len());
+        assert_eq!(out.stdout, input.as_bytes());
+    }
+
+    #[test]
+    fn a_limit_too_large_to_represent_means_none() {
+        let out = run(None, OsStr::new("true"), &[], None, Duration::MAX).unwrap();
+        assert!(out.success);
+    }
+
+    #[test]
+    fn missing_program_inside_a_time_limit_is_still_missing_binary() {
+        let err = run(None, OsStr::new("/nonexistent/x"), &[], Some("a"), SHORT).unwrap_err();
+        assert!(matches!(err, Error::MissingBinary(..)), "{err}");
+    }
 
     #[test]
     fn missing_program_is_missing_binary() {
@@ -107,6 +359,7 @@ mod tests {
             OsStr::new("/nonexistent/kube-ipvs-process-test"),
             &[],
             None,
+            LIMIT,
         )
         .unwrap_err();
         assert!(
@@ -122,6 +375,7 @@ mod tests {
             OsStr::new("sh"),
             &["-c", "cat; echo oops >&2; exit 3"],
             Some("hi\n"),
+            LIMIT,
         )
         .unwrap();
         assert_eq!(out.command, "sh -c cat; echo oops >&2; exit 3");

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
+use std::time::Duration;
 
 use ipset::Family;
 
@@ -10,12 +11,45 @@ use crate::backend::{parse_version, pick_backend, random_fully_supported, Backen
 use crate::rules::{RuleSet, Table};
 use crate::{Error, Result};
 
+/// Seconds `iptables-restore` waits for the xtables lock before it gives up: upstream's
+/// `WaitSecondsValue` ("5"), passed as `-w 5` (kube-proxy `pkg/util/iptables/iptables.go`,
+/// `getIPTablesRestoreWaitFlag`). Before `-w` took a value, restore waited for the lock
+/// forever.
+pub const XTABLES_WAIT_SECONDS: u32 = 5;
+
+/// Microseconds between two attempts to take the xtables lock: upstream's
+/// `WaitIntervalUsecondsValue` ("100000"), passed as `-W 100000` (same function).
+pub const XTABLES_WAIT_INTERVAL_MICROS: u32 = 100_000;
+
+/// How long one iptables program may run by default before it is killed (with its process
+/// group) and the call fails with [`Error::Timeout`]: the outer bound around the lock wait.
+///
+/// Why 30 s: a restore waits at most [`XTABLES_WAIT_SECONDS`] for the lock and then applies its
+/// payload; in the benchmark (docs/benchmarks.md) a first sync's iptables work took under a
+/// second even in the emulated test VM, and iptables mode on a large node writes tens of
+/// thousands of rules. Thirty seconds is far above both, so only a program that is stuck (not
+/// one that is slow) hits it, and it is no longer than the default `syncPeriod`, so a stuck
+/// program fails its sync before the next one is due. Upstream kube-proxy bounds only the lock
+/// wait, not the program. `--iptables-timeout` changes it.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// How programs are started: directly, or inside `ip netns exec NAME` (through
-/// [`ipset::process::run`], which the ipset crate uses too).
-#[derive(Debug, Clone, Default)]
+/// [`ipset::process::run`], which the ipset crate uses too), and how long one may run.
+#[derive(Debug, Clone)]
 pub struct Runner {
     /// Run inside this named network namespace.
     pub netns: Option<String>,
+    /// Time limit of one process (default [`DEFAULT_TIMEOUT`]).
+    pub timeout: Duration,
+}
+
+impl Default for Runner {
+    fn default() -> Self {
+        Runner {
+            netns: None,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
 }
 
 impl Runner {
@@ -28,7 +62,14 @@ impl Runner {
     pub fn in_netns(name: impl Into<String>) -> Runner {
         Runner {
             netns: Some(name.into()),
+            ..Runner::default()
         }
+    }
+
+    /// The same runner with another time limit per process.
+    pub fn with_timeout(mut self, timeout: Duration) -> Runner {
+        self.timeout = timeout;
+        self
     }
 
     /// Run `prog args` with optional stdin; returns (success, stdout, stderr, shown command).
@@ -38,7 +79,13 @@ impl Runner {
         args: &[&str],
         stdin: Option<&str>,
     ) -> Result<(bool, String, String, String)> {
-        let out = ipset::process::run(self.netns.as_deref(), OsStr::new(prog), args, stdin)?;
+        let out = ipset::process::run(
+            self.netns.as_deref(),
+            OsStr::new(prog),
+            args,
+            stdin,
+            self.timeout,
+        )?;
         Ok((
             out.success,
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -86,6 +133,12 @@ fn kernel_support_problem(stderr: &str) -> Option<String> {
     } else {
         None
     }
+}
+
+/// iptables' message when it stopped waiting for the xtables lock ("Another app is currently
+/// holding the xtables lock. Stopped waiting after 5s.").
+fn lock_held(stderr: &str) -> bool {
+    stderr.contains("holding the xtables lock") || stderr.contains("Stopped waiting after")
 }
 
 /// Find the failing line in iptables-restore's error output (`line N failed` when COMMIT fails,
@@ -235,13 +288,31 @@ impl Iptables {
         Ok(out)
     }
 
-    /// Run one `iptables-restore --noflush --wait` with `text` (a full `*table … COMMIT`
-    /// payload), unconditionally. The generic entry point other proxy modes use.
+    /// Run one `iptables-restore --noflush -w 5 -W 100000` with `text` (a full `*table …
+    /// COMMIT` payload), unconditionally. The generic entry point other proxy modes use.
+    ///
+    /// The lock flags are upstream's (`getIPTablesRestoreWaitFlag` in kube-proxy's
+    /// `pkg/util/iptables`, for iptables ≥ 1.6.2): wait at most [`XTABLES_WAIT_SECONDS`] for the
+    /// xtables lock, trying every [`XTABLES_WAIT_INTERVAL_MICROS`] µs; a lock still held then
+    /// is [`Error::LockTimeout`] (the nft backend takes no lock and ignores them). The runner's
+    /// time limit bounds the whole call: [`Error::Timeout`].
     pub fn apply_restore(&mut self, table: Table, text: &str) -> Result<()> {
         let prog = self.backend.restore_program(self.family);
-        let (ok, _, err, shown) = self.run(&prog, &["--noflush", "--wait"], Some(text))?;
+        let wait = XTABLES_WAIT_SECONDS.to_string();
+        let interval = XTABLES_WAIT_INTERVAL_MICROS.to_string();
+        let (ok, _, err, shown) = self.run(
+            &prog,
+            &["--noflush", "-w", &wait, "-W", &interval],
+            Some(text),
+        )?;
         if ok {
             return Ok(());
+        }
+        if lock_held(&err) {
+            return Err(Error::LockTimeout {
+                command: shown,
+                stderr: err,
+            });
         }
         if let Some(k) = kernel_support_problem(&err) {
             return Err(Error::KernelSupport(format!(
@@ -426,6 +497,14 @@ mod tests {
             kernel_support_problem("Couldn't load match `set':No such file or directory").is_some()
         );
         assert!(kernel_support_problem("line 3 failed").is_none());
+    }
+
+    #[test]
+    fn recognises_the_lock_message() {
+        assert!(lock_held(
+            "Another app is currently holding the xtables lock. Stopped waiting after 5s."
+        ));
+        assert!(!lock_held("iptables-restore: line 4 failed"));
     }
 
     #[test]

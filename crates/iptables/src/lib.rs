@@ -2,7 +2,7 @@
 //!
 //! Shape: [`render_ipvs_mode`] turns a pure [`IpvsModeInput`] into a [`RuleSet`] (one
 //! `iptables-restore` payload per table plus the jumps from built-in chains it needs); the IO
-//! type [`Iptables`] applies a rule set with one `iptables-restore --noflush --wait` per table
+//! type [`Iptables`] applies a rule set with one `iptables-restore --noflush -w 5 -W 100000` per table
 //! whose text changed, on the backend (nft or legacy) the node already uses.
 
 mod backend;
@@ -12,7 +12,10 @@ pub mod proxy_mode;
 mod rules;
 
 pub use backend::{parse_version, pick_backend, random_fully_supported, Backend};
-pub use io::{ApplyOutcome, Iptables, Runner};
+pub use io::{
+    ApplyOutcome, Iptables, Runner, DEFAULT_TIMEOUT, XTABLES_WAIT_INTERVAL_MICROS,
+    XTABLES_WAIT_SECONDS,
+};
 pub use ipset::Family;
 pub use ipvs_mode::{
     chains as ipvs_chains, jumps as ipvs_jumps, render_ipvs_mode, IpvsModeInput, LocalDetect,
@@ -68,6 +71,27 @@ pub enum Error {
     /// Output of an iptables program could not be understood.
     #[error("cannot parse: {0}")]
     Parse(String),
+    /// `iptables-restore` gave up waiting for the xtables lock another program holds (after
+    /// [`XTABLES_WAIT_SECONDS`], like upstream's `--wait 5`). Nothing was changed.
+    #[error(
+        "{command}: the xtables lock is held by another program (waited {}s): {stderr}",
+        XTABLES_WAIT_SECONDS
+    )]
+    LockTimeout {
+        /// The command line.
+        command: String,
+        /// Its standard error.
+        stderr: String,
+    },
+    /// An iptables program did not finish within its time limit ([`Runner::timeout`]); it was
+    /// killed.
+    #[error("{command} did not finish within {limit:?}; killed")]
+    Timeout {
+        /// The command line.
+        command: String,
+        /// The time limit it exceeded.
+        limit: std::time::Duration,
+    },
 }
 
 impl From<ipset::process::Error> for Error {
@@ -77,6 +101,7 @@ impl From<ipset::process::Error> for Error {
                 Error::MissingBinary { binary, source }
             }
             ipset::process::Error::Io(command, source) => Error::Io { command, source },
+            ipset::process::Error::Timeout { command, limit } => Error::Timeout { command, limit },
         }
     }
 }

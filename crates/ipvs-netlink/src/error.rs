@@ -96,6 +96,15 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The kernel did not answer in time: a blocking receive waited its whole time limit
+    /// (`SO_RCVTIMEO`, see [`crate::netlink::Socket::set_recv_timeout`]) for a datagram.
+    #[error("netlink socket {what}: no answer from the kernel within {after:?}")]
+    Timeout {
+        /// Which call timed out.
+        what: &'static str,
+        /// The time limit.
+        after: std::time::Duration,
+    },
     /// A kernel reply ended before a header or attribute it announced.
     #[error("truncated netlink data: {0}")]
     Truncated(&'static str),
@@ -154,6 +163,11 @@ impl Error {
     /// True for EINVAL.
     pub fn is_invalid(&self) -> bool {
         self.errno() == Some(libc_errno::EINVAL)
+    }
+
+    /// True when a blocking receive gave up waiting for the kernel ([`Error::Timeout`]).
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::Timeout { .. })
     }
 
     /// True when a receive failed with ENOBUFS: the socket's receive buffer overflowed and

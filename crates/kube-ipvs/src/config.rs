@@ -92,6 +92,13 @@ pub struct KubeClientConfig {
     pub qps: f64,
     /// Client-side burst.
     pub burst: u32,
+    /// Time limit of connecting to the API server ([`crate::daemon::KUBE_CONNECT_TIMEOUT`]).
+    pub connect_timeout: Duration,
+    /// Time limit of writing one request ([`crate::daemon::KUBE_WRITE_TIMEOUT`]).
+    pub write_timeout: Duration,
+    /// Longest silence of the API server on a request in flight
+    /// ([`crate::daemon::KUBE_READ_TIMEOUT`]; above the server-side watch timeout).
+    pub read_timeout: Duration,
 }
 
 /// IPVS settings (`ipvs.*`).
@@ -171,6 +178,10 @@ pub struct Config {
     pub cleanup: bool,
     /// Longest time a removed TCP real server is drained.
     pub drain_timeout: Duration,
+    /// Time limit of one `ipset` process (`--ipset-timeout`).
+    pub ipset_timeout: Duration,
+    /// Time limit of one `iptables-save` / `iptables-restore` (`--iptables-timeout`).
+    pub iptables_timeout: Duration,
     /// Root of the sysctl tree (`--sysctl-root`, default `/proc/sys`).
     pub sysctl_root: PathBuf,
     /// Root of sysfs (`--sysfs-root`, default `/sys`).
@@ -781,6 +792,9 @@ fn build(
         master: (!master.is_empty()).then_some(master),
         qps,
         burst,
+        connect_timeout: crate::daemon::KUBE_CONNECT_TIMEOUT,
+        write_timeout: crate::daemon::KUBE_WRITE_TIMEOUT,
+        read_timeout: crate::daemon::KUBE_READ_TIMEOUT,
     };
 
     // Logging.
@@ -826,6 +840,14 @@ fn build(
     // kube-ipvs's own.
     let source_dir = cx.string("source-dir");
     let drain_timeout = cx.duration("drain-timeout");
+    let ipset_timeout = cx.duration("ipset-timeout");
+    if ipset_timeout.is_zero() {
+        cx.err("ipset-timeout", "must be greater than 0");
+    }
+    let iptables_timeout = cx.duration("iptables-timeout");
+    if iptables_timeout.is_zero() {
+        cx.err("iptables-timeout", "must be greater than 0");
+    }
     let sysctl_root = cx.string("sysctl-root");
     let sysfs_root = cx.string("sysfs-root");
     let config_file = cx.string("config");
@@ -857,6 +879,8 @@ fn build(
         once,
         cleanup,
         drain_timeout,
+        ipset_timeout,
+        iptables_timeout,
         sysctl_root: PathBuf::from(if sysctl_root.is_empty() {
             "/proc/sys"
         } else {

@@ -10,6 +10,7 @@
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use controller::source::static_dir::StaticDirSource;
 use controller::source::{Kind, Object, SourceEvent};
@@ -157,8 +158,28 @@ impl Daemon {
     }
 }
 
+/// Time limit of connecting to the API server (TCP and TLS): kube-rs's default, and the
+/// dialer timeout client-go (upstream kube-proxy's client) uses.
+pub const KUBE_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Time limit of writing one request to the API server (kube-rs's default is 295 s; a request
+/// is a few kilobytes, so a write that stalls this long is a dead connection).
+pub const KUBE_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Longest time without any byte from the API server on a connection with a request in flight
+/// (counted from the request's write: `reset_reader_on_write`, as kube-rs recommends with a
+/// read timeout).
+///
+/// It must exceed the server-side watch timeout (kube-runtime's default 290 s, which
+/// kube-ipvs keeps): a quiet watch legitimately sends nothing until the server closes it, and
+/// kube-runtime's own watch idle timeout (290 s + 5 s) must fire first, so a watch reconnects
+/// cleanly. So 300 s: it is the backstop for everything else (the initial lists, Event posts)
+/// against an API server that accepted a request and never answers it.
+pub const KUBE_READ_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// Builds a Kubernetes client: `--kubeconfig` file, else in-cluster / `$KUBECONFIG` inference;
-/// `--master` overrides the server URL.
+/// `--master` overrides the server URL. Connections get the configured connect, write and read
+/// timeouts (by default [`KUBE_CONNECT_TIMEOUT`], [`KUBE_WRITE_TIMEOUT`], [`KUBE_READ_TIMEOUT`]).
 pub async fn kube_client(cfg: &KubeClientConfig) -> Result<kube::Client> {
     let kerr = |e: &dyn std::fmt::Display| Error::Kube(e.to_string());
     let mut config = match (&cfg.kubeconfig, &cfg.master) {
@@ -176,6 +197,10 @@ pub async fn kube_client(cfg: &KubeClientConfig) -> Result<kube::Client> {
             .parse()
             .map_err(|e| Error::Kube(format!("--master {master:?}: {e}")))?;
     }
+    config.connect_timeout = Some(cfg.connect_timeout);
+    config.write_timeout = Some(cfg.write_timeout);
+    config.read_timeout = Some(cfg.read_timeout);
+    config.reset_reader_on_write = true;
     if config.cluster_url.scheme_str() == Some("http") && config.root_cert.is_none() {
         // Plain HTTP never uses TLS: an empty root set keeps the client from loading the
         // system trust store, which minimal images (and the test VM) do not have.

@@ -165,9 +165,20 @@ pub fn apply_conntrack(config: &Config) -> Result<Option<String>, crate::Error> 
     }
 }
 
+/// How `ipset` is run: `--ipset-timeout` per process.
+fn ipset_runner(config: &Config) -> ipset::Runner {
+    ipset::Runner::new().with_timeout(config.ipset_timeout)
+}
+
+/// How iptables programs are run: `--iptables-timeout` per process.
+fn iptables_runner(config: &Config) -> iptables::Runner {
+    iptables::Runner::new().with_timeout(config.iptables_timeout)
+}
+
 /// Opens the node's kernel for one family in IPVS mode: IPVS, kube-ipvs0, ipset and iptables.
 /// Returns it with whether iptables supports `--random-fully`.
 pub async fn ipvs_kernel_parts(
+    config: &Config,
     family: Family,
 ) -> Result<(controller::kernel::NodeKernel, bool), String> {
     let ipvs = ipvs_netlink::Client::new().map_err(|e| format!("IPVS: {e}"))?;
@@ -175,11 +186,11 @@ pub async fn ipvs_kernel_parts(
         .await
         .map_err(|e| format!("kube-ipvs0: {e}"))?;
     let set_family = controller::desired::set_family(family);
-    let ipset = ipset::Ipset::default();
+    let ipset = ipset::Ipset::new(ipset_runner(config));
     ipset
         .version()
         .map_err(|e| format!("ipset: {e} (kube-ipvs needs the ipset tool)"))?;
-    let mut tables = iptables::Iptables::detect(set_family, iptables::Runner::new())
+    let mut tables = iptables::Iptables::detect(set_family, iptables_runner(config))
         .map_err(|e| format!("iptables ({family:?}): {e}"))?;
     let random_fully = tables.supports_random_fully().unwrap_or(false);
     tracing::info!(family = ?family, backend = ?tables.backend(), random_fully, "iptables");
@@ -195,10 +206,10 @@ pub async fn ipvs_kernel_parts(
 
 /// The node's kernel for one family (for `plan --diff`).
 pub async fn ipvs_kernel(
-    _config: &Config,
+    config: &Config,
     family: Family,
 ) -> Result<controller::kernel::NodeKernel, String> {
-    Ok(ipvs_kernel_parts(family).await?.0)
+    Ok(ipvs_kernel_parts(config, family).await?.0)
 }
 
 /// Builds the IPVS-mode backend of one family.
@@ -206,7 +217,7 @@ pub async fn ipvs_backend(
     config: &Config,
     family: Family,
 ) -> Result<Box<dyn Backend + Send>, String> {
-    let (kernel, random_fully) = ipvs_kernel_parts(family).await?;
+    let (kernel, random_fully) = ipvs_kernel_parts(config, family).await?;
     let proxier = Proxier::new(
         proxy_config(config, family),
         rules_config(config, random_fully),
@@ -500,6 +511,35 @@ impl SyncObserver for Observer {
     }
 }
 
+/// Longest time publishing one Event may take (the API call, its retries included) before it
+/// is given up and logged: an API server that does not answer must not hold up the Events
+/// after it, nor (for the Node Event) the start of the proxy.
+pub const EVENT_PUBLISH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Why an Event was not published.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// The API server refused it or could not be reached.
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    /// No answer within [`EVENT_PUBLISH_TIMEOUT`].
+    #[error("no answer from the API server within {0:?}")]
+    Timeout(std::time::Duration),
+}
+
+/// Publishes `ev` regarding `reference`, for at most `limit`.
+pub async fn publish_bounded(
+    recorder: &kube::runtime::events::Recorder,
+    ev: &kube::runtime::events::Event,
+    reference: &k8s_openapi::api::core::v1::ObjectReference,
+    limit: std::time::Duration,
+) -> Result<(), PublishError> {
+    match tokio::time::timeout(limit, recorder.publish(ev, reference)).await {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(PublishError::Timeout(limit)),
+    }
+}
+
 /// Publishes each rejection as a Kubernetes Event (`events.k8s.io/v1`, type Warning, reason
 /// `InvalidObject`) regarding the object, until the sender is dropped. Failures are logged.
 pub async fn publish_rejections(
@@ -542,7 +582,7 @@ pub async fn publish_rejections(
             action: "Skip".into(),
             secondary: None,
         };
-        if let Err(e) = recorder.publish(&ev, &reference).await {
+        if let Err(e) = publish_bounded(&recorder, &ev, &reference, EVENT_PUBLISH_TIMEOUT).await {
             tracing::warn!(
                 kind = %r.kind,
                 object = %format!("{}/{}", r.namespace, r.name),
@@ -582,7 +622,7 @@ pub async fn publish_node_event(
         action: action.into(),
         secondary: None,
     };
-    if let Err(e) = recorder.publish(&ev, &reference).await {
+    if let Err(e) = publish_bounded(&recorder, &ev, &reference, EVENT_PUBLISH_TIMEOUT).await {
         tracing::warn!(error = %e, reason, "could not emit an Event on the Node");
     }
 }
@@ -732,7 +772,7 @@ pub fn iptables_backend(
     family: Family,
 ) -> Result<Box<dyn Backend + Send>, String> {
     let set_family = controller::desired::set_family(family);
-    let mut tables = iptables::Iptables::detect(set_family, iptables::Runner::new())
+    let mut tables = iptables::Iptables::detect(set_family, iptables_runner(config))
         .map_err(|e| format!("iptables ({family:?}): {e}"))?;
     let random_fully = tables.supports_random_fully().unwrap_or(false);
     tracing::info!(family = ?family, backend = ?tables.backend(), random_fully, "iptables");
@@ -840,7 +880,7 @@ pub fn cleanup(
     let mut ipvs = ipvs_netlink::Client::new().ok();
     for &family in families {
         let set_family = controller::desired::set_family(family);
-        let mut tables = match iptables::Iptables::detect(set_family, iptables::Runner::new()) {
+        let mut tables = match iptables::Iptables::detect(set_family, iptables_runner(config)) {
             Ok(t) => t,
             Err(e) => {
                 tracing::warn!(family = ?family, error = %e, "cleanup: iptables unavailable");
@@ -855,7 +895,7 @@ pub fn cleanup(
             }
         }
         if mode != Some(ProxyMode::Ipvs) {
-            let ipset = ipset::Ipset::default();
+            let ipset = ipset::Ipset::new(ipset_runner(config));
             let link = if family == families[0] {
                 netif.map(|n| (n, rt))
             } else {

@@ -223,6 +223,10 @@ pub const SETTINGS: &[Setting] = &[
       "Where the kernel's sysctls are (a container without privileges mounts the host's /proc/sys/net elsewhere)"),
     s(None, Some("sysfs-root"), Ty::Str, "/sys", false, Support::Yes,
       "Where sysfs is (the conntrack hash size and the online CPU list are read, and the hash size written, under it)"),
+    s(None, Some("ipset-timeout"), Ty::Duration, "30s", false, Support::Yes,
+      "Longest time one ipset process may run before it is killed and its sync fails (> 0)"),
+    s(None, Some("iptables-timeout"), Ty::Duration, "30s", false, Support::Yes,
+      "Longest time one iptables-save/iptables-restore may run (its xtables lock wait is 5s, like upstream) before it is killed and its sync fails (> 0)"),
 ];
 
 /// The setting for a config field path.

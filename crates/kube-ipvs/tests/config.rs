@@ -651,3 +651,22 @@ fn conntrack_settings_in_kernel_units() {
     );
     assert_eq!(c.sysfs_root, Path::new("/host/sys"));
 }
+
+#[test]
+fn process_timeouts_default_to_the_libraries_and_reject_zero() {
+    let c = load(None, &[]).unwrap().config;
+    assert_eq!(c.ipset_timeout, ipset::DEFAULT_TIMEOUT);
+    assert_eq!(c.iptables_timeout, iptables::DEFAULT_TIMEOUT);
+    let c = load(None, &["--ipset-timeout", "1m", "--iptables-timeout=45s"])
+        .unwrap()
+        .config;
+    assert_eq!(c.ipset_timeout, Duration::from_secs(60));
+    assert_eq!(c.iptables_timeout, Duration::from_secs(45));
+    for flag in ["--ipset-timeout=0s", "--iptables-timeout=0s"] {
+        let err = load(None, &[flag]).unwrap_err();
+        assert!(
+            err.to_string().contains("must be greater than 0"),
+            "{flag}: {err}"
+        );
+    }
+}

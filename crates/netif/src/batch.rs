@@ -23,9 +23,6 @@ const MAX_PER_DATAGRAM: usize = 128;
 /// Receive buffer size asked for (the kernel caps it at net.core.rmem_max).
 const RX_BUF: usize = 1 << 20;
 
-/// How long to wait for the next reply before giving up on the outstanding requests.
-const ACK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
 /// A netlink route socket used only for pipelined requests.
 pub(crate) struct BatchSocket {
     socket: tokio::sync::Mutex<TokioSocket>,
@@ -40,6 +37,8 @@ pub(crate) enum Answer {
     Nack(rtnetlink::Error),
     /// No usable answer (socket error, malformed reply).
     Failed(String),
+    /// No answer within the time limit (the kernel is stuck or the replies were lost).
+    TimedOut(std::time::Duration),
 }
 
 impl BatchSocket {
@@ -60,8 +59,14 @@ impl BatchSocket {
     }
 
     /// Send every message (flags already set by the caller; ACK is forced on) and return one
-    /// answer per message, in order. Datagrams are filled up to [`MAX_DATAGRAM`].
-    pub(crate) async fn run(&self, msgs: Vec<NetlinkMessage<RouteNetlinkMessage>>) -> Vec<Answer> {
+    /// answer per message, in order. Datagrams are filled up to [`MAX_DATAGRAM`]. Sending a
+    /// datagram and each wait for the next reply take at most `timeout`; past it the
+    /// datagram's unanswered requests are [`Answer::TimedOut`].
+    pub(crate) async fn run(
+        &self,
+        msgs: Vec<NetlinkMessage<RouteNetlinkMessage>>,
+        timeout: std::time::Duration,
+    ) -> Vec<Answer> {
         let mut answers: Vec<Option<Answer>> = (0..msgs.len()).map(|_| None).collect();
         let socket = self.socket.lock().await;
         let mut i = 0;
@@ -86,21 +91,27 @@ impl BatchSocket {
                 pending.insert(seq, i);
                 i += 1;
             }
-            if let Err(e) = socket.send(&buf).await {
-                for idx in pending.into_values() {
-                    answers[idx] = Some(Answer::Failed(format!("send: {e}")));
+            match tokio::time::timeout(timeout, socket.send(&buf)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    for idx in pending.into_values() {
+                        answers[idx] = Some(Answer::Failed(format!("send: {e}")));
+                    }
+                    continue;
                 }
-                continue;
+                Err(_) => {
+                    for idx in pending.into_values() {
+                        answers[idx] = Some(Answer::TimedOut(timeout));
+                    }
+                    continue;
+                }
             }
             while !pending.is_empty() {
-                let data = match tokio::time::timeout(ACK_TIMEOUT, socket.recv_from_full()).await {
+                let data = match tokio::time::timeout(timeout, socket.recv_from_full()).await {
                     Ok(Ok((d, _))) => d,
                     Err(_) => {
                         for idx in pending.drain().map(|(_, v)| v) {
-                            answers[idx] = Some(Answer::Failed(format!(
-                                "no ACK within {}s (replies lost?)",
-                                ACK_TIMEOUT.as_secs()
-                            )));
+                            answers[idx] = Some(Answer::TimedOut(timeout));
                         }
                         break;
                     }

@@ -85,6 +85,45 @@ pub enum Error {
     /// The rtnetlink connection task ended, so no request can be answered.
     #[error("rtnetlink connection closed")]
     Closed,
+    /// The kernel did not answer a request within its time limit ([`REQUEST_TIMEOUT`] unless
+    /// changed with [`Netif::set_request_timeout`]).
+    #[error("{op} {object}: no answer from the kernel within {after:?}")]
+    Timeout {
+        /// What was attempted, e.g. "look up link".
+        op: &'static str,
+        /// The object of the request.
+        object: String,
+        /// The time limit.
+        after: std::time::Duration,
+    },
+}
+
+/// How long one rtnetlink request (a lookup, a dump, a link change, one datagram of pipelined
+/// address changes) may wait for the kernel's answer by default.
+///
+/// Why 10 s: the kernel answers rtnetlink requests synchronously under the RTNL lock, in
+/// micro- to milliseconds even with thousands of addresses; a request unanswered for ten
+/// seconds means the RTNL lock is stuck or replies were lost, and failing the sync (to be
+/// retried) beats blocking it. The same limit as the blocking netlink socket's receive
+/// (`ipvs_netlink::netlink::DEFAULT_RECV_TIMEOUT`).
+pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Runs one request future for at most `after`: [`Error::Timeout`] naming `op` and `object`
+/// when the kernel has not answered by then.
+pub(crate) async fn bounded<T>(
+    op: &'static str,
+    object: impl Into<String>,
+    after: std::time::Duration,
+    request: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    match tokio::time::timeout(after, request).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Timeout {
+            op,
+            object: object.into(),
+            after,
+        }),
+    }
 }
 
 /// Errno values this crate reacts to (Linux, all architectures).

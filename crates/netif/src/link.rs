@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use futures::stream::TryStreamExt;
 use netlink_packet_route::address::{AddressHeaderFlags, AddressMessage};
@@ -15,7 +16,7 @@ use tokio::task::JoinHandle;
 
 use crate::batch::{Answer, BatchSocket};
 use crate::diff::{host_prefix_len, AddrDiff};
-use crate::{errno, errno_of, kernel, Error, DUMMY_LINK};
+use crate::{bounded, errno, errno_of, kernel, Error, DUMMY_LINK, REQUEST_TIMEOUT};
 
 /// The dummy link as found or created by [`Netif::ensure_dummy`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +39,8 @@ pub struct Netif {
     prefixes: Mutex<BTreeMap<IpAddr, u8>>,
     requests: AtomicU64,
     batch: BatchSocket,
+    /// Time limit of one request ([`REQUEST_TIMEOUT`] by default).
+    timeout: Duration,
 }
 
 impl Drop for Netif {
@@ -84,7 +87,44 @@ impl Netif {
             index: Mutex::new(None),
             prefixes: Mutex::new(BTreeMap::new()),
             requests: AtomicU64::new(0),
+            timeout: REQUEST_TIMEOUT,
         })
+    }
+
+    /// Fault injection for tests: like [`Netif::with_link_name`], but the rtnetlink connection
+    /// is never driven, so every request through it (lookups, dumps, link changes) waits for
+    /// an answer that never comes, as with a kernel stuck on the RTNL lock. The pipelined
+    /// address socket is real.
+    #[doc(hidden)]
+    pub async fn with_stalled_connection(name: &str) -> Result<Self, Error> {
+        let (conn, handle, _) = rtnetlink::new_connection().map_err(Error::Socket)?;
+        let batch = BatchSocket::new()?;
+        // Kept alive (requests are queued, not refused) but never polled.
+        let conn = tokio::spawn(async move {
+            let _held = conn;
+            std::future::pending::<()>().await
+        });
+        Ok(Self {
+            batch,
+            handle,
+            conn,
+            name: name.to_string(),
+            index: Mutex::new(None),
+            prefixes: Mutex::new(BTreeMap::new()),
+            requests: AtomicU64::new(0),
+            timeout: REQUEST_TIMEOUT,
+        })
+    }
+
+    /// Changes how long one request may wait for the kernel's answer before it fails with
+    /// [`Error::Timeout`] (default [`REQUEST_TIMEOUT`]).
+    pub fn set_request_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// How long one request may wait for the kernel's answer.
+    pub fn request_timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// The link name this instance manages.
@@ -121,7 +161,11 @@ impl Netif {
             .get()
             .match_name(self.name.clone())
             .execute();
-        match req.try_next().await {
+        let answer = bounded("look up link", self.name.clone(), self.timeout, async {
+            Ok(req.try_next().await)
+        })
+        .await?;
+        match answer {
             Ok(Some(msg)) => {
                 self.set_index(Some(msg.header.index));
                 Ok(Some(msg))
@@ -152,7 +196,15 @@ impl Netif {
         }
         self.count();
         let msg = LinkDummy::new(&self.name).build();
-        let created = match self.handle.link().add(msg).execute().await {
+        let request = self.handle.link().add(msg).execute();
+        let answer = bounded(
+            "create dummy link",
+            self.name.clone(),
+            self.timeout,
+            async { Ok(request.await) },
+        )
+        .await?;
+        let created = match answer {
             Ok(()) => true,
             // Created concurrently by someone else: fine, it exists now.
             Err(e) if errno_of(&e) == Some(errno::EEXIST) => false,
@@ -186,15 +238,23 @@ impl Netif {
             None => return Err(Error::NoSuchLink(self.name.clone())),
         };
         self.count();
-        let msgs: Vec<AddressMessage> = self
+        let dump = self
             .handle
             .address()
             .get()
             .set_link_index_filter(index)
             .execute()
-            .try_collect()
-            .await
-            .map_err(|e| kernel("list addresses of", self.name.clone(), e))?;
+            .try_collect::<Vec<AddressMessage>>();
+        let msgs = bounded(
+            "list addresses of",
+            self.name.clone(),
+            self.timeout,
+            async {
+                dump.await
+                    .map_err(|e| kernel("list addresses of", self.name.clone(), e))
+            },
+        )
+        .await?;
         let mut prefixes = BTreeMap::new();
         for m in &msgs {
             let ev = crate::nodeaddr::event_from_message(
@@ -294,7 +354,7 @@ impl Netif {
             })
             .collect();
         self.requests.fetch_add(ops.len() as u64, Ordering::Relaxed);
-        let answers = self.batch.run(msgs).await;
+        let answers = self.batch.run(msgs, self.timeout).await;
         let results: Vec<(IpAddr, Result<(), Error>)> = ops
             .iter()
             .zip(answers)
@@ -318,6 +378,7 @@ impl Netif {
                     Answer::Nack(e) if errno_of(&e) == Some(benign) => Ok(()),
                     Answer::Nack(e) => Err(kernel(op, object, e)),
                     Answer::Failed(detail) => Err(Error::Transport { object, detail }),
+                    Answer::TimedOut(after) => Err(Error::Timeout { op, object, after }),
                 };
                 (*ip, r)
             })
@@ -342,7 +403,12 @@ impl Netif {
             return Ok(false);
         };
         self.count();
-        match self.handle.link().del(msg.header.index).execute().await {
+        let request = self.handle.link().del(msg.header.index).execute();
+        let answer = bounded("delete link", self.name.clone(), self.timeout, async {
+            Ok(request.await)
+        })
+        .await?;
+        match answer {
             Ok(()) => {
                 self.set_index(None);
                 tracing::info!(link = %self.name, "deleted dummy link");

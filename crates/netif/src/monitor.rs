@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::nodeaddr::{event_from_message, AddrEvent, NodeAddressSet};
-use crate::{kernel, Error};
+use crate::{bounded, kernel, Error, REQUEST_TIMEOUT};
 
 /// Pause before retrying a failed resynchronisation dump.
 const RESYNC_RETRY: Duration = Duration::from_secs(1);
@@ -44,28 +44,25 @@ impl std::fmt::Debug for NodeAddresses {
     }
 }
 
-/// Dump all links and addresses into a fresh snapshot.
+/// Dump all links and addresses into a fresh snapshot; each of the two dumps waits at most
+/// [`REQUEST_TIMEOUT`] for the kernel.
 async fn dump(handle: &Handle) -> Result<NodeAddressSet, Error> {
     let mut events = Vec::new();
-    let links: Vec<_> = handle
-        .link()
-        .get()
-        .execute()
-        .try_collect()
-        .await
-        .map_err(|e| kernel("dump", "links", e))?;
+    let links = handle.link().get().execute().try_collect::<Vec<_>>();
+    let links = bounded("dump", "links", REQUEST_TIMEOUT, async {
+        links.await.map_err(|e| kernel("dump", "links", e))
+    })
+    .await?;
     for l in links {
         if let Some(ev) = event_from_message(&RouteNetlinkMessage::NewLink(l))? {
             events.push(ev);
         }
     }
-    let addrs: Vec<_> = handle
-        .address()
-        .get()
-        .execute()
-        .try_collect()
-        .await
-        .map_err(|e| kernel("dump", "addresses", e))?;
+    let addrs = handle.address().get().execute().try_collect::<Vec<_>>();
+    let addrs = bounded("dump", "addresses", REQUEST_TIMEOUT, async {
+        addrs.await.map_err(|e| kernel("dump", "addresses", e))
+    })
+    .await?;
     for a in addrs {
         match event_from_message(&RouteNetlinkMessage::NewAddress(a)) {
             Ok(Some(ev)) => events.push(ev),

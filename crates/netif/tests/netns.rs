@@ -9,9 +9,10 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
+use std::time::Duration;
 
 use common::{apply_all, ips, unchanged_sends_nothing, wait_for, NetNs, Ns};
-use netif::{diff_addresses, Error, Netif, NodeAddresses, DUMMY_LINK};
+use netif::{diff_addresses, Error, Netif, NodeAddresses, DUMMY_LINK, REQUEST_TIMEOUT};
 
 fn make_fake_dummy(ns: &Ns) {
     // A veth named kube-ipvs0 stands in for the dummy link on a kernel without dummy support.
@@ -287,5 +288,48 @@ fn netns_many_addresses_span_several_datagrams() {
             .map(|a| a.split('/').next().unwrap().parse().unwrap())
             .collect();
         assert_eq!(listed, half);
+    });
+}
+
+#[test]
+#[ignore = "netns"]
+fn netns_unanswered_request_is_a_typed_timeout() {
+    let ns = NetNs::new("timeout");
+    make_fake_dummy(&ns);
+    ns.run(|_ns| async move {
+        // A kernel that never answers: the connection's requests are queued, never served.
+        let mut stalled = Netif::with_stalled_connection(DUMMY_LINK).await.unwrap();
+        assert_eq!(stalled.request_timeout(), REQUEST_TIMEOUT);
+        let limit = Duration::from_millis(200);
+        stalled.set_request_timeout(limit);
+        match stalled.lookup().await {
+            Err(Error::Timeout { op, object, after }) => {
+                assert_eq!(op, "look up link");
+                assert_eq!(object, DUMMY_LINK);
+                assert_eq!(after, limit);
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        let err = stalled.addresses().await.unwrap_err();
+        assert!(matches!(err, Error::Timeout { .. }), "{err}");
+        assert!(
+            err.to_string()
+                .contains("no answer from the kernel within 200ms"),
+            "{err}"
+        );
+        assert!(matches!(
+            stalled.ensure_dummy().await,
+            Err(Error::Timeout { .. })
+        ));
+        assert!(matches!(
+            stalled.delete_dummy().await,
+            Err(Error::Timeout { .. })
+        ));
+        // A served connection with the same limit is answered: the limit only cuts off a
+        // kernel that does not answer.
+        let mut n = Netif::new().await.unwrap();
+        n.set_request_timeout(limit);
+        assert!(n.lookup().await.unwrap().is_some());
+        assert!(n.addresses().await.unwrap().is_empty());
     });
 }

@@ -63,6 +63,14 @@ pub enum ConntrackError {
         /// Positive errno.
         errno: i32,
     },
+    /// The kernel did not answer within the socket's receive time limit.
+    #[error("conntrack netlink {what}: no answer from the kernel within {after:?}")]
+    Timeout {
+        /// The operation (recv).
+        what: &'static str,
+        /// The time limit.
+        after: std::time::Duration,
+    },
     /// A reply ended before a structure it announced.
     #[error("truncated netlink reply: {0}")]
     Truncated(&'static str),
@@ -76,10 +84,11 @@ pub enum ConntrackError {
 
 impl From<ipvs_netlink::Error> for ConntrackError {
     /// The shared netlink framing and socket ([`ipvs_netlink::netlink`]) raise only socket,
-    /// truncation and malformed-data errors; they keep their variant here.
+    /// timeout, truncation and malformed-data errors; they keep their variant here.
     fn from(e: ipvs_netlink::Error) -> Self {
         match e {
             ipvs_netlink::Error::Io { what, source } => ConntrackError::Io { what, source },
+            ipvs_netlink::Error::Timeout { what, after } => ConntrackError::Timeout { what, after },
             ipvs_netlink::Error::Truncated(what) => ConntrackError::Truncated(what),
             ipvs_netlink::Error::Malformed(m) => ConntrackError::Malformed(m),
             other => ConntrackError::Malformed(other.to_string()),

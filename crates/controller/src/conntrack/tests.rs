@@ -519,3 +519,21 @@ fn mixed_family_filters_are_rejected() {
             .is_ok()
     );
 }
+
+#[test]
+fn a_socket_timeout_stays_a_timeout() {
+    let after = std::time::Duration::from_secs(10);
+    let e = ConntrackError::from(ipvs_netlink::Error::Timeout {
+        what: "recv",
+        after,
+    });
+    assert!(
+        matches!(e, ConntrackError::Timeout { what: "recv", after: a } if a == after),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string()
+            .contains("no answer from the kernel within 10s"),
+        "{e}"
+    );
+}

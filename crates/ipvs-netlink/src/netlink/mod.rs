@@ -20,7 +20,7 @@ pub use message::{
     Sequenced,
 };
 pub use nla::{align4, Attr, AttrIter, AttrWriter};
-pub use socket::{Socket, SocketProtocol};
+pub use socket::{Socket, SocketProtocol, DEFAULT_RECV_TIMEOUT};
 
 #[cfg(test)]
 mod tests;
