@@ -602,3 +602,103 @@ fn bench_iptables_mode_sync() {
         );
     }
 }
+
+/// Issue #16: a restart while a Service is invalid keeps its rules (its last valid version was
+/// only in memory; the saved rules are adopted), traffic keeps flowing; fixed, it converges;
+/// deleted, its rules go.
+#[test]
+#[ignore = "netns"]
+fn netns_iptables_mode_restart_with_an_invalid_service_keeps_its_rules() {
+    let lab = lab(2);
+    let web = |valid: bool| {
+        let mut s = svc("default", "web", "10.96.0.10")
+            .node_port("http", 80, "TCP", 30080)
+            .external_ips(&["203.0.113.10"]);
+        if !valid {
+            s = s.with(|spec| spec.session_affinity = Some("Sometimes".into()));
+        }
+        s.build()
+    };
+    let other = svc("default", "other", "10.96.0.13")
+        .port("http", 80, "TCP")
+        .build();
+    let slices = || {
+        vec![
+            slice_of("web", &[0, 1], "node-b"),
+            slice_of("other", &[0], "node-b"),
+        ]
+    };
+    let iptables =
+        || Iptables::detect(iptables::Family::V4, Runner::in_netns(lab.node.name())).unwrap();
+    let mut first =
+        IptablesProxier::new(cfg4(), RulesConfig::default(), NODE, Box::new(iptables()));
+    let valid = synced_store(vec![web(true), other.clone()], slices());
+    let r = first.sync(&valid, &node_addrs());
+    assert!(r.ok(), "{:?}", r.errors);
+    let before = owned_rules(&lab.node.run(&["iptables-save"]).unwrap());
+    assert!(before
+        .values()
+        .flatten()
+        .any(|l| l.contains("default/web:http")));
+    let node_port = sock(NODE_IP, 30080);
+    let external = sock("203.0.113.10", 80);
+    for to in [node_port, external] {
+        assert_eq!(
+            connect_n(&lab.client, to, 6, Duration::from_secs(2)).failed,
+            0
+        );
+    }
+
+    // Invalid now, and the daemon restarts: a new proxier over the same kernel.
+    let mut store = synced_store(vec![web(false), other], slices());
+    let mut p = IptablesProxier::new(cfg4(), RulesConfig::default(), NODE, Box::new(iptables()));
+    let r = p.sync(&store, &node_addrs());
+    assert!(r.ok(), "{:?}", r.errors);
+    assert_eq!(r.kind, SyncKind::Full);
+    let after = owned_rules(&lab.node.run(&["iptables-save"]).unwrap());
+    assert_eq!(
+        after, before,
+        "the first sync after the restart kept web's rules"
+    );
+    for to in [node_port, external] {
+        assert_eq!(
+            connect_n(&lab.client, to, 6, Duration::from_secs(2)).failed,
+            0
+        );
+    }
+    // A drift check keeps them too.
+    p.request_full();
+    let r = p.sync(&store, &node_addrs());
+    assert!(r.ok(), "{:?}", r.errors);
+    assert_eq!(
+        owned_rules(&lab.node.run(&["iptables-save"]).unwrap()),
+        before
+    );
+
+    // Fixed, with one endpoint: converges to exactly what it renders.
+    let ch = store.apply(SourceEvent::Apply(Object::Service(Box::new(web(true)))));
+    p.note(&ch);
+    let ch = store.apply(SourceEvent::Apply(Object::EndpointSlice(Box::new(
+        slice_of("web", &[1], "node-b"),
+    ))));
+    p.note(&ch);
+    let r = p.sync(&store, &node_addrs());
+    assert!(r.ok(), "{:?}", r.errors);
+    let rendered = p.render_full(&store, &node_addrs()).unwrap();
+    assert_eq!(
+        owned_rules(&lab.node.run(&["iptables-save"]).unwrap()),
+        owned_rules(&rendered)
+    );
+    let t = connect_n(&lab.client, node_port, 6, Duration::from_secs(2));
+    assert_eq!(t.failed, 0);
+    assert_eq!(t.by_name.keys().collect::<Vec<_>>(), vec!["pod2"]);
+
+    // Deleted: its rules go.
+    let ch = store.apply(SourceEvent::Delete(Object::Service(Box::new(web(true)))));
+    p.note(&ch);
+    let r = p.sync(&store, &node_addrs());
+    assert!(r.ok(), "{:?}", r.errors);
+    let gone = lab.node.run(&["iptables-save"]).unwrap();
+    assert!(!gone.contains("default/web"), "{gone}");
+    assert!(gone.contains("default/other"));
+}
