@@ -10,7 +10,8 @@
 //!   ingress IP of the family, every parseable (protocol, port) and nodePort — and what the
 //!   kernel already holds for them becomes the Service's desired state ([`adopt_service`]): the
 //!   virtual servers with their real servers as read, the VIPs bound on kube-ipvs0, the ipset
-//!   members naming those VIPs and ports, and the iptables features those members need. The
+//!   members naming those VIPs and ports, the iptables features those members need, and its
+//!   health-check node port (local endpoints counted from its hairpin members). The
 //!   following syncs keep it like any last-good state: an invalid update keeps it, a valid one
 //!   replaces it, deleting the Service removes it.
 //!
@@ -35,7 +36,7 @@ use ipset::{Entry, IpsetState, SetKind};
 use ipvs_netlink::{Family, Protocol, ServiceKey};
 use k8s_openapi::api::core::v1::Service as KubeService;
 
-use crate::desired::{Features, IpsetEntry, ServiceDesired};
+use crate::desired::{Features, HealthCheck, IpsetEntry, ServiceDesired};
 use crate::diff::IpvsTable;
 use crate::model::{ProxyConfig, ServiceName};
 
@@ -289,6 +290,22 @@ pub fn adopt_service(
             .iter()
             .fold(0, |acc, e| acc | feature_of(e.set)),
     );
+    // The health-check node port keeps answering: with its local endpoint count taken from the
+    // hairpin members (one per local endpoint in use), 200 while the node has local endpoints.
+    d.health_check = claims.health_check_node_port.and_then(|node_port| {
+        let programmed = d.ipset_entries.contains(&IpsetEntry {
+            set: SetKind::HealthCheckNodePort,
+            entry: Entry::Port(node_port),
+        });
+        programmed.then(|| HealthCheck {
+            node_port,
+            local_endpoints: d
+                .ipset_entries
+                .iter()
+                .filter(|e| e.set == SetKind::LoopBack)
+                .count(),
+        })
+    });
     Some(d)
 }
 

@@ -140,6 +140,9 @@ pub struct IptablesProxier {
     /// Invalid Services in the store with no last-good state: their saved rules are adopted at
     /// the next full sync ([`adopt_saved_rules`]).
     to_adopt: BTreeSet<ServiceName>,
+    /// NodePort addresses kept from the saved rules while the Node (its primary IPs) is unknown
+    /// ([`IptablesProxier::keep_node_port_jumps`]).
+    kept_node_port_ips: BTreeSet<IpAddr>,
 }
 
 impl std::fmt::Debug for IptablesProxier {
@@ -277,6 +280,7 @@ impl IptablesProxier {
             chains_written: 0,
             chains_deleted: 0,
             to_adopt: BTreeSet::new(),
+            kept_node_port_ips: BTreeSet::new(),
         }
     }
 
@@ -334,7 +338,11 @@ impl IptablesProxier {
         c.node_port_ips = if !self.cfg.node_ports_restricted() {
             None
         } else {
-            Some(node.node_port_ips(&self.cfg).into_iter().collect())
+            let mut ips = node.node_port_ips(&self.cfg);
+            if node.primary_ips.is_empty() {
+                ips.extend(self.kept_node_port_ips.iter().copied());
+            }
+            Some(ips.into_iter().collect())
         };
         c
     }
@@ -530,7 +538,7 @@ impl IptablesProxier {
             SyncKind::Incremental
         });
         let node = self.node_info(store, node_addresses);
-        let mode = self.mode_config(&node);
+        let mut mode = self.mode_config(&node);
         let mut names = std::mem::take(&mut self.dirty);
         if full {
             names.extend(store.service_names().cloned());
@@ -552,6 +560,8 @@ impl IptablesProxier {
                 .map(|t| (t, self.runner.save(t)))
                 .collect();
             self.adopt_saved(store, &saves);
+            self.keep_node_port_jumps(store, &node, &saves);
+            mode = self.mode_config(&node);
             write = self.all_chains();
             for (table, saved) in saves {
                 match saved {
@@ -669,6 +679,39 @@ impl IptablesProxier {
 }
 
 impl IptablesProxier {
+    /// With `nodePortAddresses: [primary]` and no Node known (its wait timed out), the NodePort
+    /// jumps a previous run wrote for node addresses are kept (read from the saved
+    /// `KUBE-SERVICES`) instead of dropped, until the Node tells the primary IPs; the same rule
+    /// as IPVS mode's (see [`crate::adopt`]).
+    fn keep_node_port_jumps(
+        &mut self,
+        store: &Store,
+        node: &NodeInfo,
+        saves: &[(Table, Result<String, KernelError>)],
+    ) {
+        if store.node().is_some() || !self.cfg.node_port_primary {
+            self.kept_node_port_ips.clear();
+            return;
+        }
+        let Some(Ok(nat)) = saves.iter().find(|(t, _)| *t == Table::Nat).map(|(_, r)| r) else {
+            return;
+        };
+        let prefix = format!("-A {} -d ", proxy_mode::SERVICES);
+        let kept: BTreeSet<IpAddr> = nat
+            .lines()
+            .filter(|l| saved_target(l) == Some(proxy_mode::NODEPORTS))
+            .filter_map(|l| l.strip_prefix(prefix.as_str()))
+            .filter_map(|r| r.split(['/', ' ']).next())
+            .filter_map(|a| a.parse::<IpAddr>().ok())
+            .filter(|a| Family::of(a) == self.cfg.family && node.addresses.contains(a))
+            .collect();
+        if !kept.is_empty() && kept != self.kept_node_port_ips {
+            tracing::warn!(addresses = ?kept,
+                "the Node is not known: keeping the NodePort addresses of the saved rules until it is");
+        }
+        self.kept_node_port_ips = kept;
+    }
+
     /// Adopts the saved rules of the invalid Services that have no last-good state (see
     /// [`adopt_saved_rules`]); waits for a full sync whose saves both succeeded.
     fn adopt_saved(&mut self, store: &Store, saves: &[(Table, Result<String, KernelError>)]) {

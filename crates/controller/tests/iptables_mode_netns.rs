@@ -702,3 +702,75 @@ fn netns_iptables_mode_restart_with_an_invalid_service_keeps_its_rules() {
     assert!(!gone.contains("default/web"), "{gone}");
     assert!(gone.contains("default/other"));
 }
+
+/// Issue #16: with `nodePortAddresses: [primary]`, a restart whose first sync runs without the
+/// Node (its wait timed out) keeps the NodePort jumps of the node's primary address instead of
+/// dropping them; the Node's arrival then takes over.
+#[test]
+#[ignore = "netns"]
+fn netns_iptables_mode_first_sync_without_the_node_keeps_node_ports() {
+    let lab = lab(1);
+    let mut cfg = cfg4();
+    cfg.node_port_primary = true;
+    let np = svc("default", "np", "10.96.0.20")
+        .node_port("http", 80, "TCP", 30090)
+        .build();
+    let node_ev =
+        || SourceEvent::InitApply(Object::Node(Box::new(node_obj(NODE, "zone-a", NODE_IP))));
+    let iptables =
+        || Iptables::detect(iptables::Family::V4, Runner::in_netns(lab.node.name())).unwrap();
+    let mut with_node = synced_store(vec![np.clone()], vec![slice_of("np", &[0], "node-b")]);
+    with_node.apply(SourceEvent::Init(controller::source::Kind::Node));
+    with_node.apply(node_ev());
+    with_node.apply(SourceEvent::InitDone(controller::source::Kind::Node));
+    let mut first = IptablesProxier::new(
+        cfg.clone(),
+        RulesConfig::default(),
+        NODE,
+        Box::new(iptables()),
+    );
+    let r = first.sync(&with_node, &node_addrs());
+    assert!(r.ok(), "{:?}", r.errors);
+    let node_port = sock(NODE_IP, 30090);
+    assert_eq!(
+        connect_n(&lab.client, node_port, 4, Duration::from_secs(2)).failed,
+        0
+    );
+    let jump = format!("-A KUBE-SERVICES -d {NODE_IP}/32");
+    assert!(lab
+        .node
+        .run(&["iptables-save", "-t", "nat"])
+        .unwrap()
+        .contains(&jump));
+
+    // Restart without the Node.
+    let mut store = synced_store(vec![np], vec![slice_of("np", &[0], "node-b")]);
+    let mut p = IptablesProxier::new(cfg, RulesConfig::default(), NODE, Box::new(iptables()));
+    let r = p.sync(&store, &node_addrs());
+    assert!(r.ok(), "{:?}", r.errors);
+    assert_eq!(r.kind, SyncKind::Full);
+    let saved = lab.node.run(&["iptables-save", "-t", "nat"]).unwrap();
+    assert!(saved.contains(&jump), "{saved}");
+    assert!(
+        !saved.contains("-d 192.168.255.1/32"),
+        "only the kept address: {saved}"
+    );
+    assert_eq!(
+        connect_n(&lab.client, node_port, 4, Duration::from_secs(2)).failed,
+        0
+    );
+
+    // The Node arrives: same jump, now computed from it.
+    let ch = store.apply(SourceEvent::Apply(Object::Node(Box::new(node_obj(
+        NODE, "zone-a", NODE_IP,
+    )))));
+    p.note(&ch);
+    let r = p.sync(&store, &node_addrs());
+    assert!(r.ok(), "{:?}", r.errors);
+    let saved = lab.node.run(&["iptables-save", "-t", "nat"]).unwrap();
+    assert_eq!(saved.matches(&jump).count(), 1, "{saved}");
+    assert_eq!(
+        connect_n(&lab.client, node_port, 4, Duration::from_secs(2)).failed,
+        0
+    );
+}

@@ -171,6 +171,15 @@ fn restart_with_an_invalid_service_keeps_its_state_until_it_is_deleted() {
     );
     let web_name = ServiceName::new("default", "web");
     assert!(restarted.desired().service(&web_name).is_some());
+    // Its health-check node port keeps answering, with its two local endpoints.
+    assert_eq!(
+        restarted.desired().health_checks().get(&web_name),
+        first.desired().health_checks().get(&web_name)
+    );
+    assert_eq!(
+        restarted.desired().health_checks()[&web_name].local_endpoints,
+        2
+    );
     // A drift check, and another invalid update of the Service: still kept.
     full_sync(&mut restarted, &invalid, &mut k);
     assert_eq!(kernel_state(&k), before);
