@@ -140,6 +140,12 @@ pub struct IptablesProxier {
     last_payload_bytes: usize,
     chains_written: usize,
     chains_deleted: usize,
+    /// Invalid Services in the store with no last-good state: their saved rules are adopted at
+    /// the next full sync ([`adopt_saved_rules`]).
+    to_adopt: BTreeSet<ServiceName>,
+    /// NodePort addresses kept from the saved rules while the Node (its primary IPs) is unknown
+    /// ([`IptablesProxier::keep_node_port_jumps`]).
+    kept_node_port_ips: BTreeSet<IpAddr>,
 }
 
 impl std::fmt::Debug for IptablesProxier {
@@ -289,6 +295,8 @@ impl IptablesProxier {
             last_payload_bytes: 0,
             chains_written: 0,
             chains_deleted: 0,
+            to_adopt: BTreeSet::new(),
+            kept_node_port_ips: BTreeSet::new(),
         }
     }
 
@@ -346,7 +354,11 @@ impl IptablesProxier {
         c.node_port_ips = if !self.cfg.node_ports_restricted() {
             None
         } else {
-            Some(node.node_port_ips(&self.cfg).into_iter().collect())
+            let mut ips = node.node_port_ips(&self.cfg);
+            if node.primary_ips.is_empty() {
+                ips.extend(self.kept_node_port_ips.iter().copied());
+            }
+            Some(ips.into_iter().collect())
         };
         c
     }
@@ -371,6 +383,7 @@ impl IptablesProxier {
             let new = match store.service(&name) {
                 None => {
                     self.rejections.clear(&key);
+                    self.to_adopt.remove(&name);
                     None
                 }
                 Some(svc) => {
@@ -399,10 +412,14 @@ impl IptablesProxier {
                             match bad {
                                 Some(why) => {
                                     self.rejections.reject(&key, &why);
+                                    if !self.services.contains_key(&name) {
+                                        self.to_adopt.insert(name);
+                                    }
                                     continue;
                                 }
                                 None => {
                                     self.rejections.clear(&key);
+                                    self.to_adopt.remove(&name);
                                     if states.is_empty() {
                                         None
                                     } else {
@@ -412,8 +429,12 @@ impl IptablesProxier {
                             }
                         }
                         Err(why) => {
-                            // The last good state stays applied.
+                            // The last good state stays applied; with none (a restart), the
+                            // saved rules are adopted at a full sync.
                             self.rejections.reject(&key, &why);
+                            if !self.services.contains_key(&name) {
+                                self.to_adopt.insert(name);
+                            }
                             continue;
                         }
                     }
@@ -534,7 +555,7 @@ impl IptablesProxier {
             SyncKind::Incremental
         });
         let node = self.node_info(store, node_addresses);
-        let mode = self.mode_config(&node);
+        let mut mode = self.mode_config(&node);
         let mut names = std::mem::take(&mut self.dirty);
         if full {
             names.extend(store.service_names().cloned());
@@ -551,9 +572,16 @@ impl IptablesProxier {
         let mut jump_fixes: BTreeMap<Table, Vec<String>> = BTreeMap::new();
         let mut shared_changed = false;
         if full {
+            let saves: Vec<(Table, Result<String, KernelError>)> = [Table::Nat, Table::Filter]
+                .into_iter()
+                .map(|t| (t, self.runner.save(t)))
+                .collect();
+            self.adopt_saved(store, &saves);
+            self.keep_node_port_jumps(store, &node, &saves);
+            mode = self.mode_config(&node);
             write = self.all_chains();
-            for table in [Table::Nat, Table::Filter] {
-                match self.runner.save(table) {
+            for (table, saved) in saves {
+                match saved {
                     Ok(saved) => {
                         let fixes = proxy_mode::jump_fixes(table, &saved);
                         if !fixes.is_empty() && self.applied_once {
@@ -665,6 +693,227 @@ impl IptablesProxier {
         report.duration = start.elapsed();
         report
     }
+}
+
+impl IptablesProxier {
+    /// With `nodePortAddresses: [primary]` and no Node known (its wait timed out), the NodePort
+    /// jumps a previous run wrote for node addresses are kept (read from the saved
+    /// `KUBE-SERVICES`) instead of dropped, until the Node tells the primary IPs; the same rule
+    /// as IPVS mode's (see [`crate::adopt`]).
+    fn keep_node_port_jumps(
+        &mut self,
+        store: &Store,
+        node: &NodeInfo,
+        saves: &[(Table, Result<String, KernelError>)],
+    ) {
+        if store.node().is_some() || !self.cfg.node_port_primary {
+            self.kept_node_port_ips.clear();
+            return;
+        }
+        let Some(Ok(nat)) = saves.iter().find(|(t, _)| *t == Table::Nat).map(|(_, r)| r) else {
+            return;
+        };
+        let prefix = format!("-A {} -d ", proxy_mode::SERVICES);
+        let kept: BTreeSet<IpAddr> = nat
+            .lines()
+            .filter(|l| saved_target(l) == Some(proxy_mode::NODEPORTS))
+            .filter_map(|l| l.strip_prefix(prefix.as_str()))
+            .filter_map(|r| r.split(['/', ' ']).next())
+            .filter_map(|a| a.parse::<IpAddr>().ok())
+            .filter(|a| Family::of(a) == self.cfg.family && node.addresses.contains(a))
+            .collect();
+        if !kept.is_empty() && kept != self.kept_node_port_ips {
+            tracing::warn!(addresses = ?kept,
+                "the Node is not known: keeping the NodePort addresses of the saved rules until it is");
+        }
+        self.kept_node_port_ips = kept;
+    }
+
+    /// Adopts the saved rules of the invalid Services that have no last-good state (see
+    /// [`adopt_saved_rules`]); waits for a full sync whose saves both succeeded.
+    fn adopt_saved(&mut self, store: &Store, saves: &[(Table, Result<String, KernelError>)]) {
+        if self.to_adopt.is_empty() {
+            return;
+        }
+        let saved: BTreeMap<Table, &str> = saves
+            .iter()
+            .filter_map(|(t, r)| r.as_ref().ok().map(|s| (*t, s.as_str())))
+            .collect();
+        if saved.len() != saves.len() {
+            return;
+        }
+        for name in std::mem::take(&mut self.to_adopt) {
+            let Some(svc) = store.service(&name) else {
+                continue;
+            };
+            let ports = adopt_saved_rules(svc, &self.cfg, &saved);
+            if ports.is_empty() {
+                continue;
+            }
+            tracing::warn!(service = %name, ports = ports.len(),
+                chains = ports.iter().map(|p| p.rendered.chains.len()).sum::<usize>(),
+                "invalid service has no last-good state: keeping its saved iptables rules");
+            self.services.insert(name, ports);
+        }
+    }
+}
+
+/// The comment of an `iptables-save` line (`--comment "text"` or `--comment text`).
+fn saved_comment(line: &str) -> Option<&str> {
+    let rest = &line[line.find("--comment ")? + "--comment ".len()..];
+    match rest.strip_prefix('"') {
+        Some(q) => q.split('"').next(),
+        None => rest.split_whitespace().next(),
+    }
+}
+
+/// The target chain of a `-j`/`-g` in a saved line.
+fn saved_target(line: &str) -> Option<&str> {
+    let mut words = line.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == "-j" || w == "-g" {
+            return words.next();
+        }
+    }
+    None
+}
+
+/// The rules a previous run wrote for an invalid Service's ports, read back from
+/// `iptables-save` (`saved`: nat and filter), as port states to keep applied.
+///
+/// Same rule as IPVS mode (see [`crate::adopt`]): a Service that exists but is invalid keeps
+/// its last-good state, and after a restart that state is what the kernel holds. A port is
+/// identified by upstream's `namespace/name:port` string, which every rule of it carries in its
+/// comment (`ServicePortName.String()`); its lines in the shared chains are those whose comment
+/// names it, and its own chains are those reachable from them (`KUBE-SVC-`, `KUBE-SEP-`, ...),
+/// with their saved rules. The ports' model inputs are only what the object still tells
+/// (name, protocol, VIPs); endpoints are not known, so conntrack cleanup treats them as none.
+fn adopt_saved_rules(
+    svc: &k8s_openapi::api::core::v1::Service,
+    cfg: &ProxyConfig,
+    saved: &BTreeMap<Table, &str>,
+) -> Vec<PortState> {
+    let name = ServiceName::of(svc);
+    let claims = crate::adopt::claims(svc, cfg);
+    let Some(spec) = svc.spec.as_ref() else {
+        return Vec::new();
+    };
+    let base = proxy_mode::base_chains();
+    let nat_rules: BTreeMap<&str, Vec<&str>> = {
+        let mut m: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        let text = saved.get(&Table::Nat).copied().unwrap_or_default();
+        for c in text.lines().filter_map(|l| l.strip_prefix(':')) {
+            if let Some(c) = c.split_whitespace().next() {
+                m.entry(c).or_default();
+            }
+        }
+        for l in text.lines() {
+            if let Some(c) = l
+                .strip_prefix("-A ")
+                .and_then(|r| r.split_whitespace().next())
+            {
+                m.entry(c).or_default().push(l);
+            }
+        }
+        m
+    };
+    let own = |c: &str| {
+        proxy_mode::SERVICE_CHAIN_PREFIXES
+            .iter()
+            .any(|p| c.starts_with(p))
+    };
+    let mut out = Vec::new();
+    for p in spec.ports.iter().flatten() {
+        let protocol = match p.protocol.as_deref() {
+            None | Some("TCP") => Protocol::Tcp,
+            Some("UDP") => Protocol::Udp,
+            Some("SCTP") => Protocol::Sctp,
+            Some(_) => continue,
+        };
+        let port_name = p.name.clone().unwrap_or_default();
+        let id = if port_name.is_empty() {
+            name.to_string()
+        } else {
+            format!("{name}:{port_name}")
+        };
+        let names_it =
+            |c: &str| c == id || c.starts_with(&format!("{id} ")) || c.contains(&format!(" {id} "));
+        let mut rendered = RenderedServicePort::default();
+        let mut roots = Vec::new();
+        for (table, text) in saved {
+            for l in text.lines() {
+                let Some(chain) = l
+                    .strip_prefix("-A ")
+                    .and_then(|r| r.split_whitespace().next())
+                else {
+                    continue;
+                };
+                let Some(&(_, shared)) = base.iter().find(|(t, c)| t == table && *c == chain)
+                else {
+                    continue;
+                };
+                if !saved_comment(l).is_some_and(names_it) {
+                    continue;
+                }
+                rendered
+                    .shared
+                    .entry((*table, shared))
+                    .or_default()
+                    .push(l.to_string());
+                if *table == Table::Nat {
+                    roots.extend(saved_target(l).filter(|t| own(t)));
+                }
+            }
+        }
+        // Own chains reachable from the shared lines, with their saved rules.
+        while let Some(c) = roots.pop() {
+            if rendered.chains.contains_key(c) {
+                continue;
+            }
+            let Some(rules) = nat_rules.get(c) else {
+                continue;
+            };
+            roots.extend(
+                rules
+                    .iter()
+                    .filter_map(|l| saved_target(l))
+                    .filter(|t| own(t)),
+            );
+            rendered
+                .chains
+                .insert(c.to_string(), rules.iter().map(|l| l.to_string()).collect());
+        }
+        if rendered.shared.is_empty() && rendered.chains.is_empty() {
+            continue;
+        }
+        let vip = claims.vips.iter().next().copied();
+        out.push(PortState {
+            rules: ServicePortRules {
+                name: id,
+                protocol: set_proto(protocol),
+                cluster_ip: vip.unwrap_or(match cfg.family {
+                    Family::Inet => IpAddr::from([0u8; 4]),
+                    Family::Inet6 => IpAddr::from([0u16; 8]),
+                }),
+                port: u16::try_from(p.port).unwrap_or(0),
+                node_port: p.node_port.and_then(|n| u16::try_from(n).ok()),
+                external_ips: Vec::new(),
+                load_balancer_ips: Vec::new(),
+                source_ranges: Vec::new(),
+                firewall: false,
+                allow_from_node: false,
+                external_local: false,
+                internal_local: false,
+                affinity_timeout: None,
+                health_check_node_port: None,
+                cluster_endpoints: Vec::new(),
+                local_endpoints: Vec::new(),
+            },
+            rendered,
+            no_local: NoLocalEndpoints::default(),
+        });
+    }
+    out
 }
 
 fn empty_report(kind: SyncKind) -> SyncReport {

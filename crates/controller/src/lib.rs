@@ -3,6 +3,7 @@
 //! Data flows left to right: sources → store → model (pure) → desired (pure) → diff (pure) →
 //! appliers. The order in which a diff is applied is documented in [`diff`].
 
+pub mod adopt;
 pub mod conntrack;
 pub mod desired;
 pub mod diff;

@@ -140,6 +140,9 @@ pub struct Proxier {
     drain_stats: DrainStats,
     conntrack: Vec<ConntrackFilter>,
     last_rules: Option<String>,
+    /// Invalid Services in the store with no last-good state: their kernel state is adopted
+    /// at the next full sync (see [`crate::adopt`]).
+    to_adopt: BTreeSet<ServiceName>,
 }
 
 /// Graceful termination of real servers.
@@ -210,6 +213,7 @@ impl Proxier {
             drain_stats: DrainStats::default(),
             conntrack: Vec::new(),
             last_rules: None,
+            to_adopt: BTreeSet::new(),
         }
     }
 
@@ -347,6 +351,7 @@ impl Proxier {
             let key = format!("service {name}");
             let Some(svc) = store.service(&name) else {
                 self.rejections.clear(&key);
+                self.to_adopt.remove(&name);
                 changes.push((name, None));
                 continue;
             };
@@ -354,6 +359,7 @@ impl Proxier {
             match service_desired(svc, &slices, &self.cfg, node) {
                 Ok(d) => {
                     self.rejections.clear(&key);
+                    self.to_adopt.remove(&name);
                     for (slice, why) in &d.rejected_slices {
                         self.rejections
                             .reject(&format!("endpointslice {}/{slice}", name.namespace), why);
@@ -361,8 +367,12 @@ impl Proxier {
                     changes.push((name, d.desired));
                 }
                 Err(why) => {
-                    // Logged once per reason by `reject`; the last good state stays applied.
+                    // Logged once per reason by `reject`; the last good state stays applied,
+                    // and with none (a restart) the kernel's state is adopted at a full sync.
                     self.rejections.reject(&key, &why);
+                    if self.desired.service(&name).is_none() {
+                        self.to_adopt.insert(name);
+                    }
                 }
             }
         }
@@ -471,6 +481,16 @@ impl Proxier {
             }
         };
 
+        self.adopt_kept_state(
+            store,
+            &node,
+            crate::adopt::KernelView {
+                ipvs: actual_ipvs.as_ref(),
+                addresses: actual_addrs.as_ref(),
+                sets: actual_sets.as_ref(),
+            },
+        );
+
         // Compute the differences.
         let set_diff = actual_sets
             .as_ref()
@@ -522,6 +542,73 @@ impl Proxier {
         self.apply_sets(&set_shrink, kernel, &mut report);
         self.applied_once = true;
         report
+    }
+
+    /// Adopts the kernel state the model cannot derive but that must not be deleted (see
+    /// [`crate::adopt`]): that of invalid Services without a last-good state, and the NodePort
+    /// virtual servers on addresses that depend on a Node not known yet. Runs at a full sync,
+    /// after the reads and before the diff.
+    fn adopt_kept_state(
+        &mut self,
+        store: &Store,
+        node: &NodeInfo,
+        kernel: crate::adopt::KernelView<'_>,
+    ) {
+        let node_ips: BTreeSet<IpAddr> = node
+            .addresses
+            .iter()
+            .chain(node.primary_ips.iter())
+            .filter(|ip| Family::of(ip) == self.cfg.family)
+            .copied()
+            .collect();
+        let mut changed = false;
+        for name in std::mem::take(&mut self.to_adopt) {
+            let Some(svc) = store.service(&name) else {
+                continue;
+            };
+            let claims = crate::adopt::claims(svc, &self.cfg);
+            let desired = &self.desired;
+            let free = |k: &ServiceKey| desired.owner_of(k).is_none_or(|o| *o == name);
+            let adopted = crate::adopt::adopt_service(&claims, kernel, &self.cfg, &node_ips, free);
+            if let Some(mut d) = adopted {
+                // A partial read adopts what it saw; a later full sync completes it.
+                if let Some(old) = self.desired.service(&name) {
+                    d.virtual_servers.extend(old.virtual_servers.clone());
+                    d.addresses.extend(old.addresses.iter().copied());
+                    d.ipset_entries.extend(old.ipset_entries.iter().cloned());
+                    d.features = crate::desired::Features(d.features.0 | old.features.0);
+                }
+                tracing::warn!(service = %name, virtual_servers = d.virtual_servers.len(),
+                    addresses = d.addresses.len(), ipset_entries = d.ipset_entries.len(),
+                    "invalid service has no last-good state: keeping what the kernel holds for it");
+                let _ = self.desired.update_service(name.clone(), Some(d));
+                changed = true;
+            }
+            if !kernel.complete() {
+                self.to_adopt.insert(name);
+            }
+        }
+        let pseudo = crate::adopt::unresolved_node_ports();
+        if store.node().is_none() && self.cfg.node_port_primary {
+            let node_ports: BTreeSet<(ipvs_netlink::Protocol, u16)> = store
+                .service_names()
+                .filter_map(|n| store.service(n))
+                .flat_map(|s| crate::adopt::claims(s, &self.cfg).node_ports)
+                .collect();
+            let desired = &self.desired;
+            let free = |k: &ServiceKey| desired.owner_of(k).is_none_or(|o| *o == pseudo);
+            let adopted =
+                crate::adopt::adopt_node_ports(&node_ports, kernel, &self.cfg, &node_ips, free);
+            if let Some(d) = adopted {
+                tracing::warn!(virtual_servers = d.virtual_servers.len(),
+                    "the Node is not known: keeping the NodePort virtual servers on its addresses until it is");
+                let _ = self.desired.update_service(pseudo, Some(d));
+                changed = true;
+            }
+        }
+        if changed {
+            self.set_counts = count_sets(&self.desired);
+        }
     }
 
     fn apply_delta(&mut self, delta: Delta, kernel: &mut dyn Kernel, report: &mut SyncReport) {

@@ -4,11 +4,17 @@
 //! node-address tracker arrive on one channel and are applied to the [`Store`] at once; syncs
 //! happen when something is pending, at most once per `min_sync_period` (bursts coalesce), and
 //! a full drift check runs every `sync_period`. Nothing is programmed until Services and
-//! EndpointSlices have both been listed once.
+//! EndpointSlices have both been listed once, and this node's Node has been seen or
+//! [`LoopConfig::node_wait`] has passed (see [`NodeGate`]).
+//!
+//! The input channel is bounded ([`input_channel`]): a full channel makes the sender wait
+//! (back-pressure up to the watchers), nothing is ever dropped. The store holds the truth and
+//! the channel only carries changes to it; the loop drains everything queued into one batch
+//! before a sync, so a burst of any size coalesces into one sync per `min_sync_period`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::time::{Duration, Instant};
 
 use ipvs_netlink::Family;
@@ -18,7 +24,7 @@ use crate::kernel::Kernel;
 use crate::model::ServiceName;
 use crate::proxier::{Proxier, SyncReport};
 
-use crate::source::SourceEvent;
+use crate::source::{Kind, SourceEvent};
 use crate::store::{Changes, Store};
 
 /// What the loop receives.
@@ -43,6 +49,113 @@ pub struct LoopConfig {
     pub sync_period: Duration,
     /// Return after the first successful full sync (`--once`).
     pub once: bool,
+    /// Longest wait for this node's Node object before the first sync (see [`NodeGate`]).
+    pub node_wait: Duration,
+}
+
+/// Capacity of the loop's input channel (events, not objects: the store holds the objects).
+pub const INPUT_CAPACITY: usize = 1024;
+
+/// The loop's input channel, bounded to `capacity` inputs (at least 1).
+pub fn input_channel(capacity: usize) -> (InputSender, Receiver<Input>) {
+    let (tx, rx) = std::sync::mpsc::sync_channel(capacity.max(1));
+    (InputSender(tx), rx)
+}
+
+/// The sending side of [`input_channel`]: when the channel is full the sender waits until the
+/// loop has taken inputs; an input is never dropped.
+#[derive(Debug, Clone)]
+pub struct InputSender(SyncSender<Input>);
+
+impl InputSender {
+    /// Sends from a plain thread, waiting while the channel is full; false once the loop ended.
+    pub fn send_blocking(&self, input: Input) -> bool {
+        self.0.send(input).is_ok()
+    }
+
+    /// Sends from async code: at once when there is room, else the wait happens on tokio's
+    /// blocking pool so no runtime worker is blocked (the caller's task waits, which is the
+    /// back-pressure). False once the loop ended.
+    pub async fn send(&self, input: Input) -> bool {
+        match self.0.try_send(input) {
+            Ok(()) => true,
+            Err(TrySendError::Disconnected(_)) => false,
+            Err(TrySendError::Full(input)) => {
+                let tx = self.0.clone();
+                tokio::task::spawn_blocking(move || tx.send(input).is_ok())
+                    .await
+                    .unwrap_or(false)
+            }
+        }
+    }
+}
+
+/// Holds the first sync until this node's Node object is known, for at most a bound.
+///
+/// NodePort addresses with `nodePortAddresses: [primary]`, topology hints (the zone label) and
+/// load-balancer source ranges admitting the node all read the Node; a first sync without it
+/// would compute less than a previous run programmed, and delete the difference. Both sources
+/// provide the Node (the static source synthesizes one), so the gate always applies; it costs
+/// nothing when the Node comes with the first lists. Like upstream kube-proxy, which waits
+/// about 30 s for its Node at startup (`cmd/kube-proxy/app/server.go`, `getNodeIPs`), and then
+/// goes on without it; here, what the first sync then cannot compute is adopted from the kernel
+/// rather than deleted (see [`crate::adopt`]).
+#[derive(Debug)]
+pub struct NodeGate {
+    wait: Duration,
+    started: Option<Instant>,
+    open: bool,
+}
+
+impl NodeGate {
+    /// A gate that waits at most `wait` (zero: open at once).
+    pub fn new(wait: Duration) -> NodeGate {
+        NodeGate {
+            wait,
+            started: None,
+            open: wait.is_zero(),
+        }
+    }
+
+    /// True when syncs may run: the Node is known, or the wait is over. The wait starts when
+    /// Services and EndpointSlices are listed (before, nothing syncs anyway).
+    pub fn open(&mut self, store: &Store, now: Instant) -> bool {
+        if self.open {
+            return true;
+        }
+        if store.node().is_some() {
+            if self.started.is_some() {
+                tracing::info!("node object seen: first sync proceeds");
+            }
+            self.open = true;
+            return true;
+        }
+        let started = *self.started.get_or_insert_with(|| {
+            tracing::info!(
+                wait_s = self.wait.as_secs_f64(),
+                listed = store.kind_synced(Kind::Node),
+                "waiting for this node's Node object before the first sync"
+            );
+            now
+        });
+        if now >= started + self.wait {
+            tracing::warn!(
+                waited_s = self.wait.as_secs_f64(),
+                "no Node object for this node: first sync proceeds without it; \
+                 NodePort virtual servers it cannot compute are kept, not deleted"
+            );
+            self.open = true;
+        }
+        self.open
+    }
+
+    /// When the wait ends, while it runs.
+    pub fn deadline(&self) -> Option<Instant> {
+        match (self.open, self.started) {
+            (false, Some(t)) => Some(t + self.wait),
+            _ => None,
+        }
+    }
 }
 
 /// Observes the loop (metrics, health).
@@ -198,14 +311,17 @@ pub fn run(
     // Services with changes not synced yet: (Service changes, EndpointSlice changes).
     let mut pending_services: BTreeSet<ServiceName> = BTreeSet::new();
     let mut pending_endpoints: BTreeSet<ServiceName> = BTreeSet::new();
+    let mut gate = NodeGate::new(cfg.node_wait);
     loop {
         let now = Instant::now();
-        let pending = store.synced() && families.iter().any(|f| f.pending(now));
+        let ready = store.synced() && gate.open(store, now);
+        let pending = ready && families.iter().any(|f| f.pending(now));
         let deadline = if pending {
             last_sync.map_or(now, |t| t + cfg.min_sync_period)
         } else {
             let retry = families.iter().filter_map(|f| f.retry_due()).min();
-            retry.map_or(next_full, |r| r.min(next_full))
+            let d = retry.map_or(next_full, |r| r.min(next_full));
+            gate.deadline().map_or(d, |g| g.min(d))
         };
         let first = if deadline <= now {
             None
@@ -259,7 +375,7 @@ pub fn run(
                 f.request_full();
             }
         }
-        if !store.synced() {
+        if !store.synced() || !gate.open(store, now) {
             continue;
         }
         if last_sync.is_some_and(|t| now < t + cfg.min_sync_period) {

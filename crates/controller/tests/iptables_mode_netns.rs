@@ -694,3 +694,175 @@ fn netns_handover_cleanup_after_the_new_mode_leaves_its_rules_intact() {
         "the cleanup changed IPVS-mode rules"
     );
 }
+
+/// Issue #16: a restart while a Service is invalid keeps its rules (its last valid version was
+/// only in memory; the saved rules are adopted), traffic keeps flowing; fixed, it converges;
+/// deleted, its rules go.
+#[test]
+#[ignore = "netns"]
+fn netns_iptables_mode_restart_with_an_invalid_service_keeps_its_rules() {
+    let lab = lab(2);
+    let web = |valid: bool| {
+        let mut s = svc("default", "web", "10.96.0.10")
+            .node_port("http", 80, "TCP", 30080)
+            .external_ips(&["203.0.113.10"]);
+        if !valid {
+            s = s.with(|spec| spec.session_affinity = Some("Sometimes".into()));
+        }
+        s.build()
+    };
+    let other = svc("default", "other", "10.96.0.13")
+        .port("http", 80, "TCP")
+        .build();
+    let slices = || {
+        vec![
+            slice_of("web", &[0, 1], "node-b"),
+            slice_of("other", &[0], "node-b"),
+        ]
+    };
+    let iptables =
+        || Iptables::detect(iptables::Family::V4, Runner::in_netns(lab.node.name())).unwrap();
+    let mut first =
+        IptablesProxier::new(cfg4(), RulesConfig::default(), NODE, Box::new(iptables()));
+    let valid = synced_store(vec![web(true), other.clone()], slices());
+    let r = first.sync(&valid, &node_addrs());
+    assert!(r.ok(), "{:?}", r.errors);
+    let before = owned_rules(&lab.node.run(&["iptables-save"]).unwrap());
+    assert!(before
+        .values()
+        .flatten()
+        .any(|l| l.contains("default/web:http")));
+    let node_port = sock(NODE_IP, 30080);
+    let external = sock("203.0.113.10", 80);
+    for to in [node_port, external] {
+        assert_eq!(
+            connect_n(&lab.client, to, 6, Duration::from_secs(2)).failed,
+            0
+        );
+    }
+
+    // Invalid now, and the daemon restarts: a new proxier over the same kernel.
+    let mut store = synced_store(vec![web(false), other], slices());
+    let mut p = IptablesProxier::new(cfg4(), RulesConfig::default(), NODE, Box::new(iptables()));
+    let r = p.sync(&store, &node_addrs());
+    assert!(r.ok(), "{:?}", r.errors);
+    assert_eq!(r.kind, SyncKind::Full);
+    let after = owned_rules(&lab.node.run(&["iptables-save"]).unwrap());
+    assert_eq!(
+        after, before,
+        "the first sync after the restart kept web's rules"
+    );
+    for to in [node_port, external] {
+        assert_eq!(
+            connect_n(&lab.client, to, 6, Duration::from_secs(2)).failed,
+            0
+        );
+    }
+    // A drift check keeps them too.
+    p.request_full();
+    let r = p.sync(&store, &node_addrs());
+    assert!(r.ok(), "{:?}", r.errors);
+    assert_eq!(
+        owned_rules(&lab.node.run(&["iptables-save"]).unwrap()),
+        before
+    );
+
+    // Fixed, with one endpoint: converges to exactly what it renders.
+    let ch = store.apply(SourceEvent::Apply(Object::Service(Box::new(web(true)))));
+    p.note(&ch);
+    let ch = store.apply(SourceEvent::Apply(Object::EndpointSlice(Box::new(
+        slice_of("web", &[1], "node-b"),
+    ))));
+    p.note(&ch);
+    let r = p.sync(&store, &node_addrs());
+    assert!(r.ok(), "{:?}", r.errors);
+    let rendered = p.render_full(&store, &node_addrs()).unwrap();
+    assert_eq!(
+        owned_rules(&lab.node.run(&["iptables-save"]).unwrap()),
+        owned_rules(&rendered)
+    );
+    let t = connect_n(&lab.client, node_port, 6, Duration::from_secs(2));
+    assert_eq!(t.failed, 0);
+    assert_eq!(t.by_name.keys().collect::<Vec<_>>(), vec!["pod2"]);
+
+    // Deleted: its rules go.
+    let ch = store.apply(SourceEvent::Delete(Object::Service(Box::new(web(true)))));
+    p.note(&ch);
+    let r = p.sync(&store, &node_addrs());
+    assert!(r.ok(), "{:?}", r.errors);
+    let gone = lab.node.run(&["iptables-save"]).unwrap();
+    assert!(!gone.contains("default/web"), "{gone}");
+    assert!(gone.contains("default/other"));
+}
+
+/// Issue #16: with `nodePortAddresses: [primary]`, a restart whose first sync runs without the
+/// Node (its wait timed out) keeps the NodePort jumps of the node's primary address instead of
+/// dropping them; the Node's arrival then takes over.
+#[test]
+#[ignore = "netns"]
+fn netns_iptables_mode_first_sync_without_the_node_keeps_node_ports() {
+    let lab = lab(1);
+    let mut cfg = cfg4();
+    cfg.node_port_primary = true;
+    let np = svc("default", "np", "10.96.0.20")
+        .node_port("http", 80, "TCP", 30090)
+        .build();
+    let node_ev =
+        || SourceEvent::InitApply(Object::Node(Box::new(node_obj(NODE, "zone-a", NODE_IP))));
+    let iptables =
+        || Iptables::detect(iptables::Family::V4, Runner::in_netns(lab.node.name())).unwrap();
+    let mut with_node = synced_store(vec![np.clone()], vec![slice_of("np", &[0], "node-b")]);
+    with_node.apply(SourceEvent::Init(controller::source::Kind::Node));
+    with_node.apply(node_ev());
+    with_node.apply(SourceEvent::InitDone(controller::source::Kind::Node));
+    let mut first = IptablesProxier::new(
+        cfg.clone(),
+        RulesConfig::default(),
+        NODE,
+        Box::new(iptables()),
+    );
+    let r = first.sync(&with_node, &node_addrs());
+    assert!(r.ok(), "{:?}", r.errors);
+    let node_port = sock(NODE_IP, 30090);
+    assert_eq!(
+        connect_n(&lab.client, node_port, 4, Duration::from_secs(2)).failed,
+        0
+    );
+    let jump = format!("-A KUBE-SERVICES -d {NODE_IP}/32");
+    assert!(lab
+        .node
+        .run(&["iptables-save", "-t", "nat"])
+        .unwrap()
+        .contains(&jump));
+
+    // Restart without the Node.
+    let mut store = synced_store(vec![np], vec![slice_of("np", &[0], "node-b")]);
+    let mut p = IptablesProxier::new(cfg, RulesConfig::default(), NODE, Box::new(iptables()));
+    let r = p.sync(&store, &node_addrs());
+    assert!(r.ok(), "{:?}", r.errors);
+    assert_eq!(r.kind, SyncKind::Full);
+    let saved = lab.node.run(&["iptables-save", "-t", "nat"]).unwrap();
+    assert!(saved.contains(&jump), "{saved}");
+    assert!(
+        !saved.contains("-d 192.168.255.1/32"),
+        "only the kept address: {saved}"
+    );
+    assert_eq!(
+        connect_n(&lab.client, node_port, 4, Duration::from_secs(2)).failed,
+        0
+    );
+
+    // The Node arrives: same jump, now computed from it.
+    let ch = store.apply(SourceEvent::Apply(Object::Node(Box::new(node_obj(
+        NODE, "zone-a", NODE_IP,
+    )))));
+    p.note(&ch);
+    let r = p.sync(&store, &node_addrs());
+    assert!(r.ok(), "{:?}", r.errors);
+    let saved = lab.node.run(&["iptables-save", "-t", "nat"]).unwrap();
+    assert_eq!(saved.matches(&jump).count(), 1, "{saved}");
+    assert_eq!(
+        connect_n(&lab.client, node_port, 4, Duration::from_secs(2)).failed,
+        0
+    );
+}

@@ -448,6 +448,7 @@ fn once_loop() -> (
         min_sync_period: Duration::from_millis(10),
         sync_period: Duration::from_secs(30),
         once: true,
+        node_wait: Duration::ZERO,
     };
     (families, cfg)
 }

@@ -23,6 +23,10 @@ use crate::http::{self, Server};
 use crate::metrics::Metrics;
 use crate::service_health::ServiceHealthServer;
 
+/// Longest wait for this node's Node object before the first sync (upstream kube-proxy waits
+/// about as long for its Node at startup); see `controller::sync_loop::NodeGate`.
+const NODE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Everything the running daemon shares.
 #[derive(Debug)]
 pub struct Daemon {
@@ -404,6 +408,7 @@ pub async fn run_daemon(config: Config) -> Result<()> {
             min_sync_period: config.min_sync_period(mode),
             sync_period: config.sync_period(mode),
             once: config.once,
+            node_wait: NODE_WAIT,
         },
         observer,
     );
@@ -452,7 +457,7 @@ pub async fn run_daemon(config: Config) -> Result<()> {
             ev = rx.recv() => match ev {
                 Some(ev) => {
                     daemon.handle_event(&ev);
-                    if !engine.send(ev) {
+                    if !engine.send(ev).await {
                         break Ok(());
                     }
                 }

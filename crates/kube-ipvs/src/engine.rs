@@ -4,7 +4,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::Path;
-use std::sync::mpsc;
 use std::sync::Arc;
 
 use controller::desired::HealthCheck;
@@ -628,9 +627,14 @@ pub async fn publish_node_event(
 }
 
 /// The running engine: the sync-loop thread and its input channel.
+///
+/// The channel is bounded ([`sync_loop::input_channel`], [`sync_loop::INPUT_CAPACITY`]): when
+/// the loop is busy (a long sync) and the channel fills, [`Engine::send`] waits without
+/// blocking a runtime worker, which back-pressures the source's own bounded channel and the
+/// watchers; nothing is dropped, and the loop coalesces whatever queued into one sync.
 #[derive(Debug)]
 pub struct Engine {
-    tx: mpsc::Sender<Input>,
+    tx: sync_loop::InputSender,
     thread: Option<std::thread::JoinHandle<Exit>>,
 }
 
@@ -671,7 +675,7 @@ impl Engine {
             families: backends.iter().map(|b| ip_family(b.family())).collect(),
             inner: observer,
         };
-        let (tx, rx) = mpsc::channel();
+        let (tx, rx) = sync_loop::input_channel(sync_loop::INPUT_CAPACITY);
         let thread = std::thread::Builder::new()
             .name("sync-loop".into())
             .spawn(move || {
@@ -696,13 +700,14 @@ impl Engine {
     }
 
     /// A sender for inputs (sources, the node-address tracker).
-    pub fn sender(&self) -> mpsc::Sender<Input> {
+    pub fn sender(&self) -> sync_loop::InputSender {
         self.tx.clone()
     }
 
-    /// Hands a source event to the loop; false when the loop has ended.
-    pub fn send(&self, ev: SourceEvent) -> bool {
-        self.tx.send(Input::Source(ev)).is_ok()
+    /// Hands a source event to the loop, waiting while its channel is full; false when the
+    /// loop has ended.
+    pub async fn send(&self, ev: SourceEvent) -> bool {
+        self.tx.send(Input::Source(ev)).await
     }
 
     /// True when the loop thread has returned (e.g. `--once` done).
@@ -712,7 +717,7 @@ impl Engine {
 
     /// Stops the loop (if running) and returns how it ended.
     pub fn stop(mut self) -> Exit {
-        let _ = self.tx.send(Input::Shutdown);
+        let _ = self.tx.send_blocking(Input::Shutdown);
         match self.thread.take().map(|t| t.join()) {
             Some(Ok(exit)) => exit,
             _ => Exit::Shutdown,
@@ -723,7 +728,7 @@ impl Engine {
 /// Forwards node-address changes (and kube-ipvs0 deletions) from netif's tracker to the loop.
 pub fn forward_node_addresses(
     tracker: &netif::NodeAddresses,
-    tx: mpsc::Sender<Input>,
+    tx: sync_loop::InputSender,
 ) -> tokio::task::JoinHandle<()> {
     let mut rx = tracker.subscribe();
     tokio::spawn(async move {
@@ -733,12 +738,12 @@ pub fn forward_node_addresses(
                 let s = rx.borrow();
                 (s.node_ips(), s.dummy_deletions())
             };
-            if tx.send(Input::NodeAddresses(ips)).is_err() {
+            if !tx.send(Input::NodeAddresses(ips)).await {
                 return;
             }
             if del != deletions {
                 deletions = del;
-                if tx.send(Input::LinkDeleted).is_err() {
+                if !tx.send(Input::LinkDeleted).await {
                     return;
                 }
             }
