@@ -911,6 +911,7 @@ fn adopt_saved_rules(
             },
             rendered,
             no_local: NoLocalEndpoints::default(),
+            health_ips: Vec::new(),
         });
     }
     out
