@@ -355,18 +355,24 @@ impl IptablesProxier {
             let new = match store.service(&name) {
                 None => {
                     self.rejections.clear(&key);
+                    self.rejections.clear_owned(&key);
                     None
                 }
                 Some(svc) => {
                     let slices = store.slices_of(&name);
                     match service_port_rules(svc, &slices, &self.cfg, node) {
                         Ok((ports, rejected)) => {
-                            for (slice, why) in &rejected {
-                                self.rejections.reject(
-                                    &format!("endpointslice {}/{slice}", name.namespace),
-                                    why,
-                                );
-                            }
+                            let rejected: Vec<(String, Invalid)> = rejected
+                                .iter()
+                                .map(|(slice, why)| {
+                                    (
+                                        format!("endpointslice {}/{slice}", name.namespace),
+                                        why.clone(),
+                                    )
+                                })
+                                .collect();
+                            // Slices fixed or deleted since the last derivation are cleared.
+                            self.rejections.replace_owned(&key, &rejected);
                             let mut states = Vec::with_capacity(ports.len());
                             let mut bad = None;
                             for (p, no_local) in ports {

@@ -309,12 +309,15 @@ pub async fn run_daemon(config: Config) -> Result<()> {
             note,
         ));
     }
-    let (rejections_tx, rejections_rx) = tokio::sync::mpsc::unbounded_channel();
+    // Events for invalid objects: deduplicated, rate limited, through a bounded queue.
+    let (rejections_tx, rejections_rx) =
+        crate::events::EventSink::new(Some(daemon.metrics.clone()));
     let publisher = client.clone().map(|c| {
-        tokio::spawn(crate::engine::publish_rejections(
+        tokio::spawn(crate::events::publish_events(
             c,
             config.node_name.clone(),
             rejections_rx,
+            Some(daemon.metrics.clone()),
         ))
     });
     let observer = crate::engine::Observer {

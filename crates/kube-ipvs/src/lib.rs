@@ -9,6 +9,7 @@ pub mod daemon;
 pub mod duration;
 pub mod engine;
 pub mod error;
+pub mod events;
 pub mod health;
 pub mod http;
 pub mod logging;
