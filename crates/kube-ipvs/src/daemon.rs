@@ -181,7 +181,11 @@ pub async fn kube_client(cfg: &KubeClientConfig) -> Result<kube::Client> {
         // system trust store, which minimal images (and the test VM) do not have.
         config.root_cert = Some(Vec::new());
     }
-    kube::Client::try_from(config).map_err(|e| kerr(&e))
+    // clientConnection.qps/burst, like client-go's token bucket (see `client_limit`).
+    let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| kerr(&e))?;
+    Ok(builder
+        .with_layer(&crate::client_limit::QpsLayer::new(cfg.qps, cfg.burst))
+        .build())
 }
 
 async fn shutdown_signal() -> &'static str {

@@ -4,6 +4,7 @@
 //! `main` only calls [`run`]; tests drive the modules directly.
 
 pub mod cli;
+pub mod client_limit;
 pub mod config;
 pub mod daemon;
 pub mod duration;
