@@ -214,7 +214,7 @@ mod tests {
         let mut cx = Context::from_waker(&waker);
         for _ in 0..3 {
             assert!(svc.poll_ready(&mut cx).is_ready());
-            let _ = svc.call(());
+            svc.call(()).await.unwrap();
         }
         // The fourth waits (1,000 s at 0.001 qps): not ready, and polling again does not take
         // another token.
@@ -225,7 +225,7 @@ mod tests {
         let mut free = QpsLayer::new(0.0, 0).layer(Count(0));
         for _ in 0..1000 {
             assert!(free.poll_ready(&mut cx).is_ready());
-            let _ = free.call(());
+            free.call(()).await.unwrap();
         }
         assert_eq!(free.inner.0, 1000);
     }
