@@ -133,6 +133,7 @@ pub struct IptablesProxier {
     failed_until: Option<Instant>,
     failures: u32,
     rejections: Rejections,
+    vips: crate::vip::VipClaims,
     conntrack: Vec<UdpConntrackCleanup>,
     last_payload_bytes: usize,
     chains_written: usize,
@@ -269,6 +270,7 @@ impl IptablesProxier {
             failed_until: None,
             failures: 0,
             rejections: Rejections::default(),
+            vips: crate::vip::VipClaims::default(),
             conntrack: Vec::new(),
             last_payload_bytes: 0,
             chains_written: 0,
@@ -349,19 +351,47 @@ impl IptablesProxier {
         report: &mut SyncReport,
     ) -> BTreeMap<ServiceName, Option<Vec<PortState>>> {
         let mut changed = BTreeMap::new();
+        // Services whose external VIP claims change hands are derived too (see `crate::vip`).
+        let names = self.vips.update(store, &self.cfg, names);
+        report.vip_conflicts = self.vips.conflicts();
         for name in names {
             report.services_derived += 1;
             let key = format!("service {name}");
+            let vip_key = format!("vip {name}");
             let new = match store.service(&name) {
                 None => {
                     self.rejections.clear(&key);
+                    self.rejections.clear(&vip_key);
                     self.rejections.clear_owned(&key);
                     None
                 }
                 Some(svc) => {
                     let slices = store.slices_of(&name);
+                    let lost = self.vips.lost(&name);
                     match service_port_rules(svc, &slices, &self.cfg, node) {
-                        Ok((ports, rejected)) => {
+                        Ok((mut ports, rejected)) => {
+                            // Claims another Service wins are not rendered.
+                            for (p, _) in &mut ports {
+                                let won = |ip: &IpAddr| {
+                                    !lost.contains_key(&crate::vip::Vip {
+                                        ip: *ip,
+                                        port: p.port,
+                                        protocol: vip_proto(p.protocol),
+                                    })
+                                };
+                                let (ext, lb): (Vec<IpAddr>, Vec<IpAddr>) = (
+                                    p.external_ips.iter().copied().filter(won).collect(),
+                                    p.load_balancer_ips.iter().copied().filter(won).collect(),
+                                );
+                                p.external_ips = ext;
+                                p.load_balancer_ips = lb;
+                            }
+                            match crate::vip::conflict_reason(&lost) {
+                                Some(why) => {
+                                    self.rejections.reject(&vip_key, &why);
+                                }
+                                None => self.rejections.clear(&vip_key),
+                            }
                             let rejected: Vec<(String, Invalid)> = rejected
                                 .iter()
                                 .map(|(slice, why)| {
@@ -653,6 +683,14 @@ impl IptablesProxier {
         }
         report.duration = start.elapsed();
         report
+    }
+}
+
+fn vip_proto(p: ipset::Protocol) -> ipvs_netlink::Protocol {
+    match p {
+        ipset::Protocol::Tcp => ipvs_netlink::Protocol::Tcp,
+        ipset::Protocol::Udp => ipvs_netlink::Protocol::Udp,
+        ipset::Protocol::Sctp => ipvs_netlink::Protocol::Sctp,
     }
 }
 

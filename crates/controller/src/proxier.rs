@@ -346,29 +346,6 @@ impl Proxier {
         self.vips.conflicts()
     }
 
-    /// Updates the VIP claims of `names` and returns them with every other Service whose lost
-    /// VIPs changed as a result (see [`crate::vip`]); an invalid Service keeps its claims.
-    fn with_vip_claims(
-        &mut self,
-        store: &Store,
-        names: impl IntoIterator<Item = ServiceName>,
-    ) -> BTreeSet<ServiceName> {
-        let names: BTreeSet<ServiceName> = names.into_iter().collect();
-        let mut affected = BTreeSet::new();
-        for name in &names {
-            let claims = match store.service(name) {
-                None => Vec::new(),
-                Some(svc) => match crate::vip::claims_of(svc, &self.cfg) {
-                    Ok(c) => c,
-                    Err(_) => continue,
-                },
-            };
-            affected.extend(self.vips.set(name, claims));
-        }
-        affected.extend(names);
-        affected
-    }
-
     /// Derives the given services (and those whose VIP claims they affect); invalid ones keep
     /// their last good state.
     fn derive(
@@ -379,7 +356,7 @@ impl Proxier {
         report: &mut SyncReport,
     ) -> Vec<(ServiceName, Option<crate::desired::ServiceDesired>)> {
         let mut changes = Vec::new();
-        let names = self.with_vip_claims(store, names);
+        let names = self.vips.update(store, &self.cfg, names);
         for name in names {
             report.services_derived += 1;
             let key = format!("service {name}");

@@ -150,6 +150,31 @@ impl VipClaims {
         affected
     }
 
+    /// Updates the claims of `names` from `store` (a deleted Service drops its claims, an
+    /// invalid one keeps its last ones) and returns `names` with every other Service whose lost
+    /// VIPs changed as a result: derive all of them.
+    pub fn update(
+        &mut self,
+        store: &crate::store::Store,
+        cfg: &ProxyConfig,
+        names: impl IntoIterator<Item = ServiceName>,
+    ) -> BTreeSet<ServiceName> {
+        let names: BTreeSet<ServiceName> = names.into_iter().collect();
+        let mut affected = BTreeSet::new();
+        for name in &names {
+            let claims = match store.service(name) {
+                None => Vec::new(),
+                Some(svc) => match claims_of(svc, cfg) {
+                    Ok(c) => c,
+                    Err(_) => continue,
+                },
+            };
+            affected.extend(self.set(name, claims));
+        }
+        affected.extend(names);
+        affected
+    }
+
     /// The Service that serves `vip`, if anyone claims it.
     pub fn winner(&self, vip: &Vip) -> Option<ServiceName> {
         self.by_vip.get(vip)?.first().map(|r| r.name.clone())

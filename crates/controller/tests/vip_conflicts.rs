@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use controller::kernel::{FakeKernel, Kernel};
-use controller::proxier::{Proxier, RulesConfig};
+use controller::proxier::{Proxier, RulesConfig, SyncKind, SyncReport};
 use controller::source::{Object, SourceEvent};
 use controller::store::Store;
 use fixtures::*;
@@ -325,4 +325,58 @@ fn endpointslice_rejections_clear_when_fixed_or_deleted_and_stay_bounded() {
     apply(&mut store, &mut p, SourceEvent::Delete(svc_obj(good)));
     assert_eq!(p.rejections().current(), 0);
     assert_eq!(p.rejections().owned_len(), 0);
+}
+
+/// A recording iptables runner the test reads while the proxier owns it.
+#[derive(Clone, Default)]
+struct Recording(std::sync::Arc<std::sync::Mutex<controller::iptables_mode::RecordingRunner>>);
+
+impl controller::iptables_mode::RestoreRunner for Recording {
+    fn save(&mut self, t: iptables::Table) -> Result<String, controller::kernel::KernelError> {
+        self.0.lock().unwrap().save(t)
+    }
+    fn restore(&mut self, payload: &str) -> Result<(), controller::kernel::KernelError> {
+        self.0.lock().unwrap().restore(payload)
+    }
+    fn processes(&self) -> u64 {
+        self.0.lock().unwrap().processes()
+    }
+}
+
+#[test]
+fn iptables_mode_renders_only_the_winners_external_ip_rule() {
+    use controller::iptables_mode::IptablesProxier;
+    use controller::sync_loop::Backend;
+    let rec = Recording::default();
+    let mut p = IptablesProxier::new(cfg4(), RulesConfig::default(), NODE, Box::new(rec.clone()));
+    let mut store = synced_store(vec![], vec![]);
+    assert!(p.sync(&store, &node_addrs()).ok());
+    // The loser arrives first, then the older winner.
+    let mut objs = conflict_objects();
+    objs.reverse();
+    let mut rejected = Vec::new();
+    let mut last = SyncReport::new(SyncKind::Full);
+    for o in objs {
+        let ch = store.apply(SourceEvent::Apply(o));
+        p.note(&ch);
+        last = p.sync(&store, &node_addrs());
+        assert!(last.ok(), "{:?}", last.errors);
+        rejected.extend(p.take_rejections());
+    }
+    assert_eq!(last.vip_conflicts, 1);
+    assert!(
+        rejected.iter().any(|(k, _)| k == "vip aa/newer"),
+        "{rejected:?}"
+    );
+    p.request_full();
+    assert!(p.sync(&store, &node_addrs()).ok());
+    let payload = rec.0.lock().unwrap().restores.last().cloned().unwrap();
+    assert!(
+        payload.contains("zz/older:http external IP"),
+        "winner's rule missing:\n{payload}"
+    );
+    assert!(
+        !payload.contains("aa/newer:http external IP"),
+        "loser's rule rendered:\n{payload}"
+    );
 }
