@@ -123,7 +123,7 @@ pub fn deny_stage() -> DenyOutcome {
     // for `cargo metadata`; the advisory database is not needed).
     for check in ["licenses", "bans", "sources"] {
         let ok = run_limited(
-            deny(&bin).args(["check", "--disable-fetch", check]),
+            deny(&bin).args(["--locked", "check", check]),
             Duration::from_secs(600),
         );
         if ok {
@@ -140,7 +140,7 @@ pub fn deny_stage() -> DenyOutcome {
     );
     if fetched {
         if run_limited(
-            deny(&bin).args(["check", "--disable-fetch", "advisories"]),
+            deny(&bin).args(["--locked", "--offline", "check", "advisories"]),
             Duration::from_secs(600),
         ) {
             passed += 1;
