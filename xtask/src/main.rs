@@ -2,6 +2,7 @@
 
 mod bench;
 mod cpio;
+mod deny;
 mod dist;
 mod error;
 mod host;
@@ -19,7 +20,7 @@ const USAGE: &str = "\
 usage:
   cargo xtask vm [--mem M] [--cpus N] [--file SRC[:DEST]]... [--env K=V]... [--cwd DIR (default: current dir)]
                  [--timeout SECS] [--net-fwd HOSTPORT] -- CMD...
-  cargo xtask test [--stage fmt|clippy|unit|netns|vm]... [-p PKG]... [--timeout SECS]
+  cargo xtask test [--stage fmt|clippy|deny|unit|netns|vm]... [-p PKG]... [--timeout SECS]
   cargo xtask e2e [--filter SUBSTRING] [-p PKG]... [--timeout SECS]
   cargo xtask bench ...
   cargo xtask dist [--gnu]";

@@ -1,6 +1,6 @@
 //! `cargo xtask test` and `cargo xtask e2e`: every test stage with one summary line each.
 //!
-//! Stages: `fmt`, `clippy`, `unit` (`cargo test --workspace`), `netns` (ignored `netns_*` tests,
+//! Stages: `fmt`, `clippy`, `deny` (cargo-deny, see [`crate::deny`]), `unit` (`cargo test --workspace`), `netns` (ignored `netns_*` tests,
 //! natively as root) and `vm` (ignored `vm_*` tests, inside one VM boot). The last line is
 //! `test: N passed, M failed`, the shape CI parses.
 
@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// All stages in run order.
-pub const STAGES: &[&str] = &["fmt", "clippy", "unit", "netns", "vm"];
+pub const STAGES: &[&str] = &["fmt", "clippy", "deny", "unit", "netns", "vm"];
 
 /// Per-binary time limit inside the guest.
 const PER_BINARY_TIMEOUT_SECS: u64 = 900;
@@ -618,6 +618,20 @@ fn run_stages(
                     "warnings",
                 ]),
             ),
+            "deny" => {
+                let o = crate::deny::deny_stage();
+                let c = Counts {
+                    passed: o.passed,
+                    failed: o.failed,
+                    ignored: 0,
+                };
+                StageResult {
+                    name: "deny",
+                    ok: o.failed == 0,
+                    counts: c,
+                    line: stage_line("deny", c, &o.note),
+                }
+            }
             "unit" => unit_stage(pkgs),
             "netns" | "vm" => {
                 let b = built.get_or_insert_with(|| build_all(pkgs));

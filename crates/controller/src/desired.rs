@@ -33,6 +33,7 @@ use crate::diff::{diff_virtual_server, IpvsOps, IpvsTable, VirtualServer};
 use crate::model::{
     endpoints, select_endpoints, service_ports, Invalid, NodeInfo, ProxyConfig, ServiceName,
 };
+use crate::vip::Vip;
 
 /// One member of one of the kube-proxy sets.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -182,6 +183,19 @@ pub fn service_desired(
     cfg: &ProxyConfig,
     node: &NodeInfo,
 ) -> Result<Derived, Invalid> {
+    service_desired_except(svc, slices, cfg, node, &BTreeSet::new())
+}
+
+/// [`service_desired`] without the external VIPs in `lost` (externalIP or load-balancer
+/// claims another Service wins, see [`crate::vip`]): no virtual server, ipset entry or
+/// address comes from them.
+pub fn service_desired_except(
+    svc: &KubeService,
+    slices: &[&EndpointSlice],
+    cfg: &ProxyConfig,
+    node: &NodeInfo,
+    lost: &BTreeSet<Vip>,
+) -> Result<Derived, Invalid> {
     let ports = service_ports(svc, cfg)?;
     if ports.is_empty() {
         return Ok(Derived::default());
@@ -241,8 +255,16 @@ pub fn service_desired(
             Entry::ip_port(sp.cluster_ip, sproto, sp.port),
         );
 
+        let won = |ip: &IpAddr| {
+            !lost.contains(&Vip {
+                ip: *ip,
+                port: sp.port,
+                protocol: proto,
+            })
+        };
+
         // externalIPs.
-        for ip in &sp.external_ips {
+        for ip in sp.external_ips.iter().filter(|ip| won(ip)) {
             vss.push(make(*ip, sp.port, &sel.external));
             if !node.addresses.contains(ip) {
                 addresses.insert(*ip);
@@ -260,7 +282,7 @@ pub fn service_desired(
         }
 
         // Load-balancer ingress IPs.
-        for ip in &sp.load_balancer_ips {
+        for ip in sp.load_balancer_ips.iter().filter(|ip| won(ip)) {
             vss.push(make(*ip, sp.port, &sel.external));
             addresses.insert(*ip);
             entry(SetKind::LoadBalancer, Entry::ip_port(*ip, sproto, sp.port));

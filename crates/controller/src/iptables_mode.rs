@@ -136,6 +136,7 @@ pub struct IptablesProxier {
     failed_until: Option<Instant>,
     failures: u32,
     rejections: Rejections,
+    vips: crate::vip::VipClaims,
     conntrack: Vec<UdpConntrackCleanup>,
     last_payload_bytes: usize,
     chains_written: usize,
@@ -291,6 +292,7 @@ impl IptablesProxier {
             failed_until: None,
             failures: 0,
             rejections: Rejections::default(),
+            vips: crate::vip::VipClaims::default(),
             conntrack: Vec::new(),
             last_payload_bytes: 0,
             chains_written: 0,
@@ -377,25 +379,59 @@ impl IptablesProxier {
         report: &mut SyncReport,
     ) -> BTreeMap<ServiceName, Option<Vec<PortState>>> {
         let mut changed = BTreeMap::new();
+        // Services whose external VIP claims change hands are derived too (see `crate::vip`).
+        let names = self.vips.update(store, &self.cfg, names);
+        report.vip_conflicts = self.vips.conflicts();
         for name in names {
             report.services_derived += 1;
             let key = format!("service {name}");
+            let vip_key = format!("vip {name}");
             let new = match store.service(&name) {
                 None => {
                     self.rejections.clear(&key);
                     self.to_adopt.remove(&name);
+                    self.rejections.clear(&vip_key);
+                    self.rejections.clear_owned(&key);
                     None
                 }
                 Some(svc) => {
                     let slices = store.slices_of(&name);
+                    let lost = self.vips.lost(&name);
                     match service_port_rules(svc, &slices, &self.cfg, node) {
-                        Ok((ports, rejected)) => {
-                            for (slice, why) in &rejected {
-                                self.rejections.reject(
-                                    &format!("endpointslice {}/{slice}", name.namespace),
-                                    why,
+                        Ok((mut ports, rejected)) => {
+                            // Claims another Service wins are not rendered.
+                            for p in ports.iter_mut().map(|d| &mut d.rules) {
+                                let won = |ip: &IpAddr| {
+                                    !lost.contains_key(&crate::vip::Vip {
+                                        ip: *ip,
+                                        port: p.port,
+                                        protocol: vip_proto(p.protocol),
+                                    })
+                                };
+                                let (ext, lb): (Vec<IpAddr>, Vec<IpAddr>) = (
+                                    p.external_ips.iter().copied().filter(won).collect(),
+                                    p.load_balancer_ips.iter().copied().filter(won).collect(),
                                 );
+                                p.external_ips = ext;
+                                p.load_balancer_ips = lb;
                             }
+                            match crate::vip::conflict_reason(&lost) {
+                                Some(why) => {
+                                    self.rejections.reject(&vip_key, &why);
+                                }
+                                None => self.rejections.clear(&vip_key),
+                            }
+                            let rejected: Vec<(String, Invalid)> = rejected
+                                .iter()
+                                .map(|(slice, why)| {
+                                    (
+                                        format!("endpointslice {}/{slice}", name.namespace),
+                                        why.clone(),
+                                    )
+                                })
+                                .collect();
+                            // Slices fixed or deleted since the last derivation are cleared.
+                            self.rejections.replace_owned(&key, &rejected);
                             let mut states = Vec::with_capacity(ports.len());
                             let mut bad = None;
                             for p in ports {
@@ -915,6 +951,14 @@ fn adopt_saved_rules(
         });
     }
     out
+}
+
+fn vip_proto(p: ipset::Protocol) -> ipvs_netlink::Protocol {
+    match p {
+        ipset::Protocol::Tcp => ipvs_netlink::Protocol::Tcp,
+        ipset::Protocol::Udp => ipvs_netlink::Protocol::Udp,
+        ipset::Protocol::Sctp => ipvs_netlink::Protocol::Sctp,
+    }
 }
 
 fn empty_report(kind: SyncKind) -> SyncReport {

@@ -16,3 +16,4 @@ pub mod source;
 pub mod store;
 pub mod sync_loop;
 pub mod sysctl;
+pub mod vip;

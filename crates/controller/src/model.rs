@@ -940,11 +940,20 @@ pub fn select_endpoints(
 }
 
 /// Remembers rejected objects so each reason is logged once and counted once.
+///
+/// Rejections of objects that belong to another one (EndpointSlices of a Service) are recorded
+/// per owner with [`Rejections::replace_owned`], so a slice that is fixed or deleted is cleared
+/// when its Service is next derived, and every slice of a deleted Service is cleared with it
+/// ([`Rejections::clear_owned`]): the map holds only objects rejected now.
 #[derive(Debug, Default, Clone)]
 pub struct Rejections {
     current: HashMap<String, Invalid>,
     total: u64,
     fresh: Vec<(String, Invalid)>,
+    /// Owner key → keys it rejected last time it was derived.
+    owned: HashMap<String, BTreeSet<String>>,
+    /// Owned key → its owner (a slice relabelled to another Service changes owner).
+    owner_of: HashMap<String, String>,
 }
 
 impl Rejections {
@@ -964,6 +973,39 @@ impl Rejections {
     /// Records that `key` is valid again (or deleted).
     pub fn clear(&mut self, key: &str) {
         self.current.remove(key);
+    }
+
+    /// Replaces the rejections owned by `owner` (e.g. `service ns/name`) with `rejected`
+    /// (e.g. its EndpointSlices skipped by this derivation): keys it rejected before and not
+    /// now are cleared (the slice was fixed, deleted, or moved to another Service), new ones
+    /// are recorded like [`Rejections::reject`].
+    pub fn replace_owned(&mut self, owner: &str, rejected: &[(String, Invalid)]) {
+        let now: BTreeSet<String> = rejected.iter().map(|(k, _)| k.clone()).collect();
+        let before = self.owned.remove(owner).unwrap_or_default();
+        for k in before.difference(&now) {
+            // Another owner may have taken the key over since (a relabelled slice).
+            if self.owner_of.get(k).map(String::as_str) == Some(owner) {
+                self.owner_of.remove(k);
+                self.current.remove(k);
+            }
+        }
+        for (k, why) in rejected {
+            self.owner_of.insert(k.clone(), owner.to_string());
+            self.reject(k, why);
+        }
+        if !now.is_empty() {
+            self.owned.insert(owner.to_string(), now);
+        }
+    }
+
+    /// Clears every rejection owned by `owner` (the owner was deleted).
+    pub fn clear_owned(&mut self, owner: &str) {
+        self.replace_owned(owner, &[]);
+    }
+
+    /// Objects tracked as owned by another (memory bound checks).
+    pub fn owned_len(&self) -> usize {
+        self.owner_of.len()
     }
 
     /// Objects currently rejected.

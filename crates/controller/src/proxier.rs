@@ -21,7 +21,9 @@ use ipset::{EntryChange, IpsetDiff, SetKind};
 use ipvs_netlink::{Destination, Family, Op, ServiceKey};
 
 use crate::conntrack::ConntrackFilter;
-use crate::desired::{owned_by_proxy, service_desired, set_family, Delta, Desired, IpsetEntry};
+use crate::desired::{
+    owned_by_proxy, service_desired_except, set_family, Delta, Desired, IpsetEntry,
+};
 use crate::diff::{diff_ipvs, diff_set, IpvsOps, IpvsTable};
 use crate::kernel::{Kernel, KernelError};
 use crate::model::{NodeInfo, ProxyConfig, Rejections, ServiceName};
@@ -88,6 +90,8 @@ pub struct SyncReport {
     pub errors: Vec<String>,
     /// Wall time.
     pub duration: Duration,
+    /// External VIP claims lost to another Service after this sync (see [`crate::vip`]).
+    pub vip_conflicts: usize,
 }
 
 impl SyncReport {
@@ -107,6 +111,7 @@ impl SyncReport {
             drift: BTreeMap::new(),
             errors: Vec::new(),
             duration: Duration::ZERO,
+            vip_conflicts: 0,
         }
     }
 
@@ -134,6 +139,7 @@ pub struct Proxier {
     recheck_addresses: bool,
     set_counts: BTreeMap<SetKind, usize>,
     rejections: Rejections,
+    vips: crate::vip::VipClaims,
     drain: DrainConfig,
     draining: BTreeMap<(ServiceKey, IpAddr, u16), Instant>,
     drain_due: Option<Instant>,
@@ -207,6 +213,7 @@ impl Proxier {
             recheck_addresses: false,
             set_counts: BTreeMap::new(),
             rejections: Rejections::default(),
+            vips: crate::vip::VipClaims::default(),
             drain: DrainConfig::default(),
             draining: BTreeMap::new(),
             drain_due: None,
@@ -317,6 +324,7 @@ impl Proxier {
             self.check_drains(kernel, &mut report);
         }
         self.flush_conntrack(kernel, &mut report);
+        report.vip_conflicts = self.vips.conflicts();
         report.duration = start.elapsed();
         report
     }
@@ -337,7 +345,13 @@ impl Proxier {
         NodeInfo::from_node(&self.node_name, store.node(), node_addresses.clone())
     }
 
-    /// Derives the given services; invalid ones keep their last good state.
+    /// External VIP claims lost to another Service (the `kube_ipvs_vip_conflicts` gauge).
+    pub fn vip_conflicts(&self) -> usize {
+        self.vips.conflicts()
+    }
+
+    /// Derives the given services (and those whose VIP claims they affect); invalid ones keep
+    /// their last good state.
     fn derive(
         &mut self,
         store: &Store,
@@ -346,24 +360,44 @@ impl Proxier {
         report: &mut SyncReport,
     ) -> Vec<(ServiceName, Option<crate::desired::ServiceDesired>)> {
         let mut changes = Vec::new();
+        let names = self.vips.update(store, &self.cfg, names);
         for name in names {
             report.services_derived += 1;
             let key = format!("service {name}");
+            let vip_key = format!("vip {name}");
             let Some(svc) = store.service(&name) else {
                 self.rejections.clear(&key);
                 self.to_adopt.remove(&name);
+                self.rejections.clear(&vip_key);
+                self.rejections.clear_owned(&key);
                 changes.push((name, None));
                 continue;
             };
             let slices = store.slices_of(&name);
-            match service_desired(svc, &slices, &self.cfg, node) {
+            let lost = self.vips.lost(&name);
+            let lost_vips: BTreeSet<crate::vip::Vip> = lost.keys().copied().collect();
+            match service_desired_except(svc, &slices, &self.cfg, node, &lost_vips) {
                 Ok(d) => {
                     self.rejections.clear(&key);
                     self.to_adopt.remove(&name);
-                    for (slice, why) in &d.rejected_slices {
-                        self.rejections
-                            .reject(&format!("endpointslice {}/{slice}", name.namespace), why);
+                    match crate::vip::conflict_reason(&lost) {
+                        Some(why) => {
+                            self.rejections.reject(&vip_key, &why);
+                        }
+                        None => self.rejections.clear(&vip_key),
                     }
+                    let slices: Vec<(String, crate::model::Invalid)> = d
+                        .rejected_slices
+                        .iter()
+                        .map(|(slice, why)| {
+                            (
+                                format!("endpointslice {}/{slice}", name.namespace),
+                                why.clone(),
+                            )
+                        })
+                        .collect();
+                    // Slices fixed or deleted since the last derivation are cleared.
+                    self.rejections.replace_owned(&key, &slices);
                     changes.push((name, d.desired));
                 }
                 Err(why) => {

@@ -210,7 +210,11 @@ pub async fn kube_client(cfg: &KubeClientConfig) -> Result<kube::Client> {
         // system trust store, which minimal images (and the test VM) do not have.
         config.root_cert = Some(Vec::new());
     }
-    kube::Client::try_from(config).map_err(|e| kerr(&e))
+    // clientConnection.qps/burst, like client-go's token bucket (see `client_limit`).
+    let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| kerr(&e))?;
+    Ok(builder
+        .with_layer(&crate::client_limit::QpsLayer::new(cfg.qps, cfg.burst))
+        .build())
 }
 
 async fn shutdown_signal() -> &'static str {
@@ -383,12 +387,15 @@ pub async fn run_daemon(config: Config) -> Result<()> {
             note,
         ));
     }
-    let (rejections_tx, rejections_rx) = tokio::sync::mpsc::unbounded_channel();
+    // Events for invalid objects: deduplicated, rate limited, through a bounded queue.
+    let (rejections_tx, rejections_rx) =
+        crate::events::EventSink::new(Some(daemon.metrics.clone()));
     let publisher = client.clone().map(|c| {
-        tokio::spawn(crate::engine::publish_rejections(
+        tokio::spawn(crate::events::publish_events(
             c,
             config.node_name.clone(),
             rejections_rx,
+            Some(daemon.metrics.clone()),
         ))
     });
     let observer = crate::engine::Observer {

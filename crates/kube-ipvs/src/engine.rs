@@ -264,9 +264,9 @@ pub struct Observer {
     pub service_health: Arc<ServiceHealthServer>,
     /// Runtime for the listener updates.
     pub rt: tokio::runtime::Handle,
-    /// Where newly rejected objects go to become Kubernetes Events (None: log + metric only,
-    /// e.g. with `--source-dir`).
-    pub rejections: Option<tokio::sync::mpsc::UnboundedSender<Rejection>>,
+    /// Where newly rejected objects go to become Kubernetes Events, deduplicated and rate
+    /// limited (None: log + metric only, e.g. with `--source-dir`).
+    pub rejections: Option<crate::events::EventSink>,
     /// `(key, reason)` already reported, so dual-stack nodes report a rejection once.
     pub reported: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
     /// What each family's last sync reported, for the node-wide values that sum or merge them.
@@ -286,6 +286,8 @@ pub struct FamilySeen {
     /// Health-check node ports: a node port is served while either family wants it (a
     /// single-stack Service on a dual-stack node is in one family only).
     health: BTreeMap<ServiceName, HealthCheck>,
+    /// External VIP claims lost to another Service.
+    vip_conflicts: usize,
 }
 
 /// An object skipped as invalid, to be reported as a Kubernetes Event.
@@ -302,11 +304,36 @@ pub struct Rejection {
 }
 
 impl Rejection {
+    /// The Event reporting this rejection (`InvalidObject`, action `Skip`; the note is
+    /// sanitized by the sink). A VIP conflict is reported as `VIPConflict`.
+    pub fn event(&self) -> crate::events::EventRequest {
+        let (api_version, kind) = match self.kind.as_str() {
+            "EndpointSlice" => ("discovery.k8s.io/v1", "EndpointSlice"),
+            _ => ("v1", "Service"),
+        };
+        let conflict = self.reason.starts_with(controller::vip::CONFLICT_PREFIX);
+        crate::events::EventRequest {
+            regarding: crate::events::Regarding {
+                api_version,
+                kind,
+                namespace: Some(self.namespace.clone()),
+                name: self.name.clone(),
+            },
+            reason: if conflict {
+                "VIPConflict"
+            } else {
+                "InvalidObject"
+            },
+            action: "Skip",
+            note: format!("kube-ipvs skipped this object: {}", self.reason),
+        }
+    }
+
     /// Splits a rejection key (`service ns/name`, `endpointslice ns/name`) and a reason.
     pub fn from_key(key: &str, reason: &str) -> Option<Rejection> {
         let (kind, rest) = key.split_once(' ')?;
         let kind = match kind {
-            "service" => "Service",
+            "service" | "vip" => "Service",
             "endpointslice" => "EndpointSlice",
             _ => return None,
         };
@@ -320,11 +347,54 @@ impl Rejection {
     }
 }
 
+/// The fixed set of `reason` labels of `kube_ipvs_invalid_objects_total`: the model's reasons
+/// with their values removed (see [`reason_label`]). Anything else is `other`, so user text can
+/// never create a new series.
+pub const INVALID_REASON_LABELS: &[&str] = &[
+    "affinity_timeout_out_of_range",
+    "clusterips",
+    "duplicate_endpoint_port",
+    "duplicate_nodeport",
+    "duplicate_port",
+    "duplicate_port_name",
+    "endpoint_address_does_not_match_addresstype",
+    "endpoint_port_out_of_range",
+    "endpoint_with_addresses",
+    "healthchecknodeport_out_of_range",
+    "invalid_clusterip",
+    "invalid_endpoint_address",
+    "invalid_externalip",
+    "invalid_loadbalancer_ingress_ip",
+    "invalid_loadbalancersourcerange",
+    "nodeport_out_of_range",
+    "port_out_of_range",
+    "ports",
+    "service_port_would_exceed_endpoints",
+    "service_without_a_name",
+    "too_many_endpoints",
+    "too_many_external_and_loadbalancer_ips",
+    "too_many_loadbalancersourceranges",
+    "too_many_ports",
+    "unknown_addresstype",
+    "unknown_externaltrafficpolicy",
+    "unknown_internaltrafficpolicy",
+    "unknown_protocol",
+    "unknown_scheduler_in_annotation",
+    "unknown_service_type",
+    "unknown_sessionaffinity",
+    "vip_conflict",
+    "other",
+];
+
 /// A bounded-cardinality metric label for a rejection reason: its words without values
 /// (quoted strings, numbers, addresses), e.g. `port 70000 out of range 1..65535` →
 /// `port_out_of_range`, `invalid clusterIP "1.2.3"` → `invalid_clusterip`,
-/// `10000 endpoints (max 1000)` → `too_many_endpoints`.
-pub fn reason_label(reason: &str) -> String {
+/// `10000 endpoints (max 1000)` → `too_many_endpoints`; always one of
+/// [`INVALID_REASON_LABELS`] (`other` for anything unknown, e.g. a quoted value with spaces).
+pub fn reason_label(reason: &str) -> &'static str {
+    if reason.starts_with(controller::vip::CONFLICT_PREFIX) {
+        return "vip_conflict";
+    }
     let words: Vec<String> = reason
         .split_whitespace()
         .take_while(|w| !w.starts_with('('))
@@ -338,16 +408,18 @@ pub fn reason_label(reason: &str) -> String {
         .filter(|w| !w.is_empty())
         .take(6)
         .collect();
-    let label = if words.is_empty() {
-        "other".to_string()
-    } else {
-        words.join("_")
-    };
+    let mut label = words.join("_");
     if reason.contains("(max ") {
-        format!("too_many_{label}")
-    } else {
-        label
+        label = format!("too_many_{label}");
     }
+    if label.starts_with("unknown_scheduler_in_annotation") {
+        return "unknown_scheduler_in_annotation";
+    }
+    INVALID_REASON_LABELS
+        .iter()
+        .find(|l| **l == label)
+        .copied()
+        .unwrap_or("other")
 }
 
 impl std::fmt::Debug for Observer {
@@ -437,6 +509,11 @@ impl SyncObserver for Observer {
         }
         this.no_local = backend.no_local_endpoints();
         this.health = backend.health_checks();
+        this.vip_conflicts = report.vip_conflicts;
+        let conflicts: usize = seen.values().map(|f| f.vip_conflicts).sum();
+        self.metrics
+            .vip_conflicts
+            .set(i64::try_from(conflicts).unwrap_or(i64::MAX));
         let (internal, external) = seen
             .values()
             .fold((0, 0), |(i, e), f| (i + f.no_local.0, e + f.no_local.1));
@@ -500,11 +577,11 @@ impl SyncObserver for Observer {
                 .invalid_objects_total
                 .get_or_create(&crate::metrics::InvalidObjectLabels {
                     kind: r.kind.clone(),
-                    reason: reason_label(reason),
+                    reason: reason_label(reason).to_string(),
                 })
                 .inc();
-            if let Some(tx) = &self.rejections {
-                let _ = tx.send(r);
+            if let Some(sink) = &self.rejections {
+                sink.submit(r.event());
             }
         }
     }
@@ -539,59 +616,6 @@ pub async fn publish_bounded(
     }
 }
 
-/// Publishes each rejection as a Kubernetes Event (`events.k8s.io/v1`, type Warning, reason
-/// `InvalidObject`) regarding the object, until the sender is dropped. Failures are logged.
-pub async fn publish_rejections(
-    client: kube::Client,
-    node_name: String,
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<Rejection>,
-) {
-    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-    let recorder = Recorder::new(
-        client,
-        Reporter {
-            controller: "kube-ipvs".into(),
-            instance: Some(node_name),
-        },
-    );
-    while let Some(r) = rx.recv().await {
-        let api_version = match r.kind.as_str() {
-            "EndpointSlice" => "discovery.k8s.io/v1",
-            _ => "v1",
-        };
-        let reference = k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some(api_version.into()),
-            kind: Some(r.kind.clone()),
-            namespace: Some(r.namespace.clone()),
-            name: Some(r.name.clone()),
-            ..Default::default()
-        };
-        let mut note = format!("kube-ipvs skipped this object: {}", r.reason);
-        if note.len() > 1000 {
-            let mut end = 1000;
-            while !note.is_char_boundary(end) {
-                end -= 1;
-            }
-            note.truncate(end);
-        }
-        let ev = Event {
-            type_: EventType::Warning,
-            reason: "InvalidObject".into(),
-            note: Some(note),
-            action: "Skip".into(),
-            secondary: None,
-        };
-        if let Err(e) = publish_bounded(&recorder, &ev, &reference, EVENT_PUBLISH_TIMEOUT).await {
-            tracing::warn!(
-                kind = %r.kind,
-                object = %format!("{}/{}", r.namespace, r.name),
-                error = %e,
-                "could not emit an Event for an invalid object"
-            );
-        }
-    }
-}
-
 /// Publishes one Warning Event regarding this node's Node object (e.g. the IPVS fallback).
 pub async fn publish_node_event(
     client: kube::Client,
@@ -617,7 +641,10 @@ pub async fn publish_node_event(
     let ev = Event {
         type_: EventType::Warning,
         reason: reason.into(),
-        note: Some(note),
+        note: Some(crate::events::sanitize(
+            &note,
+            crate::events::NOTE_MAX_BYTES,
+        )),
         action: action.into(),
         secondary: None,
     };

@@ -4,12 +4,14 @@
 //! `main` only calls [`run`]; tests drive the modules directly.
 
 pub mod cli;
+pub mod client_limit;
 pub mod config;
 pub mod config_watch;
 pub mod daemon;
 pub mod duration;
 pub mod engine;
 pub mod error;
+pub mod events;
 pub mod handover;
 pub mod health;
 pub mod http;

@@ -130,7 +130,26 @@ pub struct Metrics {
     /// `kube_ipvs_drained_destinations_total{reason}`: drained real servers deleted, because
     /// their last connection ended (`drained`) or the drain cap passed (`cap`).
     pub drained_destinations_total: Family<ReasonLabel, Counter>,
+    /// `kube_ipvs_events_dropped_total{reason}`: Kubernetes Events held back (`duplicate`,
+    /// `rate_limited`, `queue_full`, `closed`; see [`crate::events`]).
+    pub events_dropped_total: Family<ReasonLabel, Counter>,
+    /// `kube_ipvs_events_published_total{result}`: Events sent to the API server (`ok`,
+    /// `error`).
+    pub events_published_total: Family<ResultLabel, Counter>,
+    /// `kube_ipvs_vip_conflicts`: external/load-balancer VIP claims lost to an older Service
+    /// (see `controller::vip`).
+    pub vip_conflicts: Gauge,
 }
+
+/// `result` label of `kube_ipvs_events_published_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// `ok` or `error`.
+    pub result: String,
+}
+
+/// The fixed `reason` values of `kube_ipvs_events_dropped_total`.
+pub const EVENT_DROP_REASONS: &[&str] = &["duplicate", "rate_limited", "queue_full", "closed"];
 
 /// `reason` label of `kube_ipvs_drained_destinations_total`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -184,6 +203,9 @@ impl Metrics {
             health_check_node_ports: Gauge::default(),
             conntrack_deleted_entries_total: Counter::default(),
             drained_destinations_total: Family::default(),
+            events_dropped_total: Family::default(),
+            events_published_total: Family::default(),
+            vip_conflicts: Gauge::default(),
             registry: Registry::default(),
         };
         let k = "kubeproxy_";
@@ -324,6 +346,35 @@ impl Metrics {
             "Health check node port listeners open",
             m.health_check_node_ports.clone(),
         );
+        for reason in EVENT_DROP_REASONS {
+            m.events_dropped_total
+                .get_or_create(&ReasonLabel {
+                    reason: reason.to_string(),
+                })
+                .inc_by(0);
+        }
+        r.register(
+            format!("{o}events_dropped"),
+            "Kubernetes Events held back: duplicate, rate_limited, queue_full, closed",
+            m.events_dropped_total.clone(),
+        );
+        for result in ["ok", "error"] {
+            m.events_published_total
+                .get_or_create(&ResultLabel {
+                    result: result.to_string(),
+                })
+                .inc_by(0);
+        }
+        r.register(
+            format!("{o}events_published"),
+            "Kubernetes Events sent to the API server, by result",
+            m.events_published_total.clone(),
+        );
+        r.register(
+            format!("{o}vip_conflicts"),
+            "externalIP / load-balancer IP claims (IP, port, protocol) lost to an older Service or a ClusterIP",
+            m.vip_conflicts.clone(),
+        );
         r.register(
             format!("{o}build"),
             "kube-ipvs build information",
@@ -368,6 +419,30 @@ impl Metrics {
     pub fn record_sync(&self, seconds: f64) {
         self.sync_proxy_rules_duration_seconds.observe(seconds);
         self.sync_proxy_rules_last_timestamp_seconds.set(unix_now());
+    }
+
+    /// Counts one Event held back; `reason` must be one of [`EVENT_DROP_REASONS`] (anything
+    /// else is counted as `closed`, keeping the label set fixed).
+    pub fn record_event_dropped(&self, reason: &str) {
+        let reason = EVENT_DROP_REASONS
+            .iter()
+            .find(|r| **r == reason)
+            .copied()
+            .unwrap_or("closed");
+        self.events_dropped_total
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts one Event sent (`ok`) or failed.
+    pub fn record_event_published(&self, ok: bool) {
+        self.events_published_total
+            .get_or_create(&ResultLabel {
+                result: if ok { "ok" } else { "error" }.to_string(),
+            })
+            .inc();
     }
 
     /// Records that a sync was queued, now.

@@ -166,9 +166,17 @@ impl ServiceHealthServer {
             });
             let name = svc.service.clone();
             listener.tasks.push(tokio::spawn(async move {
-                if let Err(e) = axum::serve(tcp, app).await {
-                    tracing::error!(service = %name, %addr, "health check server failed: {e}");
-                }
+                tracing::debug!(service = %name, %addr, "serving health check node port");
+                // Header-read timeout, connection cap and age limit (see `crate::http`);
+                // closing the port aborts this task.
+                crate::http::serve_limited(
+                    "health-check-node-port",
+                    tcp,
+                    app,
+                    crate::http::Limits::default(),
+                    std::future::pending(),
+                )
+                .await;
             }));
         }
         Ok(listener)

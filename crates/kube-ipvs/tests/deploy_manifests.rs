@@ -294,6 +294,69 @@ fn container_is_unprivileged_with_only_the_needed_capabilities() {
 }
 
 #[test]
+fn container_has_seccomp_a_memory_limit_and_a_pinned_image() {
+    let c = container();
+    let sc = c.security_context.clone().unwrap();
+    assert_eq!(
+        sc.seccomp_profile.map(|p| p.type_).as_deref(),
+        Some("RuntimeDefault"),
+        "seccompProfile RuntimeDefault"
+    );
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    // UID 0 only because added capabilities are effective for root only; said so.
+    assert_eq!(sc.run_as_user, Some(0));
+    let text = std::fs::read_to_string(deploy_dir().join("daemonset.yaml")).unwrap();
+    assert!(
+        text.contains("runAsUser 0 is required"),
+        "daemonset.yaml should explain runAsUser 0"
+    );
+    // A memory limit at least the benchmarked peak RSS (docs/benchmarks.md, P3 peak at 10,000
+    // Services) with headroom, and not below the request.
+    let res = c.resources.unwrap();
+    let mib = |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| -> u64 {
+        let s = q.0.as_str();
+        if let Some(n) = s.strip_suffix("Gi") {
+            n.parse::<u64>().unwrap() * 1024
+        } else {
+            s.strip_suffix("Mi").unwrap().parse().unwrap()
+        }
+    };
+    let limit = mib(&res.limits.unwrap()["memory"]);
+    let request = mib(&res.requests.unwrap()["memory"]);
+    let bench = std::fs::read_to_string(deploy_dir().join("../docs/benchmarks.md")).unwrap();
+    let peak_line = bench
+        .lines()
+        .find(|l| l.starts_with("| P3 peak RSS |"))
+        .expect("docs/benchmarks.md has the P3 peak RSS row");
+    let peak: f64 = peak_line
+        .split('|')
+        .nth(2)
+        .unwrap()
+        .trim()
+        .trim_end_matches(" MiB")
+        .parse()
+        .unwrap();
+    assert!(
+        limit as f64 >= 1.5 * peak,
+        "limit {limit} MiB vs peak {peak} MiB"
+    );
+    assert!(request <= limit && request >= 64);
+    // The image is pinned to the crate's version (never :latest), here and in kustomize.
+    let image = c.image.unwrap();
+    assert_eq!(
+        image,
+        format!("kube-ipvs:{}", env!("CARGO_PKG_VERSION")),
+        "pinned image tag"
+    );
+    let k = std::fs::read_to_string(deploy_dir().join("kustomization.yaml")).unwrap();
+    assert!(
+        k.contains(&format!("newTag: {}", env!("CARGO_PKG_VERSION"))),
+        "{k}"
+    );
+    assert!(!text.contains(":latest") && !k.contains("latest"));
+}
+
+#[test]
 fn command_line_parses_and_sysctls_go_to_the_host_mount() {
     let argv = command_line();
     // The binary path is where the Containerfile installs it.

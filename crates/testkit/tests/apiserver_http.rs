@@ -603,6 +603,55 @@ async fn events_are_recorded() {
 }
 
 #[tokio::test]
+async fn events_v1_over_the_apis_limits_are_rejected_like_the_real_api() {
+    let s = server().await;
+    let a = s.addr();
+    let path = "/apis/events.k8s.io/v1/namespaces/default/events";
+    let ev = |name: &str, note: String, reason: String| {
+        json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": name},
+               "reason": reason, "action": "Skip", "note": note})
+    };
+    // 1 KiB note and 128-character reason: accepted.
+    let r = request(
+        a,
+        "POST",
+        path,
+        Some(&ev("ok", "n".repeat(1024), "r".repeat(128))),
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    // One byte more: 422 Invalid, nothing stored.
+    let r = request(
+        a,
+        "POST",
+        path,
+        Some(&ev("long-note", "n".repeat(1025), "R".into())),
+    )
+    .await;
+    assert_eq!(r.status, 422);
+    let r = request(
+        a,
+        "POST",
+        path,
+        Some(&ev("long-reason", "n".into(), "r".repeat(129))),
+    )
+    .await;
+    assert_eq!(r.status, 422);
+    // A patch cannot grow the note past the limit either.
+    let r = request(
+        a,
+        "PATCH",
+        "/apis/events.k8s.io/v1/namespaces/default/events/ok",
+        Some(&json!({"note": "x".repeat(2000)})),
+    )
+    .await;
+    assert_eq!(r.status, 422);
+    let evs = s.events();
+    assert_eq!(evs.len(), 1, "{evs:#?}");
+    assert_eq!(evs[0]["note"].as_str().unwrap().len(), 1024);
+}
+
+#[tokio::test]
 async fn typed_api_and_fixtures() {
     let s = server().await;
     let dir =

@@ -806,6 +806,22 @@ impl Store {
 
     /// Record a core/v1 or events.k8s.io/v1 Event.
     pub(crate) fn record_event(&mut self, mut ev: Value) -> Result<Value, StatusError> {
+        // The real API's validation of events.k8s.io/v1 Events (ValidateEventCreate): a note
+        // of at most 1 KiB (bytes), reason and action of at most 128 characters.
+        if ev.get("apiVersion").and_then(Value::as_str) == Some("events.k8s.io/v1") {
+            let len = |f: &str| ev.get(f).and_then(Value::as_str).map_or(0, str::len);
+            for (field, max) in [("note", 1024), ("reason", 128), ("action", 128)] {
+                if len(field) > max {
+                    return Err(StatusError::new(
+                        422,
+                        "Invalid",
+                        format!(
+                            "Event is invalid: {field}: Too long: may not be more than {max} bytes"
+                        ),
+                    ));
+                }
+            }
+        }
         let uid = self.next_uid();
         let rv = self.next_rv();
         let meta = meta_mut(&mut ev)?;

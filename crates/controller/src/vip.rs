@@ -1,0 +1,242 @@
+//! VIP claims across Services: who may serve an external (IP, port, protocol).
+//!
+//! Any user who may create a Service may list any address in `spec.externalIPs` (and a
+//! LoadBalancer controller may write any ingress IP), so two Services can claim the same
+//! external IP, port and protocol — by mistake, or to intercept another Service's traffic
+//! (CVE-2020-8554). kube-ipvs serves each such VIP for exactly one Service, chosen by a rule
+//! that does not depend on the order in which objects arrive:
+//!
+//! 1. a **ClusterIP** claim always wins (ClusterIPs are allocated by the API server; an
+//!    externalIP or load-balancer IP equal to another Service's ClusterIP and port never takes
+//!    that ClusterIP's traffic);
+//! 2. otherwise the **oldest** Service wins (`metadata.creationTimestamp`; a Service without
+//!    one counts as newest);
+//! 3. ties go to the smallest `namespace/name`.
+//!
+//! The losing Service keeps everything else (its ClusterIP, NodePorts, other external IPs);
+//! only the lost (IP, port, protocol) claim is left out of its desired state: no virtual
+//! server, no ipset entry, no kube-ipvs0 address from it. The loss is reported as a rejection
+//! of the loser (key `vip ns/name`, reason starting with [`CONFLICT_PREFIX`]), which becomes a
+//! `VIPConflict` Event on it, and counted in the `kube_ipvs_vip_conflicts` gauge. When the
+//! winner goes away or drops the claim, the next claimant is re-derived and takes over.
+//! ClusterIP-vs-ClusterIP conflicts are the API server's job (it never allocates one twice).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::net::IpAddr;
+
+use ipvs_netlink::Protocol;
+use k8s_openapi::api::core::v1::Service as KubeService;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::model::{service_ports, Invalid, ProxyConfig, ServiceName};
+
+/// Every VIP-conflict reason starts with this (the engine maps it to a `VIPConflict` Event).
+pub const CONFLICT_PREFIX: &str = "VIP conflict:";
+
+/// Most lost VIPs named in one reason (the rest are counted).
+const REASON_MAX_VIPS: usize = 8;
+
+/// An (IP, port, protocol) a Service is reachable on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Vip {
+    /// The address.
+    pub ip: IpAddr,
+    /// The port.
+    pub port: u16,
+    /// The protocol.
+    pub protocol: Protocol,
+}
+
+impl fmt::Display for Vip {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let p = match self.protocol {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+            Protocol::Sctp => "SCTP",
+        };
+        match self.ip {
+            IpAddr::V4(ip) => write!(f, "{ip}:{}/{p}", self.port),
+            IpAddr::V6(ip) => write!(f, "[{ip}]:{}/{p}", self.port),
+        }
+    }
+}
+
+/// How strong one claim is: smaller wins (ClusterIP first, then oldest, then name).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Rank {
+    /// False for a ClusterIP claim (sorts first).
+    external: bool,
+    /// No creation timestamp sorts after any timestamp.
+    no_timestamp: bool,
+    created: Option<Time>,
+    /// The claimant.
+    pub name: ServiceName,
+}
+
+/// One Service's claims: every (VIP, rank) of its ClusterIPs, externalIPs and load-balancer
+/// IPs in `cfg`'s family. `Err` when the Service is invalid (its last claims stay).
+pub fn claims_of(svc: &KubeService, cfg: &ProxyConfig) -> Result<Vec<(Vip, Rank)>, Invalid> {
+    let name = ServiceName::of(svc);
+    let created = svc.metadata.creation_timestamp.clone();
+    let rank = |external: bool| Rank {
+        external,
+        no_timestamp: created.is_none(),
+        created: created.clone(),
+        name: name.clone(),
+    };
+    let mut out = Vec::new();
+    for sp in service_ports(svc, cfg)? {
+        let vip = |ip: IpAddr| Vip {
+            ip,
+            port: sp.port,
+            protocol: sp.name.protocol,
+        };
+        out.push((vip(sp.cluster_ip), rank(false)));
+        for ip in sp.external_ips.iter().chain(sp.load_balancer_ips.iter()) {
+            out.push((vip(*ip), rank(true)));
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// The claims of every Service of one family, indexed by VIP.
+#[derive(Debug, Default, Clone)]
+pub struct VipClaims {
+    by_vip: HashMap<Vip, BTreeSet<Rank>>,
+    by_service: HashMap<ServiceName, Vec<(Vip, Rank)>>,
+}
+
+impl VipClaims {
+    /// Replaces `name`'s claims (empty: the Service is gone). Returns the other Services whose
+    /// lost VIPs may have changed (re-derive them).
+    pub fn set(&mut self, name: &ServiceName, claims: Vec<(Vip, Rank)>) -> BTreeSet<ServiceName> {
+        let old = self.by_service.remove(name).unwrap_or_default();
+        if old == claims {
+            if !claims.is_empty() {
+                self.by_service.insert(name.clone(), claims);
+            }
+            return BTreeSet::new();
+        }
+        let touched: BTreeSet<Vip> = old.iter().chain(claims.iter()).map(|(v, _)| *v).collect();
+        let winners_before: BTreeMap<Vip, Option<ServiceName>> =
+            touched.iter().map(|v| (*v, self.winner(v))).collect();
+        for (vip, rank) in &old {
+            if let Some(set) = self.by_vip.get_mut(vip) {
+                set.remove(rank);
+                if set.is_empty() {
+                    self.by_vip.remove(vip);
+                }
+            }
+        }
+        for (vip, rank) in &claims {
+            self.by_vip.entry(*vip).or_default().insert(rank.clone());
+        }
+        if !claims.is_empty() {
+            self.by_service.insert(name.clone(), claims);
+        }
+        let mut affected = BTreeSet::new();
+        for (vip, before) in winners_before {
+            if self.winner(&vip) == before {
+                continue;
+            }
+            if let Some(set) = self.by_vip.get(&vip) {
+                affected.extend(set.iter().map(|r| r.name.clone()).filter(|n| n != name));
+            }
+            affected.extend(before.filter(|n| n != name));
+        }
+        affected
+    }
+
+    /// Updates the claims of `names` from `store` (a deleted Service drops its claims, an
+    /// invalid one keeps its last ones) and returns `names` with every other Service whose lost
+    /// VIPs changed as a result: derive all of them.
+    pub fn update(
+        &mut self,
+        store: &crate::store::Store,
+        cfg: &ProxyConfig,
+        names: impl IntoIterator<Item = ServiceName>,
+    ) -> BTreeSet<ServiceName> {
+        let names: BTreeSet<ServiceName> = names.into_iter().collect();
+        let mut affected = BTreeSet::new();
+        for name in &names {
+            let claims = match store.service(name) {
+                None => Vec::new(),
+                Some(svc) => match claims_of(svc, cfg) {
+                    Ok(c) => c,
+                    Err(_) => continue,
+                },
+            };
+            affected.extend(self.set(name, claims));
+        }
+        affected.extend(names);
+        affected
+    }
+
+    /// The Service that serves `vip`, if anyone claims it.
+    pub fn winner(&self, vip: &Vip) -> Option<ServiceName> {
+        self.by_vip.get(vip)?.first().map(|r| r.name.clone())
+    }
+
+    /// The external VIPs `name` claims and does not serve, each with the Service that does.
+    pub fn lost(&self, name: &ServiceName) -> BTreeMap<Vip, ServiceName> {
+        let mut out = BTreeMap::new();
+        for (vip, rank) in self.by_service.get(name).into_iter().flatten() {
+            if !rank.external {
+                continue;
+            }
+            match self.winner(vip) {
+                Some(w) if w != *name => {
+                    out.insert(*vip, w);
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// External claims lost node-wide (the `kube_ipvs_vip_conflicts` gauge).
+    pub fn conflicts(&self) -> usize {
+        self.by_vip
+            .values()
+            .map(|set| {
+                let winner = set.first().map(|r| &r.name);
+                set.iter()
+                    .filter(|r| r.external && Some(&r.name) != winner)
+                    .count()
+            })
+            .sum()
+    }
+
+    /// Services with claims.
+    pub fn len(&self) -> usize {
+        self.by_service.len()
+    }
+
+    /// True when no Service has claims.
+    pub fn is_empty(&self) -> bool {
+        self.by_service.is_empty()
+    }
+}
+
+/// The rejection reason for a Service that lost `lost` (None when it lost nothing).
+pub fn conflict_reason(lost: &BTreeMap<Vip, ServiceName>) -> Option<Invalid> {
+    if lost.is_empty() {
+        return None;
+    }
+    let mut parts: Vec<String> = lost
+        .iter()
+        .take(REASON_MAX_VIPS)
+        .map(|(vip, winner)| format!("{vip} is served by {winner}"))
+        .collect();
+    if lost.len() > REASON_MAX_VIPS {
+        parts.push(format!("and {} more", lost.len() - REASON_MAX_VIPS));
+    }
+    Some(Invalid::new(format!(
+        "{CONFLICT_PREFIX} {} (a ClusterIP, then the oldest Service, keeps a VIP; this \
+         Service's claim is not served)",
+        parts.join(", ")
+    )))
+}

@@ -1,0 +1,472 @@
+//! Kubernetes Events with bounded output: deduplicated, rate limited, through a bounded queue.
+//!
+//! A cluster can hold thousands of invalid objects, and every node's kube-ipvs sees all of
+//! them: one Event per object per node, unlimited, would flood the API server (5,000 nodes ×
+//! 1,000 objects). So, like client-go's `EventCorrelator` (spam filter: a token bucket per
+//! source and object, and aggregation of similar events), every Event passes three limits
+//! before it is sent:
+//!
+//! 1. **Deduplication**: one Event per (object, reason) per [`DEDUP_PERIOD`] (10 minutes);
+//! 2. **Rate**: at most [`MAX_PER_MINUTE`] Events per minute node-wide (a fixed window);
+//! 3. **Queue**: a bounded channel of [`QUEUE_CAPACITY`] to the publisher task; when full,
+//!    the new Event is dropped.
+//!
+//! Every Event held back is counted in `kube_ipvs_events_dropped_total{reason}` (`duplicate`,
+//! `rate_limited`, `queue_full`); the object is still logged and counted in
+//! `kube_ipvs_invalid_objects_total`. Notes carry user text (names, bad values): control
+//! characters are escaped and the note is cut to [`NOTE_MAX_BYTES`] (the API's limit for
+//! `events.k8s.io/v1` notes); reasons and actions are fixed words.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::metrics::Metrics;
+
+/// One Event per (object, reason) per this period.
+pub const DEDUP_PERIOD: Duration = Duration::from_secs(10 * 60);
+/// Events per minute, node-wide.
+pub const MAX_PER_MINUTE: u32 = 30;
+/// Events waiting for the publisher.
+pub const QUEUE_CAPACITY: usize = 64;
+/// The API's limit on an `events.k8s.io/v1` note (1 KiB).
+pub const NOTE_MAX_BYTES: usize = 1024;
+/// Deduplication keys kept before expired ones are pruned (admitted keys are bounded anyway:
+/// at most `MAX_PER_MINUTE` × 10 per `DEDUP_PERIOD`).
+const DEDUP_PRUNE_AT: usize = 1024;
+/// The rate window.
+const WINDOW: Duration = Duration::from_secs(60);
+
+/// The object an Event is about.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Regarding {
+    /// `v1`, `discovery.k8s.io/v1`.
+    pub api_version: &'static str,
+    /// `Service`, `EndpointSlice`, `Node`.
+    pub kind: &'static str,
+    /// Namespace (None for cluster-scoped objects).
+    pub namespace: Option<String>,
+    /// Name.
+    pub name: String,
+}
+
+/// One Event to publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventRequest {
+    /// The object.
+    pub regarding: Regarding,
+    /// A fixed CamelCase word, e.g. `InvalidObject`, `VIPConflict`.
+    pub reason: &'static str,
+    /// A fixed CamelCase word, e.g. `Skip`.
+    pub action: &'static str,
+    /// Free text (sanitized by [`EventSink::submit`]).
+    pub note: String,
+}
+
+/// What the limiter decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Send it.
+    Admit,
+    /// The same (object, reason) was sent within the dedup period.
+    Duplicate,
+    /// The per-minute cap is reached.
+    RateLimited,
+}
+
+impl Admission {
+    /// The `reason` label of `kube_ipvs_events_dropped_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Admission::Admit => "admitted",
+            Admission::Duplicate => "duplicate",
+            Admission::RateLimited => "rate_limited",
+        }
+    }
+}
+
+/// Deduplication and the per-minute cap, with time passed in (pure; tests inject it).
+#[derive(Debug)]
+pub struct EventLimiter {
+    period: Duration,
+    per_minute: u32,
+    seen: HashMap<(Regarding, &'static str), Instant>,
+    window: Option<Instant>,
+    in_window: u32,
+}
+
+impl Default for EventLimiter {
+    fn default() -> Self {
+        EventLimiter::new(DEDUP_PERIOD, MAX_PER_MINUTE)
+    }
+}
+
+impl EventLimiter {
+    /// One Event per (object, reason) per `period`, at most `per_minute` a minute.
+    pub fn new(period: Duration, per_minute: u32) -> EventLimiter {
+        EventLimiter {
+            period,
+            per_minute,
+            seen: HashMap::new(),
+            window: None,
+            in_window: 0,
+        }
+    }
+
+    /// Decides on one Event at `now` (and records it when admitted). A rate-limited Event is
+    /// not recorded as seen, so a later occurrence can still be reported.
+    pub fn admit(
+        &mut self,
+        regarding: &Regarding,
+        reason: &'static str,
+        now: Instant,
+    ) -> Admission {
+        let key = (regarding.clone(), reason);
+        if let Some(t) = self.seen.get(&key) {
+            if now.saturating_duration_since(*t) < self.period {
+                return Admission::Duplicate;
+            }
+        }
+        if self
+            .window
+            .is_none_or(|w| now.saturating_duration_since(w) >= WINDOW)
+        {
+            self.window = Some(now);
+            self.in_window = 0;
+        }
+        if self.in_window >= self.per_minute {
+            return Admission::RateLimited;
+        }
+        self.in_window += 1;
+        if self.seen.len() >= DEDUP_PRUNE_AT {
+            let period = self.period;
+            self.seen
+                .retain(|_, t| now.saturating_duration_since(*t) < period);
+        }
+        self.seen.insert(key, now);
+        Admission::Admit
+    }
+
+    /// Keys remembered for deduplication (memory bound checks).
+    pub fn tracked(&self) -> usize {
+        self.seen.len()
+    }
+}
+
+/// `s` with control characters escaped (`\n`, `\u{1b}`) and cut to at most `max` bytes on a
+/// character boundary.
+pub fn sanitize(s: &str, max: usize) -> String {
+    let mut out = String::with_capacity(s.len().min(max));
+    for c in s.chars() {
+        let piece: String = if c.is_control() {
+            c.escape_default().collect()
+        } else {
+            c.to_string()
+        };
+        if out.len() + piece.len() > max {
+            break;
+        }
+        out.push_str(&piece);
+    }
+    out
+}
+
+/// The sending side: the limiter, then the bounded queue. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct EventSink {
+    tx: tokio::sync::mpsc::Sender<EventRequest>,
+    limiter: Arc<Mutex<EventLimiter>>,
+    metrics: Option<Arc<Metrics>>,
+}
+
+/// What became of a submitted Event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Submitted {
+    /// Queued for the publisher.
+    Queued,
+    /// Dropped: duplicate, rate limited, queue full or publisher gone (the label).
+    Dropped(&'static str),
+}
+
+impl EventSink {
+    /// A sink with the default limits and a queue of [`QUEUE_CAPACITY`]; the receiver goes to
+    /// [`publish_events`].
+    pub fn new(
+        metrics: Option<Arc<Metrics>>,
+    ) -> (EventSink, tokio::sync::mpsc::Receiver<EventRequest>) {
+        EventSink::with_limits(EventLimiter::default(), QUEUE_CAPACITY, metrics)
+    }
+
+    /// A sink with the given limiter and queue capacity.
+    pub fn with_limits(
+        limiter: EventLimiter,
+        capacity: usize,
+        metrics: Option<Arc<Metrics>>,
+    ) -> (EventSink, tokio::sync::mpsc::Receiver<EventRequest>) {
+        let (tx, rx) = tokio::sync::mpsc::channel(capacity.max(1));
+        (
+            EventSink {
+                tx,
+                limiter: Arc::new(Mutex::new(limiter)),
+                metrics,
+            },
+            rx,
+        )
+    }
+
+    /// Submits one Event now (never blocks; callable from any thread).
+    pub fn submit(&self, ev: EventRequest) -> Submitted {
+        self.submit_at(ev, Instant::now())
+    }
+
+    /// Submits one Event at `now`.
+    pub fn submit_at(&self, mut ev: EventRequest, now: Instant) -> Submitted {
+        let admission = {
+            let mut l = match self.limiter.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            l.admit(&ev.regarding, ev.reason, now)
+        };
+        if admission != Admission::Admit {
+            return self.dropped(admission.label());
+        }
+        ev.note = sanitize(&ev.note, NOTE_MAX_BYTES);
+        match self.tx.try_send(ev) {
+            Ok(()) => Submitted::Queued,
+            Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => self.dropped("queue_full"),
+            Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => self.dropped("closed"),
+        }
+    }
+
+    fn dropped(&self, reason: &'static str) -> Submitted {
+        if let Some(m) = &self.metrics {
+            m.record_event_dropped(reason);
+        }
+        Submitted::Dropped(reason)
+    }
+}
+
+/// Publishes queued Events (`events.k8s.io/v1`, type Warning, reported by `kube-ipvs` with
+/// the node as instance) until every sink is dropped. A failure is logged and counted
+/// (`kube_ipvs_events_published_total{result="error"}`), never retried: the object stays in
+/// the log and the invalid-objects metric.
+pub async fn publish_events(
+    client: kube::Client,
+    node_name: String,
+    mut rx: tokio::sync::mpsc::Receiver<EventRequest>,
+    metrics: Option<Arc<Metrics>>,
+) {
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let recorder = Recorder::new(
+        client,
+        Reporter {
+            controller: "kube-ipvs".into(),
+            instance: Some(node_name),
+        },
+    );
+    while let Some(r) = rx.recv().await {
+        let reference = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some(r.regarding.api_version.into()),
+            kind: Some(r.regarding.kind.into()),
+            namespace: r.regarding.namespace.clone(),
+            name: Some(r.regarding.name.clone()),
+            ..Default::default()
+        };
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: r.reason.into(),
+            note: Some(r.note.clone()),
+            action: r.action.into(),
+            secondary: None,
+        };
+        let result = crate::engine::publish_bounded(
+            &recorder,
+            &ev,
+            &reference,
+            crate::engine::EVENT_PUBLISH_TIMEOUT,
+        )
+        .await;
+        if let Some(m) = &metrics {
+            m.record_event_published(result.is_ok());
+        }
+        if let Err(e) = result {
+            tracing::warn!(
+                kind = r.regarding.kind,
+                object = %format!(
+                    "{}/{}",
+                    r.regarding.namespace.as_deref().unwrap_or_default(),
+                    r.regarding.name
+                ),
+                reason = r.reason,
+                error = %e,
+                "could not emit an Event"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    fn obj(name: &str) -> Regarding {
+        Regarding {
+            api_version: "v1",
+            kind: "Service",
+            namespace: Some("default".into()),
+            name: name.into(),
+        }
+    }
+
+    fn req(name: &str, note: &str) -> EventRequest {
+        EventRequest {
+            regarding: obj(name),
+            reason: "InvalidObject",
+            action: "Skip",
+            note: note.into(),
+        }
+    }
+
+    #[test]
+    fn one_event_per_object_and_reason_per_period() {
+        let t0 = Instant::now();
+        let mut l = EventLimiter::new(Duration::from_secs(600), 30);
+        assert_eq!(l.admit(&obj("a"), "InvalidObject", t0), Admission::Admit);
+        // Same object and reason within the period: held back, even a minute later.
+        for s in [0, 1, 61, 599] {
+            let now = t0 + Duration::from_secs(s);
+            assert_eq!(
+                l.admit(&obj("a"), "InvalidObject", now),
+                Admission::Duplicate
+            );
+        }
+        // Another reason or another object is a different Event.
+        assert_eq!(l.admit(&obj("a"), "VIPConflict", t0), Admission::Admit);
+        assert_eq!(l.admit(&obj("b"), "InvalidObject", t0), Admission::Admit);
+        // After the period, the same Event again.
+        let later = t0 + Duration::from_secs(600);
+        assert_eq!(l.admit(&obj("a"), "InvalidObject", later), Admission::Admit);
+    }
+
+    #[test]
+    fn per_minute_cap_holds_and_the_window_reopens() {
+        let t0 = Instant::now();
+        let mut l = EventLimiter::new(Duration::from_secs(600), 30);
+        let results: Vec<Admission> = (0..100)
+            .map(|i| {
+                l.admit(
+                    &obj(&format!("s{i}")),
+                    "InvalidObject",
+                    t0 + Duration::from_millis(i),
+                )
+            })
+            .collect();
+        let admitted = results.iter().filter(|a| **a == Admission::Admit).count();
+        assert_eq!(admitted, 30);
+        assert!(results[30..].iter().all(|a| *a == Admission::RateLimited));
+        // A rate-limited object is not remembered: it is admitted in the next window.
+        let next = t0 + Duration::from_secs(60);
+        assert_eq!(
+            l.admit(&obj("s99"), "InvalidObject", next),
+            Admission::Admit
+        );
+        assert_eq!(
+            l.admit(&obj("s0"), "InvalidObject", next),
+            Admission::Duplicate
+        );
+        // 1,000 objects over 10 minutes: 30 a minute, no more.
+        let mut l = EventLimiter::new(Duration::from_secs(600), 30);
+        let mut admitted = 0;
+        for i in 0..1000u64 {
+            let now = t0 + Duration::from_millis(i * 600); // 10 minutes in all
+            if l.admit(&obj(&format!("x{i}")), "InvalidObject", now) == Admission::Admit {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 300);
+    }
+
+    #[test]
+    fn dedup_memory_is_bounded() {
+        let t0 = Instant::now();
+        let mut l = EventLimiter::new(Duration::from_secs(600), 30);
+        // Ten hours of distinct objects at the cap: expired keys are pruned.
+        for i in 0..18_000u64 {
+            let now = t0 + Duration::from_secs(2 * i);
+            l.admit(&obj(&format!("o{i}")), "InvalidObject", now);
+        }
+        assert!(l.tracked() <= DEDUP_PRUNE_AT, "{}", l.tracked());
+    }
+
+    #[test]
+    fn notes_are_escaped_and_cut_to_one_kib() {
+        assert_eq!(sanitize("a\nb\x1b[31mc\td", 100), "a\\nb\\u{1b}[31mc\\td");
+        let long = "é".repeat(2000); // 2 bytes each
+        let s = sanitize(&long, NOTE_MAX_BYTES);
+        assert_eq!(s.len(), NOTE_MAX_BYTES);
+        let s = sanitize(&format!("x{long}"), NOTE_MAX_BYTES);
+        assert_eq!(s.len(), NOTE_MAX_BYTES - 1, "never splits a character");
+        // An escape never straddles the limit.
+        let s = sanitize(&format!("{}\n", "a".repeat(1023)), NOTE_MAX_BYTES);
+        assert_eq!(s, "a".repeat(1023));
+    }
+
+    #[test]
+    fn invalid_object_reason_labels_are_a_fixed_set() {
+        use crate::engine::{reason_label, INVALID_REASON_LABELS};
+        let cases = [
+            ("port 70000 out of range 1..65535", "port_out_of_range"),
+            ("invalid clusterIP \"10.96.0.999\"", "invalid_clusterip"),
+            ("10000 endpoints (max 1000)", "too_many_endpoints"),
+            ("unknown protocol \"FOO\"", "unknown_protocol"),
+            ("duplicate port 80/Tcp", "duplicate_port"),
+            (
+                "unknown scheduler \"x\" in annotation kube-ipvs.io/scheduler",
+                "unknown_scheduler_in_annotation",
+            ),
+            (
+                "VIP conflict: 1.2.3.4:80/TCP is served by a/b",
+                "vip_conflict",
+            ),
+            // User text that used to leak into the label: words inside a quoted value.
+            ("unknown protocol \"A evil label\"", "other"),
+            ("invalid externalIP \"x y z\"", "other"),
+            ("something never seen", "other"),
+        ];
+        for (reason, want) in cases {
+            let got = reason_label(reason);
+            assert_eq!(got, want, "{reason}");
+            assert!(INVALID_REASON_LABELS.contains(&got));
+        }
+    }
+
+    #[tokio::test]
+    async fn sink_queues_admitted_events_and_counts_every_drop() {
+        let metrics = Arc::new(Metrics::new());
+        let limiter = EventLimiter::new(Duration::from_secs(600), 5);
+        let (sink, mut rx) = EventSink::with_limits(limiter, 3, Some(metrics.clone()));
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        for i in 0..10 {
+            out.push(sink.submit_at(req(&format!("s{i}"), "bad\nvalue"), t0));
+        }
+        out.push(sink.submit_at(req("s0", "again"), t0));
+        let queued = out.iter().filter(|s| **s == Submitted::Queued).count();
+        assert_eq!(queued, 3);
+        assert_eq!(out[3], Submitted::Dropped("queue_full"));
+        assert_eq!(out[4], Submitted::Dropped("queue_full"));
+        assert!(out[5..10]
+            .iter()
+            .all(|s| *s == Submitted::Dropped("rate_limited")));
+        assert_eq!(out[10], Submitted::Dropped("duplicate"));
+        let first = rx.recv().await.unwrap();
+        assert_eq!(first.note, "bad\\nvalue");
+        let text = metrics.encode().unwrap();
+        for (reason, n) in [("queue_full", 2), ("rate_limited", 5), ("duplicate", 1)] {
+            let line = format!("kube_ipvs_events_dropped_total{{reason=\"{reason}\"}} {n}");
+            assert!(text.contains(&line), "{line} missing:\n{text}");
+        }
+    }
+}
