@@ -240,6 +240,7 @@ pub fn service_desired_except(
                 port,
             };
             let mut s = Service::new(key, sp.scheduler.clone());
+            s.flags = s.flags.with(sp.scheduler_flags);
             if let Some(t) = sp.affinity_timeout {
                 s.flags = s.flags.with(ServiceFlags::PERSISTENT);
                 s.timeout = t;

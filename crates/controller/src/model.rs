@@ -27,6 +27,44 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 /// Per-service annotation choosing the IPVS scheduler (overrides the global flag).
 pub const SCHEDULER_ANNOTATION: &str = "kube-ipvs.io/scheduler";
+/// Per-service annotation setting the IPVS scheduler flags (`ipvsadm -b`): a comma-separated
+/// list of `sh-fallback`, `sh-port` (scheduler `sh`) and `mh-fallback`, `mh-port` (scheduler
+/// `mh`); empty for none. Without it a service gets upstream's flags: `mh-port` with `mh`.
+pub const SCHEDULER_FLAGS_ANNOTATION: &str = "kube-ipvs.io/scheduler-flags";
+
+/// The scheduler flags of a service: the annotation's, checked against the scheduler, else
+/// upstream's default (`mh` gets `FlagSourceHash`, i.e. `mh-port`: `syncProxyRules` in
+/// pkg/proxy/ipvs/proxier.go, "Set the source hash flag needed for the distribution method
+/// mh"; no flag for the other schedulers).
+pub fn scheduler_flags(scheduler: &str, annotation: Option<&str>) -> Result<u32, Invalid> {
+    use ipvs_netlink::ServiceFlags as F;
+    let Some(list) = annotation else {
+        return Ok(if scheduler == "mh" { F::MH_PORT } else { 0 });
+    };
+    let mut bits = 0;
+    for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+        let (bit, needs) = match word {
+            "sh-fallback" => (F::SH_FALLBACK, "sh"),
+            "sh-port" => (F::SH_PORT, "sh"),
+            "mh-fallback" => (F::MH_FALLBACK, "mh"),
+            "mh-port" => (F::MH_PORT, "mh"),
+            other => {
+                return Err(Invalid::new(format!(
+                    "unknown scheduler flag {other:?} in annotation {SCHEDULER_FLAGS_ANNOTATION} \
+                     (sh-fallback, sh-port, mh-fallback, mh-port)"
+                )))
+            }
+        };
+        if scheduler != needs {
+            return Err(Invalid::new(format!(
+                "scheduler flag {word:?} in annotation {SCHEDULER_FLAGS_ANNOTATION} needs \
+                 scheduler {needs:?}, not {scheduler:?}"
+            )));
+        }
+        bits |= bit;
+    }
+    Ok(bits)
+}
 /// Label of an EndpointSlice naming its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// Node label carrying the node's zone.
@@ -297,6 +335,8 @@ pub struct ServicePort {
     pub affinity_timeout: Option<u32>,
     /// IPVS scheduler.
     pub scheduler: String,
+    /// IPVS scheduler flags (`ServiceFlags` bits: sh-fallback, sh-port, mh-fallback, mh-port).
+    pub scheduler_flags: u32,
     /// Health-check node port (LoadBalancer + externalTrafficPolicy Local).
     pub health_check_node_port: Option<u16>,
 }
@@ -558,6 +598,14 @@ pub fn service_ports(svc: &Service, cfg: &ProxyConfig) -> Result<Vec<ServicePort
         }
         None => cfg.scheduler.clone(),
     };
+    let scheduler_flags = scheduler_flags(
+        &scheduler,
+        svc.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SCHEDULER_FLAGS_ANNOTATION))
+            .map(String::as_str),
+    )?;
     let health_check_node_port = match spec.health_check_node_port {
         Some(p) if type_ == "LoadBalancer" && external_local => {
             Some(parse_port("healthCheckNodePort", p)?)
@@ -609,6 +657,7 @@ pub fn service_ports(svc: &Service, cfg: &ProxyConfig) -> Result<Vec<ServicePort
             internal_local,
             affinity_timeout,
             scheduler: scheduler.clone(),
+            scheduler_flags,
             health_check_node_port,
         });
     }

@@ -1378,3 +1378,51 @@ fn model_lb_ingress_ip_mode_proxy_is_not_programmed() {
     assert!(!vs.contains("1.2.3.9"), "{vs}");
     assert!(!render_sets(&sd).iter().any(|e| e.contains("1.2.3.9")));
 }
+
+/// IPVS scheduler flags: upstream sets `mh-port` (`FlagSourceHash`) whenever the scheduler is
+/// `mh` (`syncProxyRules`, pkg/proxy/ipvs/proxier.go) and nothing for other schedulers; the
+/// `kube-ipvs.io/scheduler-flags` annotation chooses the flags per Service, checked against its
+/// scheduler.
+#[test]
+fn model_scheduler_flags_default_like_upstream_and_follow_the_annotation() {
+    use controller::model::{scheduler_flags, SCHEDULER_ANNOTATION, SCHEDULER_FLAGS_ANNOTATION};
+    use ipvs_netlink::ServiceFlags as F;
+    let flags_of = |sched: Option<&str>, flags: Option<&str>| {
+        let mut b = svc("ns", "sched", "10.96.0.12").port("http", 80, "TCP");
+        if let Some(s) = sched {
+            b = b.annotate(SCHEDULER_ANNOTATION, s);
+        }
+        if let Some(f) = flags {
+            b = b.annotate(SCHEDULER_FLAGS_ANNOTATION, f);
+        }
+        let eps = slice("ns", "sched", "sched-1")
+            .port("http", 8080, "TCP")
+            .ep("10.244.1.1", NODE, C::Ready)
+            .build();
+        service_desired(&b.build(), &[&eps], &cfg4(), &node())
+            .map(|d| {
+                let sd = d.desired.unwrap();
+                let vs = sd.virtual_servers.values().next().unwrap();
+                (vs.service.scheduler.clone(), vs.service.flags.0)
+            })
+            .map_err(|e| e.reason)
+    };
+    assert_eq!(flags_of(None, None), Ok(("rr".into(), 0)));
+    assert_eq!(flags_of(Some("mh"), None), Ok(("mh".into(), F::MH_PORT)));
+    assert_eq!(flags_of(Some("sh"), None), Ok(("sh".into(), 0)));
+    assert_eq!(
+        flags_of(Some("sh"), Some("sh-fallback, sh-port")),
+        Ok(("sh".into(), F::SH_FALLBACK | F::SH_PORT))
+    );
+    assert_eq!(
+        flags_of(Some("mh"), Some("mh-fallback")),
+        Ok(("mh".into(), F::MH_FALLBACK))
+    );
+    assert_eq!(flags_of(Some("mh"), Some("")), Ok(("mh".into(), 0)));
+    let err = flags_of(Some("rr"), Some("sh-port")).unwrap_err();
+    assert!(err.contains("needs scheduler \"sh\""), "{err}");
+    let err = flags_of(Some("mh"), Some("mh-sideways")).unwrap_err();
+    assert!(err.contains(SCHEDULER_FLAGS_ANNOTATION), "{err}");
+    // The global scheduler gets the same default.
+    assert_eq!(scheduler_flags("mh", None), Ok(F::MH_PORT));
+}

@@ -619,3 +619,46 @@ fn netns_config_change_and_sighup_stop_the_daemon_with_exit_0() {
         let _ = std::fs::remove_dir_all(&dir);
     });
 }
+
+/// Scheduler flags reach the kernel as `ipvsadm` shows them: upstream's `mh-port` for `mh`
+/// (`FlagSourceHash`, pkg/proxy/ipvs/proxier.go) and the `kube-ipvs.io/scheduler-flags`
+/// annotation's for `sh` (issue #17, item 10).
+#[test]
+#[ignore = "vm"]
+fn vm_scheduler_flags_reach_the_kernel() {
+    assert!(kernel_has_ipvs(), "the VM kernel should have IPVS loaded");
+    common::in_netns("kipvs-vm-sched", || async {
+        let ex = std::env::temp_dir().join(format!("kube-ipvs-sched-{}", std::process::id()));
+        std::fs::create_dir_all(&ex).unwrap();
+        let svc = |name: &str, ip: &str, annotations: &str| {
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  annotations: {{{annotations}}}\n\
+                 spec:\n  clusterIP: {ip}\n  ports: [{{port: 80, protocol: TCP}}]\n---\n\
+                 apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}-1, labels: {{kubernetes.io/service-name: {name}}}}}\n\
+                 addressType: IPv4\nports: [{{port: 8080, protocol: TCP}}]\nendpoints:\n- addresses: [10.244.1.5]\n  conditions: {{ready: true}}\n---\n"
+            )
+        };
+        let yaml = [
+            svc("maglev", "10.96.0.31", "kube-ipvs.io/scheduler: mh"),
+            svc(
+                "hashed",
+                "10.96.0.32",
+                "kube-ipvs.io/scheduler: sh, kube-ipvs.io/scheduler-flags: \"sh-fallback,sh-port\"",
+            ),
+            svc("plain", "10.96.0.33", ""),
+        ]
+        .concat();
+        std::fs::write(ex.join("svc.yaml"), yaml).unwrap();
+        let out = run_once(ex.to_str().unwrap(), &["--ipvs-fallback=false"]);
+        let _ = std::fs::remove_dir_all(&ex);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let table = sh("ipvsadm -Sn");
+        for want in [
+            "-A -t 10.96.0.31:80 -s mh -b mh-port\n",
+            "-A -t 10.96.0.32:80 -s sh -b sh-fallback,sh-port\n",
+            "-A -t 10.96.0.33:80 -s rr\n",
+        ] {
+            assert!(table.contains(want), "{want:?} missing:\n{table}");
+        }
+    });
+}

@@ -144,8 +144,10 @@ fn configuration_table_is_generated_from_the_settings() {
 }
 
 /// Identifier-like tokens of `text` starting with one of `prefixes`.
+/// Words of `text` that start with one of `prefixes`; a hyphen joins words, so the domain in an
+/// annotation (`kube-ipvs.io/scheduler`) is not read as a field (`ipvs.io`).
 fn tokens<'a>(text: &'a str, prefixes: &[&str]) -> BTreeSet<&'a str> {
-    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-'))
         .map(|t| t.trim_end_matches('.'))
         .filter(|t| prefixes.iter().any(|p| t.starts_with(p)))
         .collect()
