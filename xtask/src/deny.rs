@@ -30,8 +30,20 @@ pub struct DenyOutcome {
     pub note: String,
 }
 
+/// Where cargo-deny is installed: the user's cache directory (`$XDG_CACHE_HOME`, else
+/// `~/.cache`), outside the checkout, so a fresh clone on the same machine (CI) does not build
+/// it again; the target directory when neither is known.
 fn cache_root() -> PathBuf {
-    host::target_dir().join("xtask-cache")
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")));
+    match base {
+        Some(b) => b
+            .join("kube-ipvs")
+            .join(format!("cargo-deny-{CARGO_DENY_VERSION}")),
+        None => host::target_dir().join("xtask-cache"),
+    }
 }
 
 fn version_of(bin: &std::path::Path) -> Option<String> {
