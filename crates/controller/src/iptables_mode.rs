@@ -520,6 +520,17 @@ impl IptablesProxier {
 
     /// Runs one sync (full when requested or first, else partial).
     pub fn sync(&mut self, store: &Store, node_addresses: &BTreeSet<IpAddr>) -> SyncReport {
+        self.sync_at(Instant::now(), store, node_addresses)
+    }
+
+    /// [`IptablesProxier::sync`] as if it ran at `now` (a failure schedules its retry from
+    /// `now`; tests drive the backoff with explicit instants).
+    pub fn sync_at(
+        &mut self,
+        now: Instant,
+        store: &Store,
+        node_addresses: &BTreeSet<IpAddr>,
+    ) -> SyncReport {
         let start = Instant::now();
         let full = self.full_requested || !self.applied_once;
         let mut report = empty_report(if full {
@@ -635,7 +646,7 @@ impl IptablesProxier {
             Ok(p) => p,
             Err(e) => {
                 report.fail(Subsystem::Iptables, format!("iptables: {e}"));
-                self.retry.failed(Instant::now());
+                self.retry.failed(now);
                 report.retrying.insert(Subsystem::Iptables);
                 report.duration = start.elapsed();
                 return report;
@@ -653,7 +664,7 @@ impl IptablesProxier {
                 self.applied.extend(write);
                 if save_failed {
                     self.full_requested = true;
-                    let delay = self.retry.failed(Instant::now());
+                    let delay = self.retry.failed(now);
                     tracing::warn!(
                         retry_in_ms = delay.as_millis() as u64,
                         "full sync incomplete: iptables-save failed; retrying with backoff"
@@ -666,7 +677,7 @@ impl IptablesProxier {
                 }
             }
             Err(e) => {
-                let delay = self.retry.failed(Instant::now());
+                let delay = self.retry.failed(now);
                 tracing::error!(error = %e, retry_in_ms = delay.as_millis() as u64,
                     "iptables-restore failed; next sync is full, retried with backoff");
                 report.iptables_restore_failed = true;

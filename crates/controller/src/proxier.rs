@@ -224,6 +224,8 @@ pub struct Proxier {
     recheck_rules: bool,
     /// Subsystems whose kernel read failed in the last full sync (the full sync is not done).
     full_failed: BTreeSet<Subsystem>,
+    /// The time the current sync runs at (see [`Proxier::sync_at`]).
+    now: Instant,
 }
 
 /// Graceful termination of real servers.
@@ -296,6 +298,7 @@ impl Proxier {
             recheck_sets: false,
             recheck_rules: false,
             full_failed: BTreeSet::new(),
+            now: Instant::now(),
         }
     }
 
@@ -457,12 +460,25 @@ impl Proxier {
         node_addresses: &BTreeSet<IpAddr>,
         kernel: &mut dyn Kernel,
     ) -> SyncReport {
+        self.sync_at(Instant::now(), store, node_addresses, kernel)
+    }
+
+    /// [`Proxier::sync`] as if it ran at `now`: retries due by `now` run, and failures schedule
+    /// their retries from `now` (tests drive the backoff with explicit instants).
+    pub fn sync_at(
+        &mut self,
+        now: Instant,
+        store: &Store,
+        node_addresses: &BTreeSet<IpAddr>,
+        kernel: &mut dyn Kernel,
+    ) -> SyncReport {
         let start = Instant::now();
-        let mut report = if self.full_due(start) {
+        self.now = now;
+        let mut report = if self.full_due(now) {
             self.full_sync(store, node_addresses, kernel)
         } else if self.applied_once {
             let mut report = self.incremental_sync(store, node_addresses, kernel);
-            let now = Instant::now();
+            let now = self.now;
             if self.recheck_addresses && self.retry.address.ready(now) {
                 self.recheck_addresses = false;
                 self.repair_addresses(kernel, &mut report);
@@ -478,13 +494,13 @@ impl Proxier {
             // Waiting for the retry of the first full sync's failed read.
             SyncReport::new(SyncKind::Incremental)
         };
-        if !self.repair.is_empty() && self.retry.ipvs.ready(Instant::now()) {
+        if !self.repair.is_empty() && self.retry.ipvs.ready(self.now) {
             self.retry_repairs(kernel, &mut report);
         }
         if self.drain_due.is_some_and(|t| Instant::now() >= t) {
             self.check_drains(kernel, &mut report);
         }
-        if self.retry.conntrack.ready(Instant::now()) {
+        if self.retry.conntrack.ready(self.now) {
             self.flush_conntrack(kernel, &mut report);
         }
         report.retrying = self.retrying();
@@ -705,7 +721,7 @@ impl Proxier {
         self.apply_addrs(&[], &addr_del, kernel, &mut report);
         self.apply_ipvs(&ops.remove, kernel, &mut report);
         self.apply_sets(&set_shrink, kernel, &mut report);
-        let now = Instant::now();
+        let now = self.now;
         if read_failed.is_empty() {
             self.applied_once = true;
             self.full_requested = false;
@@ -744,7 +760,7 @@ impl Proxier {
             Ok(s) => s,
             Err(e) => {
                 report.fail(Subsystem::Ipset, e.to_string());
-                self.retry.ipset.failed(Instant::now());
+                self.retry.ipset.failed(self.now);
                 return;
             }
         };
@@ -813,12 +829,12 @@ impl Proxier {
                     tracing::warn!(error = %r, "ipset entry rejected");
                     report.fail(Subsystem::Ipset, r);
                 }
-                self.set_recheck(Instant::now());
+                self.set_recheck(self.now);
             }
             Err(e) => {
                 tracing::error!(error = %e, "ipset apply failed; re-reading the sets with backoff");
                 report.fail(Subsystem::Ipset, e.to_string());
-                self.set_recheck(Instant::now());
+                self.set_recheck(self.now);
             }
         }
     }
@@ -913,7 +929,7 @@ impl Proxier {
                 }
             }
             Err(e) => {
-                let now = Instant::now();
+                let now = self.now;
                 if !self.recheck_rules || self.retry.iptables.ready(now) {
                     let delay = self.retry.iptables.failed(now);
                     tracing::error!(error = %e, retry_in_ms = delay.as_millis() as u64,
@@ -968,7 +984,7 @@ impl Proxier {
             }
         }
         if !self.repair.is_empty() && !self.retry.ipvs.failing() {
-            self.retry.ipvs.failed(Instant::now());
+            self.retry.ipvs.failed(self.now);
         }
     }
 
@@ -987,7 +1003,7 @@ impl Proxier {
             if let Err(e) = res {
                 tracing::warn!(address = %ip, error = %e, "kube-ipvs0 address change failed");
                 report.fail(Subsystem::Address, format!("kube-ipvs0 {ip}: {e}"));
-                self.address_recheck(Instant::now());
+                self.address_recheck(self.now);
             }
         }
     }
@@ -1000,7 +1016,7 @@ impl Proxier {
     }
 
     fn repair_addresses(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
-        let now = Instant::now();
+        let now = self.now;
         if let Err(e) = kernel.ensure_link() {
             report.fail(Subsystem::Address, e.to_string());
             self.address_recheck(now);
@@ -1156,7 +1172,7 @@ impl Proxier {
                 self.retry.conntrack.succeeded();
             }
             Err(e) => {
-                let delay = self.retry.conntrack.failed(Instant::now());
+                let delay = self.retry.conntrack.failed(self.now);
                 tracing::warn!(error = %e, filters = filters.len(),
                     retry_in_ms = delay.as_millis() as u64,
                     "conntrack cleanup failed; keeping the filters and retrying with backoff");
@@ -1175,7 +1191,7 @@ impl Proxier {
             Err(e) => {
                 report.fail(Subsystem::Ipvs, e.to_string());
                 self.repair = keys;
-                self.retry.ipvs.failed(Instant::now());
+                self.retry.ipvs.failed(self.now);
                 return;
             }
         };
@@ -1189,7 +1205,7 @@ impl Proxier {
         self.apply_ipvs(&ops.apply, kernel, report);
         self.apply_ipvs(&ops.remove, kernel, report);
         if report.ipvs_failures > failures_before {
-            self.retry.ipvs.failed(Instant::now());
+            self.retry.ipvs.failed(self.now);
         } else if self.repair.is_empty() {
             self.retry.ipvs.succeeded();
         }
