@@ -221,6 +221,50 @@ async fn node_address_tracker() -> Option<netif::NodeAddresses> {
     }
 }
 
+/// Feeds the API source's health (watch errors) into `/healthz` and the source's age metric: the
+/// source is failing from its first watch error until every watch has had a successful event
+/// again (kube-runtime relists after reconnecting, so recovery always produces events).
+pub async fn forward_source_health(
+    mut rx: tokio::sync::watch::Receiver<controller::source::kube::SourceHealth>,
+    health: Arc<ProxyHealth>,
+    metrics: Arc<Metrics>,
+) {
+    let mut failing = false;
+    loop {
+        let (errors, last_error, synced) = {
+            let h = rx.borrow_and_update();
+            let kinds = [&h.services, &h.endpoint_slices, &h.node];
+            let errors = kinds.iter().any(|k| k.consecutive_errors > 0);
+            let last_error = kinds
+                .iter()
+                .filter(|k| k.consecutive_errors > 0)
+                .filter_map(|k| k.last_error.clone())
+                .max_by_key(|(at, _)| *at)
+                .map(|(_, e)| e)
+                .unwrap_or_default();
+            (errors, last_error, h.synced())
+        };
+        if errors {
+            if !failing {
+                tracing::warn!(error = %last_error, "API source failing; serving the last known state");
+            }
+            failing = true;
+            health.source_failing_at(std::time::SystemTime::now(), &last_error);
+            metrics.set_source_ok(false);
+        } else {
+            if failing {
+                tracing::info!("API source healthy again");
+            }
+            failing = false;
+            health.source_ok();
+            metrics.set_source_ok(synced);
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Runs kube-ipvs until SIGTERM/SIGINT (or, with `--once`, until the first sync is done).
 pub async fn run_daemon(config: Config) -> Result<()> {
     let probe = match config.mode {
@@ -341,6 +385,7 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         .map(|t| crate::engine::forward_node_addresses(t, engine.sender()));
 
     let (tx, mut rx) = mpsc::channel::<SourceEvent>(1024);
+    let mut source_health_task = None;
     let source = match (&config.source_dir, client) {
         (None, None) => return Err(Error::Unsupported("no source".into())),
         (Some(dir), _) => {
@@ -349,8 +394,13 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         }
         (None, Some(client)) => {
             let node = config.node_name.clone();
-            let (health_tx, _health_rx) =
+            let (health_tx, health_rx) =
                 tokio::sync::watch::channel(controller::source::kube::SourceHealth::default());
+            source_health_task = Some(tokio::spawn(forward_source_health(
+                health_rx,
+                daemon.health.clone(),
+                daemon.metrics.clone(),
+            )));
             tokio::spawn(async move {
                 controller::source::kube::run(client, node, tx, health_tx).await;
                 Ok(())
@@ -383,6 +433,9 @@ pub async fn run_daemon(config: Config) -> Result<()> {
     };
     drop(rx);
     source.abort();
+    if let Some(t) = source_health_task {
+        t.abort();
+    }
     if let Some(p) = publisher {
         p.abort();
     }
