@@ -208,7 +208,7 @@ fn boot(
     cmd.arg("-kernel").arg(vmlinuz).arg("-initrd").arg(initrd);
     cmd.args([
         "-append",
-        "console=ttyS0 quiet panic=-1 oops=panic rdinit=/init 8250.nr_uarts=4",
+        "console=ttyS0 quiet panic=-1 oops=panic rdinit=/init 8250.nr_uarts=4 no_timer_check",
     ]);
     for (i, n) in names.iter().enumerate() {
         cmd.arg("-chardev")

@@ -211,6 +211,17 @@ async fn api_faults() {
         kc.to_str().unwrap(),
         &["--ipvs-sync-period", "10s", "--ipvs-min-sync-period", "0s"],
     );
+    // The outage is measured from the moment the new daemon serves /healthz (its first watch
+    // error, which starts the health window, comes after that).
+    let started = Instant::now();
+    while !healthz(&d).await.starts_with("200") {
+        assert!(
+            started.elapsed() < deadline,
+            "/healthz never came up:\n{}",
+            d.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let outage = Instant::now();
     let samples = sample_outage(&mut d, outage, Duration::from_secs(60)).await;
     assert_eq!(
