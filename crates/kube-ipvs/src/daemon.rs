@@ -221,9 +221,16 @@ async fn node_address_tracker() -> Option<netif::NodeAddresses> {
     }
 }
 
+/// How long a watch error keeps the source failing without a newer one. kube-runtime's default
+/// backoff retries at most every 30 s plus up to as much jitter, so an unreachable API server
+/// produces a newer error within this; a watch that reconnects silently (no change to report)
+/// stops producing errors and counts as recovered after it.
+pub const SOURCE_ERROR_FRESH: std::time::Duration = std::time::Duration::from_secs(65);
+
 /// Feeds the API source's health (watch errors) into `/healthz` and the source's age metric: the
-/// source is failing from its first watch error until every watch has had a successful event
-/// again (kube-runtime relists after reconnecting, so recovery always produces events).
+/// source is failing from its first watch error while errors keep coming (each within
+/// [`SOURCE_ERROR_FRESH`] of the last) or a kind has never been listed; a successful event of
+/// every failing kind (a relist, a change) ends it at once.
 pub async fn forward_source_health(
     mut rx: tokio::sync::watch::Receiver<controller::source::kube::SourceHealth>,
     health: Arc<ProxyHealth>,
@@ -234,10 +241,17 @@ pub async fn forward_source_health(
         let (errors, last_error, synced) = {
             let h = rx.borrow_and_update();
             let kinds = [&h.services, &h.endpoint_slices, &h.node];
-            let errors = kinds.iter().any(|k| k.consecutive_errors > 0);
+            let failing_kind = |k: &controller::source::kube::KindHealth| {
+                k.consecutive_errors > 0
+                    && (!k.synced
+                        || k.last_error
+                            .as_ref()
+                            .is_some_and(|(at, _)| at.elapsed() < SOURCE_ERROR_FRESH))
+            };
+            let errors = kinds.iter().any(|k| failing_kind(k));
             let last_error = kinds
                 .iter()
-                .filter(|k| k.consecutive_errors > 0)
+                .filter(|k| failing_kind(k))
                 .filter_map(|k| k.last_error.clone())
                 .max_by_key(|(at, _)| *at)
                 .map(|(_, e)| e)
@@ -259,8 +273,14 @@ pub async fn forward_source_health(
             health.source_ok();
             metrics.set_source_ok(synced);
         }
-        if rx.changed().await.is_err() {
-            return;
+        // Re-evaluated on every change, and every few seconds (errors age out).
+        tokio::select! {
+            changed = rx.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            () = tokio::time::sleep(std::time::Duration::from_secs(5)) => {}
         }
     }
 }
