@@ -21,7 +21,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use iptables::proxy_mode::{
     self, EndpointRule, PayloadInput, ProxyModeConfig, RenderedServicePort, ServicePortRules,
@@ -37,6 +37,7 @@ use crate::model::{
     ProxyConfig, Rejections, ServiceName, ServicePort,
 };
 use crate::proxier::{RulesConfig, SyncKind, SyncReport};
+use crate::retry::{Backoff, RetryPolicy, Subsystem};
 use crate::store::{Changes, Store};
 use crate::sync_loop::Backend;
 
@@ -133,8 +134,8 @@ pub struct IptablesProxier {
     applied_once: bool,
     dirty: BTreeSet<ServiceName>,
     full_requested: bool,
-    failed_until: Option<Instant>,
-    failures: u32,
+    /// Retries of failed saves and restores ([`crate::retry`]'s one policy).
+    retry: Backoff,
     rejections: Rejections,
     vips: crate::vip::VipClaims,
     conntrack: Vec<UdpConntrackCleanup>,
@@ -289,8 +290,7 @@ impl IptablesProxier {
             applied_once: false,
             dirty: BTreeSet::new(),
             full_requested: true,
-            failed_until: None,
-            failures: 0,
+            retry: Backoff::new(RetryPolicy::default()),
             rejections: Rejections::default(),
             vips: crate::vip::VipClaims::default(),
             conntrack: Vec::new(),
@@ -300,6 +300,17 @@ impl IptablesProxier {
             to_adopt: BTreeSet::new(),
             kept_node_port_ips: BTreeSet::new(),
         }
+    }
+
+    /// Sets the retry policy (minSyncPeriod to syncPeriod).
+    pub fn with_retry(mut self, policy: RetryPolicy) -> IptablesProxier {
+        self.retry = Backoff::new(policy);
+        self
+    }
+
+    /// Consecutive failed syncs (0 when in sync) and when the next retry is due.
+    pub fn retry_state(&self) -> (u32, Option<Instant>) {
+        (self.retry.failures(), self.retry.due())
     }
 
     /// The configuration.
@@ -583,6 +594,17 @@ impl IptablesProxier {
 
     /// Runs one sync (full when requested or first, else partial).
     pub fn sync(&mut self, store: &Store, node_addresses: &BTreeSet<IpAddr>) -> SyncReport {
+        self.sync_at(Instant::now(), store, node_addresses)
+    }
+
+    /// [`IptablesProxier::sync`] as if it ran at `now` (a failure schedules its retry from
+    /// `now`; tests drive the backoff with explicit instants).
+    pub fn sync_at(
+        &mut self,
+        now: Instant,
+        store: &Store,
+        node_addresses: &BTreeSet<IpAddr>,
+    ) -> SyncReport {
         let start = Instant::now();
         let full = self.full_requested || !self.applied_once;
         let mut report = empty_report(if full {
@@ -607,6 +629,7 @@ impl IptablesProxier {
         let mut delete: BTreeSet<String> = BTreeSet::new();
         let mut jump_fixes: BTreeMap<Table, Vec<String>> = BTreeMap::new();
         let mut shared_changed = false;
+        let mut save_failed = false;
         if full {
             let saves: Vec<(Table, Result<String, KernelError>)> = [Table::Nat, Table::Filter]
                 .into_iter()
@@ -635,7 +658,16 @@ impl IptablesProxier {
                             }
                         }
                     }
-                    Err(e) => report.errors.push(format!("iptables-save -t {table}: {e}")),
+                    Err(e) => {
+                        // Without the saved table, stale chains and jumps are unknown: the full
+                        // sync is not done (retried with backoff), and nothing is deleted on the
+                        // strength of the failed read.
+                        save_failed = true;
+                        report.fail(
+                            Subsystem::Iptables,
+                            format!("iptables-save -t {table}: {e}"),
+                        );
+                    }
                 }
             }
             for c in self.applied.keys() {
@@ -694,7 +726,9 @@ impl IptablesProxier {
         }) {
             Ok(p) => p,
             Err(e) => {
-                report.errors.push(format!("iptables: {e}"));
+                report.fail(Subsystem::Iptables, format!("iptables: {e}"));
+                self.retry.failed(now);
+                report.retrying.insert(Subsystem::Iptables);
                 report.duration = start.elapsed();
                 return report;
             }
@@ -709,21 +743,30 @@ impl IptablesProxier {
                     self.applied.remove(c);
                 }
                 self.applied.extend(write);
-                self.applied_once = true;
-                self.full_requested = false;
-                self.failed_until = None;
-                self.failures = 0;
+                if save_failed {
+                    self.full_requested = true;
+                    let delay = self.retry.failed(now);
+                    tracing::warn!(
+                        retry_in_ms = delay.as_millis() as u64,
+                        "full sync incomplete: iptables-save failed; retrying with backoff"
+                    );
+                    report.retrying.insert(Subsystem::Iptables);
+                } else {
+                    self.applied_once = true;
+                    self.full_requested = false;
+                    self.retry.succeeded();
+                }
             }
             Err(e) => {
-                tracing::error!(error = %e, "iptables-restore failed; next sync is full");
+                let delay = self.retry.failed(now);
+                tracing::error!(error = %e, retry_in_ms = delay.as_millis() as u64,
+                    "iptables-restore failed; next sync is full, retried with backoff");
                 report.iptables_restore_failed = true;
-                report.errors.push(e.to_string());
+                report.fail(Subsystem::Iptables, e.to_string());
+                report.retrying.insert(Subsystem::Iptables);
                 // What the kernel holds is unknown now: rewrite everything next time.
                 self.full_requested = true;
                 self.applied.clear();
-                self.failures += 1;
-                let secs = 1u64 << self.failures.min(5);
-                self.failed_until = Some(Instant::now() + Duration::from_secs(secs));
             }
         }
         report.duration = start.elapsed();
@@ -983,11 +1026,14 @@ impl Backend for IptablesProxier {
         self.full_requested = true;
     }
     fn pending(&self, now: Instant) -> bool {
-        (self.full_requested || !self.dirty.is_empty())
-            && self.failed_until.is_none_or(|t| now >= t)
+        (self.full_requested || !self.dirty.is_empty()) && self.retry.ready(now)
     }
     fn retry_due(&self) -> Option<Instant> {
-        self.failed_until
+        if self.full_requested || !self.dirty.is_empty() {
+            self.retry.due()
+        } else {
+            None
+        }
     }
     fn sync(&mut self, store: &Store, node_addresses: &BTreeSet<IpAddr>) -> SyncReport {
         IptablesProxier::sync(self, store, node_addresses)

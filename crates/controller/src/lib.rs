@@ -12,6 +12,7 @@ pub mod kernel;
 pub mod model;
 pub mod plan;
 pub mod proxier;
+pub mod retry;
 pub mod source;
 pub mod store;
 pub mod sync_loop;

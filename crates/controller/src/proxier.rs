@@ -10,8 +10,15 @@
 //!   left behind without a flush; later it repairs drift and counts the repairs.
 //!
 //! Failures are isolated: an IPVS operation that fails marks its virtual server for a targeted
-//! re-check (read just that virtual server, diff, apply) with exponential backoff; nothing else
-//! is retried or blocked. A rejected ipset entry is reported with the service it came from.
+//! re-check (read just that virtual server, diff, apply); a failed address change re-reads and
+//! repairs kube-ipvs0; a failed ipset apply re-reads and repairs the sets; a failed
+//! iptables-restore is retried (forced); failed conntrack deletions keep their filters. Every one of
+//! these retries follows the one policy of [`crate::retry`] (backoff from minSyncPeriod to
+//! syncPeriod, jittered, reset on success), one [`Backoff`] per subsystem. A full sync whose kernel
+//! read failed is not done: it stays requested and is retried with backoff, and nothing is
+//! deleted from a subsystem whose read failed. Each [`SyncReport`] names the subsystems that
+//! failed ([`SyncReport::failed`]) and those still waiting for a retry
+//! ([`SyncReport::retrying`]). A rejected ipset entry is reported with the service it came from.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -27,6 +34,7 @@ use crate::desired::{
 use crate::diff::{diff_ipvs, diff_set, IpvsOps, IpvsTable};
 use crate::kernel::{Kernel, KernelError};
 use crate::model::{NodeInfo, ProxyConfig, Rejections, ServiceName};
+use crate::retry::{Backoff, RetryPolicy, Subsystem};
 use crate::store::{Changes, Store};
 
 /// iptables settings that do not come from services.
@@ -88,10 +96,39 @@ pub struct SyncReport {
     pub drift: BTreeMap<&'static str, usize>,
     /// Errors (one line each, naming the object or subsystem).
     pub errors: Vec<String>,
+    /// Subsystems that failed in this sync (a fixed set: metric labels, health reasons).
+    pub failed: BTreeMap<Subsystem, SubsystemFailure>,
+    /// Subsystems with a retry outstanding after this sync (failed now or earlier, not yet
+    /// repaired). A sync is healthy only when this is empty.
+    pub retrying: BTreeSet<Subsystem>,
     /// Wall time.
     pub duration: Duration,
     /// External VIP claims lost to another Service after this sync (see [`crate::vip`]).
     pub vip_conflicts: usize,
+}
+
+/// How one subsystem failed in one sync.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SubsystemFailure {
+    /// Failed operations.
+    pub count: usize,
+    /// The last error's text, at most [`MAX_ERROR_LEN`] bytes.
+    pub last_error: String,
+}
+
+/// The longest error text a [`SubsystemFailure`] keeps.
+pub const MAX_ERROR_LEN: usize = 512;
+
+/// `s` cut to at most `max` bytes on a character boundary (with `…` when cut).
+pub fn truncate_text(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max.saturating_sub(3);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
 }
 
 impl SyncReport {
@@ -110,6 +147,8 @@ impl SyncReport {
             conntrack_deleted: 0,
             drift: BTreeMap::new(),
             errors: Vec::new(),
+            failed: BTreeMap::new(),
+            retrying: BTreeSet::new(),
             duration: Duration::ZERO,
             vip_conflicts: 0,
         }
@@ -117,7 +156,47 @@ impl SyncReport {
 
     /// True when the sync had no error.
     pub fn ok(&self) -> bool {
-        self.errors.is_empty()
+        self.errors.is_empty() && self.failed.is_empty()
+    }
+
+    /// True when nothing failed and no retry is outstanding: the family is in sync (what
+    /// `/healthz` counts as an update).
+    pub fn healthy(&self) -> bool {
+        self.ok() && self.retrying.is_empty()
+    }
+
+    /// Records a failure of `subsystem` (also as an error line).
+    pub fn fail(&mut self, subsystem: Subsystem, error: impl Into<String>) {
+        let error = error.into();
+        let f = self.failed.entry(subsystem).or_default();
+        f.count += 1;
+        f.last_error = truncate_text(&error, MAX_ERROR_LEN);
+        self.errors.push(error);
+    }
+}
+
+/// One [`Backoff`] per subsystem of one proxier.
+#[derive(Debug, Clone)]
+struct Retries {
+    /// The kernel reads of a full sync.
+    full: Backoff,
+    ipvs: Backoff,
+    address: Backoff,
+    ipset: Backoff,
+    iptables: Backoff,
+    conntrack: Backoff,
+}
+
+impl Retries {
+    fn new(p: RetryPolicy) -> Retries {
+        Retries {
+            full: Backoff::new(p),
+            ipvs: Backoff::new(p),
+            address: Backoff::new(p),
+            ipset: Backoff::new(p),
+            iptables: Backoff::new(p),
+            conntrack: Backoff::new(p),
+        }
     }
 }
 
@@ -134,8 +213,6 @@ pub struct Proxier {
     applied_once: bool,
     full_requested: bool,
     repair: BTreeSet<ServiceKey>,
-    repair_attempts: u32,
-    repair_at: Option<Instant>,
     recheck_addresses: bool,
     set_counts: BTreeMap<SetKind, usize>,
     rejections: Rejections,
@@ -149,6 +226,15 @@ pub struct Proxier {
     /// Invalid Services in the store with no last-good state: their kernel state is adopted
     /// at the next full sync (see [`crate::adopt`]).
     to_adopt: BTreeSet<ServiceName>,
+    retry: Retries,
+    /// An ipset apply failed: re-read and repair the sets when the backoff allows.
+    recheck_sets: bool,
+    /// An iptables-restore failed: restore again (forced) when the backoff allows.
+    recheck_rules: bool,
+    /// Subsystems whose kernel read failed in the last full sync (the full sync is not done).
+    full_failed: BTreeSet<Subsystem>,
+    /// The time the current sync runs at (see [`Proxier::sync_at`]).
+    now: Instant,
 }
 
 /// Graceful termination of real servers.
@@ -208,8 +294,6 @@ impl Proxier {
             applied_once: false,
             full_requested: true,
             repair: BTreeSet::new(),
-            repair_attempts: 0,
-            repair_at: None,
             recheck_addresses: false,
             set_counts: BTreeMap::new(),
             rejections: Rejections::default(),
@@ -221,7 +305,69 @@ impl Proxier {
             conntrack: Vec::new(),
             last_rules: None,
             to_adopt: BTreeSet::new(),
+            retry: Retries::new(RetryPolicy::default()),
+            recheck_sets: false,
+            recheck_rules: false,
+            full_failed: BTreeSet::new(),
+            now: Instant::now(),
         }
+    }
+
+    /// Sets the retry policy of every subsystem (minSyncPeriod to syncPeriod).
+    pub fn with_retry(mut self, policy: RetryPolicy) -> Proxier {
+        self.retry = Retries::new(policy);
+        self
+    }
+
+    /// Consecutive failures of a subsystem's retries (0 when it is in sync); `None` for a
+    /// subsystem this proxier does not retry. `Source` and `Sysctl` are not the proxier's.
+    pub fn retry_failures(&self, subsystem: Subsystem) -> Option<u32> {
+        self.backoff(subsystem).map(Backoff::failures)
+    }
+
+    /// When a subsystem's next retry is due, if one is outstanding.
+    pub fn retry_due_of(&self, subsystem: Subsystem) -> Option<Instant> {
+        self.backoff(subsystem).and_then(Backoff::due)
+    }
+
+    /// A full sync is requested (or adoption has not completed).
+    pub fn full_pending(&self) -> bool {
+        self.full_requested || !self.applied_once
+    }
+
+    fn backoff(&self, subsystem: Subsystem) -> Option<&Backoff> {
+        match subsystem {
+            Subsystem::Ipvs => Some(&self.retry.ipvs),
+            Subsystem::Address => Some(&self.retry.address),
+            Subsystem::Ipset => Some(&self.retry.ipset),
+            Subsystem::Iptables => Some(&self.retry.iptables),
+            Subsystem::Conntrack => Some(&self.retry.conntrack),
+            Subsystem::Sysctl | Subsystem::Source => None,
+        }
+    }
+
+    /// Subsystems with a retry outstanding.
+    fn retrying(&self) -> BTreeSet<Subsystem> {
+        let mut out = BTreeSet::new();
+        if !self.repair.is_empty() {
+            out.insert(Subsystem::Ipvs);
+        }
+        if self.recheck_addresses {
+            out.insert(Subsystem::Address);
+        }
+        if self.recheck_sets {
+            out.insert(Subsystem::Ipset);
+        }
+        if self.recheck_rules {
+            out.insert(Subsystem::Iptables);
+        }
+        if !self.conntrack.is_empty() && self.retry.conntrack.failing() {
+            out.insert(Subsystem::Conntrack);
+        }
+        // While a full sync waits for the retry of a failed read, what it covers is not
+        // known to be in sync.
+        out.extend(self.full_failed.iter().copied());
+        out
     }
 
     /// Sets how real servers are drained.
@@ -281,27 +427,41 @@ impl Proxier {
         self.full_requested = true;
     }
 
+    /// True when a full sync may run at `now` (requested, and any failed read's backoff passed).
+    fn full_due(&self, now: Instant) -> bool {
+        self.full_pending() && self.retry.full.ready(now)
+    }
+
     /// True when a sync has work to do now.
     pub fn pending(&self, now: Instant) -> bool {
-        self.full_requested
-            || !self.dirty.is_empty()
-            || self.node_dirty
-            || self.recheck_addresses
-            || (!self.repair.is_empty() && self.repair_at.is_none_or(|t| now >= t))
+        // Until the first full sync has read the kernel, nothing else runs.
+        let adopted = self.applied_once;
+        self.full_due(now)
+            || (adopted && (!self.dirty.is_empty() || self.node_dirty))
+            || (adopted && self.recheck_addresses && self.retry.address.ready(now))
+            || (adopted && self.recheck_sets && self.retry.ipset.ready(now))
+            || (adopted && self.recheck_rules && self.retry.iptables.ready(now))
+            || (!self.repair.is_empty() && self.retry.ipvs.ready(now))
+            || (!self.conntrack.is_empty() && self.retry.conntrack.ready(now))
             || self.drain_due.is_some_and(|t| now >= t)
     }
 
-    /// When the next retry of failed operations is due, if any.
+    /// When the next retry of failed operations (or a drain check) is due, if any.
     pub fn retry_due(&self) -> Option<Instant> {
-        let repair = if self.repair.is_empty() {
-            None
-        } else {
-            self.repair_at
-        };
-        match (repair, self.drain_due) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let waiting = [
+            (self.full_pending(), &self.retry.full),
+            (!self.repair.is_empty(), &self.retry.ipvs),
+            (self.recheck_addresses, &self.retry.address),
+            (self.recheck_sets, &self.retry.ipset),
+            (self.recheck_rules, &self.retry.iptables),
+            (!self.conntrack.is_empty(), &self.retry.conntrack),
+        ];
+        waiting
+            .iter()
+            .filter(|(on, _)| *on)
+            .filter_map(|(_, b)| b.due())
+            .chain(self.drain_due)
+            .min()
     }
 
     /// Runs one sync: full when requested (and always the first time), else incremental.
@@ -311,20 +471,51 @@ impl Proxier {
         node_addresses: &BTreeSet<IpAddr>,
         kernel: &mut dyn Kernel,
     ) -> SyncReport {
+        self.sync_at(Instant::now(), store, node_addresses, kernel)
+    }
+
+    /// [`Proxier::sync`] as if it ran at `now`: retries due by `now` run, and failures schedule
+    /// their retries from `now` (tests drive the backoff with explicit instants).
+    pub fn sync_at(
+        &mut self,
+        now: Instant,
+        store: &Store,
+        node_addresses: &BTreeSet<IpAddr>,
+        kernel: &mut dyn Kernel,
+    ) -> SyncReport {
         let start = Instant::now();
-        let mut report = if self.full_requested || !self.applied_once {
+        self.now = now;
+        let mut report = if self.full_due(now) {
             self.full_sync(store, node_addresses, kernel)
+        } else if self.applied_once {
+            let mut report = self.incremental_sync(store, node_addresses, kernel);
+            let now = self.now;
+            if self.recheck_addresses && self.retry.address.ready(now) {
+                self.recheck_addresses = false;
+                self.repair_addresses(kernel, &mut report);
+            }
+            if self.recheck_sets && self.retry.ipset.ready(now) {
+                self.repair_sets(kernel, &mut report);
+            }
+            if self.recheck_rules && self.retry.iptables.ready(now) {
+                self.apply_rules(kernel, true, None, &mut report);
+            }
+            report
         } else {
-            self.incremental_sync(store, node_addresses, kernel)
+            // Waiting for the retry of the first full sync's failed read.
+            SyncReport::new(SyncKind::Incremental)
         };
-        if !self.repair.is_empty() && self.repair_at.is_none_or(|t| Instant::now() >= t) {
+        if !self.repair.is_empty() && self.retry.ipvs.ready(self.now) {
             self.retry_repairs(kernel, &mut report);
         }
         if self.drain_due.is_some_and(|t| Instant::now() >= t) {
             self.check_drains(kernel, &mut report);
         }
-        self.flush_conntrack(kernel, &mut report);
+        if self.retry.conntrack.ready(self.now) {
+            self.flush_conntrack(kernel, &mut report);
+        }
         report.vip_conflicts = self.vips.conflicts();
+        report.retrying = self.retrying();
         report.duration = start.elapsed();
         report
     }
@@ -456,9 +647,6 @@ impl Proxier {
                 }
             }
         }
-        if std::mem::take(&mut self.recheck_addresses) {
-            self.repair_addresses(kernel, &mut report);
-        }
         self.apply_delta(delta, kernel, &mut report);
         report
     }
@@ -470,7 +658,6 @@ impl Proxier {
         kernel: &mut dyn Kernel,
     ) -> SyncReport {
         let mut report = SyncReport::new(SyncKind::Full);
-        self.full_requested = false;
         let node = self.node_info(store, node_addresses);
         self.zone = node.zone.clone();
         let mut names = std::mem::take(&mut self.dirty);
@@ -485,9 +672,13 @@ impl Proxier {
         self.set_counts = count_sets(&self.desired);
         let drift_counted = self.applied_once;
 
-        // One read per subsystem.
+        // One read per subsystem. A subsystem whose read fails is neither diffed nor cleaned
+        // (nothing is deleted on the strength of a failed read) and the full sync stays
+        // requested, retried with backoff.
+        let mut read_failed: BTreeSet<Subsystem> = BTreeSet::new();
         if let Err(e) = kernel.ensure_link() {
-            report.errors.push(e.to_string());
+            report.fail(Subsystem::Address, e.to_string());
+            read_failed.insert(Subsystem::Address);
         }
         let owned_sets: Vec<String> = SetKind::ALL
             .iter()
@@ -496,22 +687,32 @@ impl Proxier {
         let actual_sets = match kernel.read_ipsets(&owned_sets) {
             Ok(s) => Some(s),
             Err(e) => {
-                report.errors.push(e.to_string());
+                tracing::warn!(error = %e, "full sync: reading the ipsets failed; will retry");
+                report.fail(Subsystem::Ipset, e.to_string());
+                read_failed.insert(Subsystem::Ipset);
                 None
             }
         };
         let actual_ipvs = match kernel.read_ipvs() {
             Ok(t) => Some(t),
             Err(e) => {
-                report.errors.push(e.to_string());
+                tracing::warn!(error = %e, "full sync: reading IPVS failed; will retry");
+                report.fail(Subsystem::Ipvs, e.to_string());
+                read_failed.insert(Subsystem::Ipvs);
                 None
             }
         };
-        let actual_addrs = match kernel.read_addresses() {
-            Ok(a) => Some(a),
-            Err(e) => {
-                report.errors.push(e.to_string());
-                None
+        let actual_addrs = if read_failed.contains(&Subsystem::Address) {
+            None
+        } else {
+            match kernel.read_addresses() {
+                Ok(a) => Some(a),
+                Err(e) => {
+                    tracing::warn!(error = %e, "full sync: reading kube-ipvs0 failed; will retry");
+                    report.fail(Subsystem::Address, e.to_string());
+                    read_failed.insert(Subsystem::Address);
+                    None
+                }
             }
         };
 
@@ -574,7 +775,32 @@ impl Proxier {
         self.apply_addrs(&[], &addr_del, kernel, &mut report);
         self.apply_ipvs(&ops.remove, kernel, &mut report);
         self.apply_sets(&set_shrink, kernel, &mut report);
-        self.applied_once = true;
+        let now = self.now;
+        if read_failed.is_empty() {
+            self.applied_once = true;
+            self.full_requested = false;
+            self.retry.full.succeeded();
+            // Every subsystem was read and diffed: what was waiting for a targeted repair has
+            // been repaired by this sync unless it failed again just now.
+            if !report.failed.contains_key(&Subsystem::Address) {
+                self.recheck_addresses = false;
+                self.retry.address.succeeded();
+            }
+            if !report.failed.contains_key(&Subsystem::Ipset) {
+                self.recheck_sets = false;
+                self.retry.ipset.succeeded();
+            }
+        } else {
+            // Not done: adoption / the drift check stays pending, retried with backoff.
+            self.full_requested = true;
+            let delay = self.retry.full.failed(now);
+            tracing::warn!(
+                failed = ?read_failed.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+                retry_in_ms = delay.as_millis() as u64,
+                "full sync incomplete: a kernel read failed; retrying with backoff"
+            );
+        }
+        self.full_failed = read_failed;
         report
     }
 
@@ -645,6 +871,29 @@ impl Proxier {
         }
     }
 
+    /// Re-reads the sets, and applies what differs (after a failed ipset apply).
+    fn repair_sets(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
+        let owned_sets: Vec<String> = SetKind::ALL
+            .iter()
+            .map(|k| k.name(set_family(self.cfg.family)))
+            .collect();
+        let actual = match kernel.read_ipsets(&owned_sets) {
+            Ok(s) => s,
+            Err(e) => {
+                report.fail(Subsystem::Ipset, e.to_string());
+                self.retry.ipset.failed(self.now);
+                return;
+            }
+        };
+        self.recheck_sets = false;
+        let (grow, shrink) = split_set_diff(ipset::diff(&self.desired.ipset_state(), &actual));
+        self.apply_sets(&grow, kernel, report);
+        self.apply_sets(&shrink, kernel, report);
+        if !self.recheck_sets {
+            self.retry.ipset.succeeded();
+        }
+    }
+
     fn apply_delta(&mut self, delta: Delta, kernel: &mut dyn Kernel, report: &mut SyncReport) {
         if delta.is_empty() {
             return;
@@ -694,17 +943,29 @@ impl Proxier {
         report.ipset_changes += diff.len();
         match kernel.apply_ipsets(diff) {
             Ok(rejected) => {
+                if rejected.is_empty() {
+                    return;
+                }
                 for r in rejected {
                     tracing::warn!(error = %r, "ipset entry rejected");
-                    report.errors.push(r);
+                    report.fail(Subsystem::Ipset, r);
                 }
+                self.set_recheck(self.now);
             }
             Err(e) => {
-                tracing::error!(error = %e, "ipset apply failed");
-                report.errors.push(e.to_string());
-                self.full_requested = true;
+                tracing::error!(error = %e, "ipset apply failed; re-reading the sets with backoff");
+                report.fail(Subsystem::Ipset, e.to_string());
+                self.set_recheck(self.now);
             }
         }
+    }
+
+    fn set_recheck(&mut self, now: Instant) {
+        // One backoff step per failed attempt, not per failed batch of one attempt.
+        if !self.recheck_sets || self.retry.ipset.ready(now) {
+            self.retry.ipset.failed(now);
+        }
+        self.recheck_sets = true;
     }
 
     /// The iptables rules for the current desired state; `sets` overrides which sets count
@@ -766,7 +1027,7 @@ impl Proxier {
         let rules = match self.rules(sets) {
             Ok(r) => r,
             Err(e) => {
-                report.errors.push(format!("iptables: {e}"));
+                report.fail(Subsystem::Iptables, format!("iptables: {e}"));
                 return;
             }
         };
@@ -781,11 +1042,23 @@ impl Proxier {
                     *report.drift.entry("iptables").or_default() += 1;
                 }
                 self.last_rules = Some(text);
+                // The whole rule set (forced) or the change went in: any earlier failure is
+                // repaired once a forced restore succeeds.
+                if force || !self.recheck_rules {
+                    self.recheck_rules = false;
+                    self.retry.iptables.succeeded();
+                }
             }
             Err(e) => {
-                tracing::error!(error = %e, "iptables-restore failed");
+                let now = self.now;
+                if !self.recheck_rules || self.retry.iptables.ready(now) {
+                    let delay = self.retry.iptables.failed(now);
+                    tracing::error!(error = %e, retry_in_ms = delay.as_millis() as u64,
+                        "iptables-restore failed; retrying with backoff");
+                }
+                self.recheck_rules = true;
                 report.iptables_restore_failed = true;
-                report.errors.push(e.to_string());
+                report.fail(Subsystem::Iptables, e.to_string());
             }
         }
     }
@@ -825,14 +1098,14 @@ impl Proxier {
                     .unwrap_or_default()
                     .unwrap_or_else(|| "-".to_string());
                 tracing::warn!(service = %owner, op = ?op, error = %e, "IPVS operation failed; will re-check");
-                report.errors.push(format!("{owner}: {e}"));
+                report.fail(Subsystem::Ipvs, format!("{owner}: {e}"));
                 if let Some(k) = key {
                     self.repair.insert(k);
                 }
             }
         }
-        if !self.repair.is_empty() && self.repair_at.is_none() {
-            self.schedule_repair();
+        if !self.repair.is_empty() && !self.retry.ipvs.failing() {
+            self.retry.ipvs.failed(self.now);
         }
     }
 
@@ -850,16 +1123,24 @@ impl Proxier {
         for (ip, res) in kernel.apply_addresses(add, del) {
             if let Err(e) = res {
                 tracing::warn!(address = %ip, error = %e, "kube-ipvs0 address change failed");
-                report.errors.push(format!("kube-ipvs0 {ip}: {e}"));
-                self.recheck_addresses = true;
+                report.fail(Subsystem::Address, format!("kube-ipvs0 {ip}: {e}"));
+                self.address_recheck(self.now);
             }
         }
     }
 
+    fn address_recheck(&mut self, now: Instant) {
+        if !self.recheck_addresses || self.retry.address.ready(now) {
+            self.retry.address.failed(now);
+        }
+        self.recheck_addresses = true;
+    }
+
     fn repair_addresses(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
+        let now = self.now;
         if let Err(e) = kernel.ensure_link() {
-            report.errors.push(e.to_string());
-            self.recheck_addresses = true;
+            report.fail(Subsystem::Address, e.to_string());
+            self.address_recheck(now);
             return;
         }
         match kernel.read_addresses() {
@@ -874,10 +1155,13 @@ impl Proxier {
                     !cfg.excluded(a)
                 });
                 self.apply_addrs(&add, &del, kernel, report);
+                if !self.recheck_addresses {
+                    self.retry.address.succeeded();
+                }
             }
             Err(e) => {
-                report.errors.push(e.to_string());
-                self.recheck_addresses = true;
+                report.fail(Subsystem::Address, e.to_string());
+                self.address_recheck(now);
             }
         }
     }
@@ -940,7 +1224,7 @@ impl Proxier {
         let actual = match kernel.read_ipvs_keys(&keys) {
             Ok(t) => t,
             Err(e) => {
-                report.errors.push(e.to_string());
+                report.fail(Subsystem::Ipvs, e.to_string());
                 self.drain_due = Some(now + self.drain.interval);
                 return;
             }
@@ -994,37 +1278,41 @@ impl Proxier {
         out
     }
 
-    /// Deletes the stale UDP conntrack entries this sync's changes left behind.
+    /// Deletes the stale UDP conntrack entries this sync's changes (and earlier failed
+    /// cleanups) left behind. On failure the filters are kept and retried with backoff.
     fn flush_conntrack(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
         if self.conntrack.is_empty() {
             return;
         }
-        let filters = std::mem::take(&mut self.conntrack);
+        let mut filters = std::mem::take(&mut self.conntrack);
+        let mut seen = std::collections::HashSet::new();
+        filters.retain(|f| seen.insert(*f));
         match kernel.delete_conntrack(&filters) {
-            Ok(n) => report.conntrack_deleted += n,
+            Ok(n) => {
+                report.conntrack_deleted += n;
+                self.retry.conntrack.succeeded();
+            }
             Err(e) => {
-                tracing::warn!(error = %e, filters = filters.len(), "conntrack cleanup failed");
-                report.errors.push(e.to_string());
+                let delay = self.retry.conntrack.failed(self.now);
+                tracing::warn!(error = %e, filters = filters.len(),
+                    retry_in_ms = delay.as_millis() as u64,
+                    "conntrack cleanup failed; keeping the filters and retrying with backoff");
+                report.fail(Subsystem::Conntrack, e.to_string());
+                // Bounded: one filter per (VIP, port[, endpoint]) the proxier programs.
+                self.conntrack = filters;
             }
         }
-    }
-
-    fn schedule_repair(&mut self) {
-        let secs = 1u64 << self.repair_attempts.min(6);
-        self.repair_at = Some(Instant::now() + Duration::from_secs(secs));
     }
 
     /// Re-reads the virtual servers whose operations failed and applies what still differs.
     fn retry_repairs(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
         let keys = std::mem::take(&mut self.repair);
-        self.repair_at = None;
         let actual = match kernel.read_ipvs_keys(&keys) {
             Ok(t) => t,
             Err(e) => {
-                report.errors.push(e.to_string());
+                report.fail(Subsystem::Ipvs, e.to_string());
                 self.repair = keys;
-                self.repair_attempts += 1;
-                self.schedule_repair();
+                self.retry.ipvs.failed(self.now);
                 return;
             }
         };
@@ -1038,11 +1326,9 @@ impl Proxier {
         self.apply_ipvs(&ops.apply, kernel, report);
         self.apply_ipvs(&ops.remove, kernel, report);
         if report.ipvs_failures > failures_before {
-            self.repair_attempts += 1;
-            self.repair_at = None;
-            self.schedule_repair();
-        } else {
-            self.repair_attempts = 0;
+            self.retry.ipvs.failed(self.now);
+        } else if self.repair.is_empty() {
+            self.retry.ipvs.succeeded();
         }
     }
 }

@@ -254,6 +254,70 @@ async fn node_address_tracker() -> Option<netif::NodeAddresses> {
     }
 }
 
+/// How long a watch error keeps the source failing without a newer one. kube-runtime's default
+/// backoff retries at most every 30 s plus up to as much jitter, so an unreachable API server
+/// produces a newer error within this; a watch that reconnects silently (no change to report)
+/// stops producing errors and counts as recovered after it.
+pub const SOURCE_ERROR_FRESH: std::time::Duration = std::time::Duration::from_secs(65);
+
+/// Feeds the API source's health (watch errors) into `/healthz` and the source's age metric: the
+/// source is failing from its first watch error while errors keep coming (each within
+/// [`SOURCE_ERROR_FRESH`] of the last) or a kind has never been listed; a successful event of
+/// every failing kind (a relist, a change) ends it at once.
+pub async fn forward_source_health(
+    mut rx: tokio::sync::watch::Receiver<controller::source::kube::SourceHealth>,
+    health: Arc<ProxyHealth>,
+    metrics: Arc<Metrics>,
+) {
+    let mut failing = false;
+    loop {
+        let (errors, last_error, synced) = {
+            let h = rx.borrow_and_update();
+            let kinds = [&h.services, &h.endpoint_slices, &h.node];
+            let failing_kind = |k: &controller::source::kube::KindHealth| {
+                k.consecutive_errors > 0
+                    && (!k.synced
+                        || k.last_error
+                            .as_ref()
+                            .is_some_and(|(at, _)| at.elapsed() < SOURCE_ERROR_FRESH))
+            };
+            let errors = kinds.iter().any(|k| failing_kind(k));
+            let last_error = kinds
+                .iter()
+                .filter(|k| failing_kind(k))
+                .filter_map(|k| k.last_error.clone())
+                .max_by_key(|(at, _)| *at)
+                .map(|(_, e)| e)
+                .unwrap_or_default();
+            (errors, last_error, h.synced())
+        };
+        if errors {
+            if !failing {
+                tracing::warn!(error = %last_error, "API source failing; serving the last known state");
+            }
+            failing = true;
+            health.source_failing_at(std::time::SystemTime::now(), &last_error);
+            metrics.set_source_ok(false);
+        } else {
+            if failing {
+                tracing::info!("API source healthy again");
+            }
+            failing = false;
+            health.source_ok();
+            metrics.set_source_ok(synced);
+        }
+        // Re-evaluated on every change, and every few seconds (errors age out).
+        tokio::select! {
+            changed = rx.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            () = tokio::time::sleep(std::time::Duration::from_secs(5)) => {}
+        }
+    }
+}
+
 /// Runs kube-ipvs until SIGTERM/SIGINT (or, with `--once`, until the first sync is done).
 ///
 /// In IPVS mode the health and metrics servers start first, then the IPVS probe runs until it
@@ -424,6 +488,7 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         .map(|t| crate::engine::forward_node_addresses(t, engine.sender()));
 
     let (tx, mut rx) = mpsc::channel::<SourceEvent>(1024);
+    let mut source_health_task = None;
     let source = match (&config.source_dir, client) {
         (None, None) => return Err(Error::Unsupported("no source".into())),
         (Some(dir), _) => {
@@ -432,8 +497,13 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         }
         (None, Some(client)) => {
             let node = config.node_name.clone();
-            let (health_tx, _health_rx) =
+            let (health_tx, health_rx) =
                 tokio::sync::watch::channel(controller::source::kube::SourceHealth::default());
+            source_health_task = Some(tokio::spawn(forward_source_health(
+                health_rx,
+                daemon.health.clone(),
+                daemon.metrics.clone(),
+            )));
             tokio::spawn(async move {
                 controller::source::kube::run(client, node, tx, health_tx).await;
                 Ok(())
@@ -474,6 +544,9 @@ pub async fn run_daemon(config: Config) -> Result<()> {
     };
     drop(rx);
     source.abort();
+    if let Some(t) = source_health_task {
+        t.abort();
+    }
     if let Some(p) = publisher {
         p.abort();
     }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use controller::desired::HealthCheck;
 use controller::model::{ProxyConfig, ServiceName};
 use controller::proxier::{DrainConfig, Proxier, RulesConfig, SyncReport};
+use controller::retry::{RetryPolicy, Subsystem};
 use controller::source::SourceEvent;
 use controller::store::{Changes, Store};
 use controller::sync_loop::{self, Backend, Exit, FamilyProxier, Input, LoopConfig, SyncObserver};
@@ -225,11 +226,17 @@ pub async fn ipvs_backend(
     .with_drain(DrainConfig {
         cap: config.drain_timeout,
         ..DrainConfig::default()
-    });
+    })
+    .with_retry(retry_policy(config, ProxyMode::Ipvs));
     Ok(Box::new(FamilyProxier {
         proxier,
         kernel: Box::new(kernel),
     }))
+}
+
+/// The one retry policy of every subsystem: backoff from minSyncPeriod to syncPeriod.
+pub fn retry_policy(config: &Config, mode: ProxyMode) -> RetryPolicy {
+    RetryPolicy::new(config.min_sync_period(mode), config.sync_period(mode))
 }
 
 /// Sets the IPVS connection timeouts (`ipvsadm --set`) when any is configured.
@@ -451,21 +458,44 @@ impl SyncObserver for Observer {
 
     fn synced(&self, family: Family, report: &SyncReport, backend: &dyn Backend) {
         if let Some(first) = &self.first_sync {
-            first.record(family, report.ok());
+            first.record(family, report.healthy());
         }
-        self.metrics.record_sync(report.duration.as_secs_f64());
-        if report.ok() {
+        // Labels come from the report's fixed subsystem set, never from error text.
+        for (subsystem, f) in &report.failed {
+            let label = crate::metrics::SubsystemLabel {
+                subsystem: subsystem.as_str().to_string(),
+            };
+            self.metrics
+                .sync_errors_total
+                .get_or_create(&label)
+                .inc_by(f.count as u64);
+            self.metrics.sync_failures_total.get_or_create(&label).inc();
+        }
+        let mut failing = report.retrying.clone();
+        failing.extend(report.failed.keys().copied());
+        let family_num = match family {
+            Family::Inet => 4,
+            Family::Inet6 => 6,
+        };
+        self.metrics
+            .record_sync_outcome(family_num, report.duration.as_secs_f64(), &failing);
+        if report.healthy() {
             self.health.updated(ip_family(family));
         } else {
-            for e in &report.errors {
-                let subsystem = e.split(':').next().unwrap_or("sync").to_string();
-                self.metrics
-                    .sync_errors_total
-                    .get_or_create(&crate::metrics::SubsystemLabel { subsystem })
-                    .inc();
-            }
-            // Failures are retried per service; the rest of the node is in sync.
-            self.health.updated(ip_family(family));
+            // A failed sync is not an update: /healthz turns 503 if this lasts for the
+            // health timeout, naming the subsystems.
+            let failed: Vec<(&'static str, String)> = report
+                .failed
+                .iter()
+                .map(|(s, f)| (s.as_str(), f.last_error.clone()))
+                .collect();
+            let retrying: Vec<&'static str> = failing.iter().map(|s| s.as_str()).collect();
+            self.health.sync_failed_at(
+                ip_family(family),
+                &failed,
+                &retrying,
+                std::time::SystemTime::now(),
+            );
         }
         for (subsystem, n) in &report.drift {
             self.metrics
@@ -790,6 +820,9 @@ pub fn other_mode(mode: ProxyMode) -> ProxyMode {
 pub struct IptablesBackend {
     inner: controller::iptables_mode::IptablesProxier,
     conntrack: Option<controller::conntrack::Conntrack>,
+    /// Filters of failed cleanups, retried with backoff (bounded by the services' VIPs).
+    conntrack_pending: Vec<controller::conntrack::ConntrackFilter>,
+    conntrack_retry: controller::retry::Backoff,
 }
 
 impl std::fmt::Debug for IptablesBackend {
@@ -808,15 +841,19 @@ pub fn iptables_backend(
         .map_err(|e| format!("iptables ({family:?}): {e}"))?;
     let random_fully = tables.supports_random_fully().unwrap_or(false);
     tracing::info!(family = ?family, backend = ?tables.backend(), random_fully, "iptables");
+    let policy = retry_policy(config, ProxyMode::Iptables);
     let inner = controller::iptables_mode::IptablesProxier::new(
         proxy_config(config, family),
         rules_config(config, random_fully),
         config.node_name.clone(),
         Box::new(tables),
-    );
+    )
+    .with_retry(policy);
     Ok(Box::new(IptablesBackend {
         inner,
         conntrack: None,
+        conntrack_pending: Vec::new(),
+        conntrack_retry: controller::retry::Backoff::new(policy),
     }))
 }
 
@@ -842,22 +879,44 @@ impl IptablesBackend {
                 });
             }
         }
+        // Earlier failed cleanups go again with this one once their backoff has passed.
+        let now = std::time::Instant::now();
+        if !self.conntrack_pending.is_empty() && self.conntrack_retry.ready(now) {
+            filters.append(&mut self.conntrack_pending);
+        }
         if filters.is_empty() {
+            if !self.conntrack_pending.is_empty() {
+                report.retrying.insert(Subsystem::Conntrack);
+            }
             return;
         }
-        let ct = match &mut self.conntrack {
-            Some(ct) => ct,
+        let mut seen = std::collections::HashSet::new();
+        filters.retain(|f| seen.insert(*f));
+        let result = match &mut self.conntrack {
+            Some(ct) => ct.delete(&filters),
             None => match controller::conntrack::Conntrack::new() {
-                Ok(ct) => self.conntrack.insert(ct),
-                Err(e) => {
-                    report.errors.push(format!("conntrack: {e}"));
-                    return;
-                }
+                Ok(ct) => self.conntrack.insert(ct).delete(&filters),
+                Err(e) => Err(e),
             },
         };
-        match ct.delete(&filters) {
-            Ok(r) => report.conntrack_deleted += r.deleted,
-            Err(e) => report.errors.push(format!("conntrack: {e}")),
+        match result {
+            Ok(r) => {
+                report.conntrack_deleted += r.deleted;
+                if self.conntrack_pending.is_empty() {
+                    self.conntrack_retry.succeeded();
+                }
+            }
+            Err(e) => {
+                let delay = self.conntrack_retry.failed(now);
+                tracing::warn!(error = %e, filters = filters.len(),
+                    retry_in_ms = delay.as_millis() as u64,
+                    "conntrack cleanup failed; keeping the filters and retrying with backoff");
+                report.fail(Subsystem::Conntrack, format!("conntrack: {e}"));
+                self.conntrack_pending.extend(filters);
+            }
+        }
+        if !self.conntrack_pending.is_empty() {
+            report.retrying.insert(Subsystem::Conntrack);
         }
     }
 }
@@ -877,9 +936,15 @@ impl Backend for IptablesBackend {
     }
     fn pending(&self, now: std::time::Instant) -> bool {
         self.inner.pending(now)
+            || (!self.conntrack_pending.is_empty() && self.conntrack_retry.ready(now))
     }
     fn retry_due(&self) -> Option<std::time::Instant> {
-        self.inner.retry_due()
+        let ct = if self.conntrack_pending.is_empty() {
+            None
+        } else {
+            self.conntrack_retry.due()
+        };
+        self.inner.retry_due().into_iter().chain(ct).min()
     }
     fn sync(&mut self, store: &Store, node_addresses: &BTreeSet<IpAddr>) -> SyncReport {
         let mut report = self.inner.sync(store, node_addresses);

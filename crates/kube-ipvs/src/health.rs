@@ -6,9 +6,20 @@
 //! is healthy. `/healthz` is additionally unhealthy when this node is not eligible: its Node has a
 //! deletionTimestamp or the cluster autoscaler's `ToBeDeletedByClusterAutoscaler` taint.
 //! `/livez` ignores the Node. Both answer JSON with `lastUpdated` and `currentTime` (RFC 3339);
-//! `lastUpdated` is the current time when healthy, like upstream.
+//! `lastUpdated` is the current time when healthy, like upstream (`pkg/proxy/healthcheck`
+//! `ProxyHealthServer.health`).
+//!
+//! Truthful beyond upstream: only a sync with no failure and no retry outstanding counts as an
+//! update ([`ProxyHealth::updated`]); a failed one records which subsystem failed, since when, and
+//! the last error ([`ProxyHealth::sync_failed_at`]). The proxy is unhealthy when, for some family,
+//! changes are pending or syncs are failing and nothing has succeeded for the health timeout, or
+//! when the API source has been failing (watch errors, API server unreachable) for the health
+//! timeout ([`ProxyHealth::source_failing_at`]). The body then says why: `reasons`, one per
+//! subsystem (`ipvs`, `address`, `ipset`, `iptables`, `conntrack`, `source`, or `pending` for
+//! changes not applied without a reported failure, e.g. a hung sync), with `since` and
+//! `lastError` (at most 512 bytes). Starting up is healthy until the timeout has passed.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -30,14 +41,68 @@ pub enum IpFamily {
     V6,
 }
 
+impl IpFamily {
+    fn as_str(self) -> &'static str {
+        match self {
+            IpFamily::V4 => "IPv4",
+            IpFamily::V6 => "IPv6",
+        }
+    }
+}
+
+/// A failure that has lasted since `since`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Failing {
+    since: SystemTime,
+    last_error: String,
+}
+
 #[derive(Debug)]
 struct State {
     last_updated: HashMap<IpFamily, SystemTime>,
     oldest_pending: HashMap<IpFamily, SystemTime>,
+    /// Failing subsystems per family (a bounded set: families × subsystems).
+    failing: BTreeMap<(IpFamilyKey, &'static str), Failing>,
+    /// The API source failing since.
+    source: Option<Failing>,
     node_eligible: bool,
     /// Why the proxy cannot start syncing yet (e.g. the IPVS probe keeps failing).
     blocked: Option<String>,
 }
+
+/// Orderable key of an [`IpFamily`].
+type IpFamilyKey = u8;
+
+fn family_key(f: IpFamily) -> IpFamilyKey {
+    match f {
+        IpFamily::V4 => 4,
+        IpFamily::V6 => 6,
+    }
+}
+
+fn key_family(k: IpFamilyKey) -> IpFamily {
+    if k == 6 {
+        IpFamily::V6
+    } else {
+        IpFamily::V4
+    }
+}
+
+/// Why the proxy is unhealthy (one per failing subsystem and family).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reason {
+    /// `ipvs`, `address`, `ipset`, `iptables`, `conntrack`, `source`, or `pending`.
+    pub subsystem: &'static str,
+    /// The family (none for `source`).
+    pub family: Option<IpFamily>,
+    /// Failing (or pending) since.
+    pub since: SystemTime,
+    /// The last error (empty for `pending`).
+    pub last_error: String,
+}
+
+/// The longest error text health keeps.
+const MAX_ERROR: usize = 512;
 
 /// Shared proxy health state; cheap to query from HTTP handlers.
 #[derive(Debug)]
@@ -48,7 +113,7 @@ pub struct ProxyHealth {
 }
 
 /// One health answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthStatus {
     /// Healthy (for `/healthz`: and the node is eligible).
     pub healthy: bool,
@@ -58,6 +123,8 @@ pub struct HealthStatus {
     pub current_time: SystemTime,
     /// The node is not being deleted.
     pub node_eligible: bool,
+    /// Why the proxy is unhealthy (empty when healthy, or when only the node is ineligible).
+    pub reasons: Vec<Reason>,
 }
 
 impl ProxyHealth {
@@ -68,6 +135,8 @@ impl ProxyHealth {
             state: Mutex::new(State {
                 last_updated: HashMap::new(),
                 oldest_pending: HashMap::new(),
+                failing: BTreeMap::new(),
+                source: None,
                 // Eligible until a Node event says otherwise.
                 node_eligible: true,
                 blocked: None,
@@ -95,11 +164,61 @@ impl ProxyHealth {
         self.updated_at(family, SystemTime::now());
     }
 
-    /// [`Self::updated`] with an explicit time.
+    /// [`Self::updated`] with an explicit time: clears the family's pending changes and
+    /// failures.
     pub fn updated_at(&self, family: IpFamily, at: SystemTime) {
         let mut s = self.lock();
         s.oldest_pending.remove(&family);
         s.last_updated.insert(family, at);
+        let k = family_key(family);
+        s.failing.retain(|(f, _), _| *f != k);
+    }
+
+    /// A sync of `family` did not succeed: `failed` are the subsystems that failed in it (with
+    /// their last error), `retrying` those with a retry outstanding (failed now or earlier).
+    /// `lastUpdated` is not touched; a subsystem keeps the time it started failing; subsystems
+    /// no longer failing are forgotten.
+    pub fn sync_failed_at(
+        &self,
+        family: IpFamily,
+        failed: &[(&'static str, String)],
+        retrying: &[&'static str],
+        at: SystemTime,
+    ) {
+        let mut s = self.lock();
+        let k = family_key(family);
+        s.failing.retain(|(f, sub), _| {
+            *f != k || retrying.contains(sub) || failed.iter().any(|(x, _)| x == sub)
+        });
+        for (sub, err) in failed {
+            let e = s.failing.entry((k, *sub)).or_insert_with(|| Failing {
+                since: at,
+                last_error: String::new(),
+            });
+            e.last_error = controller::proxier::truncate_text(err, MAX_ERROR);
+        }
+        for sub in retrying {
+            s.failing.entry((k, *sub)).or_insert_with(|| Failing {
+                since: at,
+                last_error: String::new(),
+            });
+        }
+    }
+
+    /// The API source (a watch) has been failing since `since` with `error`; the earliest
+    /// `since` of an ongoing failure is kept.
+    pub fn source_failing_at(&self, since: SystemTime, error: &str) {
+        let mut s = self.lock();
+        let since = s.source.as_ref().map_or(since, |f| f.since.min(since));
+        s.source = Some(Failing {
+            since,
+            last_error: controller::proxier::truncate_text(error, MAX_ERROR),
+        });
+    }
+
+    /// The API source is healthy again.
+    pub fn source_ok(&self) {
+        self.lock().source = None;
     }
 
     /// Updates node eligibility from this node's Node object.
@@ -138,8 +257,46 @@ impl ProxyHealth {
     /// Health at `now`; with `with_node`, an ineligible node is unhealthy (`/healthz`).
     pub fn status_at(&self, now: SystemTime, with_node: bool) -> HealthStatus {
         let s = self.lock();
-        let mut healthy = true;
+        let late =
+            |since: SystemTime| now.duration_since(since).unwrap_or(Duration::ZERO) >= self.timeout;
+        let mut reasons = Vec::new();
+        for ((f, sub), failing) in &s.failing {
+            if late(failing.since) {
+                reasons.push(Reason {
+                    subsystem: sub,
+                    family: Some(key_family(*f)),
+                    since: failing.since,
+                    last_error: failing.last_error.clone(),
+                });
+            }
+        }
+        for (family, pending) in &s.oldest_pending {
+            let failing_too = reasons.iter().any(|r| r.family == Some(*family));
+            if late(*pending) && !failing_too {
+                reasons.push(Reason {
+                    subsystem: "pending",
+                    family: Some(*family),
+                    since: *pending,
+                    last_error: String::new(),
+                });
+            }
+        }
+        if let Some(src) = s.source.as_ref().filter(|f| late(f.since)) {
+            reasons.push(Reason {
+                subsystem: "source",
+                family: None,
+                since: src.since,
+                last_error: src.last_error.clone(),
+            });
+        }
+        let mut healthy = reasons.is_empty();
         let mut last: Option<SystemTime> = None;
+        for updated in s.last_updated.values() {
+            if last.is_none_or(|l| *updated > l) {
+                last = Some(*updated);
+            }
+        }
+        let mut upstream_healthy = true;
         for (family, updated) in &s.last_updated {
             if last.is_none_or(|l| *updated > l) {
                 last = Some(*updated);
@@ -147,26 +304,40 @@ impl ProxyHealth {
             if let Some(pending) = s.oldest_pending.get(family) {
                 let age = now.duration_since(*pending).unwrap_or(Duration::ZERO);
                 if age >= self.timeout {
-                    healthy = false;
+                    upstream_healthy = false;
                     last = Some(*updated);
                     break;
                 }
             }
         }
         // A family queued but never updated is judged on its pending age too.
-        if healthy {
+        if upstream_healthy {
             for (family, pending) in &s.oldest_pending {
                 if s.last_updated.contains_key(family) {
                     continue;
                 }
                 let age = now.duration_since(*pending).unwrap_or(Duration::ZERO);
                 if age >= self.timeout {
-                    healthy = false;
+                    upstream_healthy = false;
                 }
             }
         }
         if s.blocked.is_some() {
             healthy = false;
+        }
+        healthy &= upstream_healthy;
+        if !healthy && upstream_healthy {
+            // Failing (not only late): lastUpdated is the family's last real success.
+            last = reasons
+                .iter()
+                .filter_map(|r| r.family)
+                .filter_map(|f| s.last_updated.get(&f).copied())
+                .min()
+                .or(if reasons.iter().all(|r| r.family.is_none()) {
+                    last
+                } else {
+                    None
+                });
         }
         let node_eligible = s.node_eligible;
         if with_node {
@@ -177,6 +348,7 @@ impl ProxyHealth {
             last_updated: if healthy { Some(now) } else { last },
             current_time: now,
             node_eligible,
+            reasons,
         }
     }
 
@@ -255,6 +427,24 @@ fn answer(health: &ProxyHealth, livez: bool) -> Response {
     if let Some(reason) = health.blocked() {
         body["reason"] = serde_json::Value::String(reason);
     }
+    if !st.reasons.is_empty() {
+        body["reasons"] = serde_json::Value::Array(
+            st.reasons
+                .iter()
+                .map(|r| {
+                    let mut o = serde_json::json!({
+                        "subsystem": r.subsystem,
+                        "since": rfc3339(Some(r.since)),
+                        "lastError": r.last_error,
+                    });
+                    if let Some(f) = r.family {
+                        o["family"] = serde_json::Value::String(f.as_str().into());
+                    }
+                    o
+                })
+                .collect(),
+        );
+    }
     json_response(code, body.to_string())
 }
 
@@ -332,6 +522,100 @@ mod tests {
         h.set_blocked(None);
         assert!(h.status_at(t(10), true).healthy);
         assert_eq!(answer(&h, false).status(), StatusCode::OK);
+    }
+
+    #[test]
+    fn failing_syncs_are_unhealthy_after_the_window_with_reasons_and_recover() {
+        let h = ProxyHealth::new(Duration::from_secs(60), None);
+        h.updated_at(IpFamily::V4, t(1000));
+        // Failing from t=1100 (iptables), while nothing is queued.
+        h.sync_failed_at(
+            IpFamily::V4,
+            &[("iptables", "iptables-restore: resource busy".into())],
+            &["iptables"],
+            t(1100),
+        );
+        assert!(h.status_at(t(1159), true).healthy, "inside the window");
+        // Still failing later: the start time is kept, the error updated.
+        h.sync_failed_at(
+            IpFamily::V4,
+            &[("iptables", "iptables-restore: lock held".into())],
+            &["iptables"],
+            t(1130),
+        );
+        let st = h.status_at(t(1160), true);
+        assert!(!st.healthy);
+        assert_eq!(st.last_updated, Some(t(1000)), "the last real success");
+        assert_eq!(st.reasons.len(), 1);
+        let r = &st.reasons[0];
+        assert_eq!(
+            (r.subsystem, r.family, r.since, r.last_error.as_str()),
+            (
+                "iptables",
+                Some(IpFamily::V4),
+                t(1100),
+                "iptables-restore: lock held"
+            )
+        );
+        // /livez too: it is the proxy's health, not the node's.
+        assert!(!h.status_at(t(1160), false).healthy);
+        // A retry still outstanding (no new failure) keeps it unhealthy.
+        h.sync_failed_at(IpFamily::V4, &[], &["iptables"], t(1170));
+        assert!(!h.status_at(t(1171), true).healthy);
+        // Another subsystem recovering does not hide it; recovery does.
+        h.updated_at(IpFamily::V4, t(1180));
+        let st = h.status_at(t(1181), true);
+        assert!(st.healthy && st.reasons.is_empty());
+        // A failed sync never counts as an update: lastUpdated stays at the success.
+        h.sync_failed_at(
+            IpFamily::V4,
+            &[("ipvs", "EBUSY".into())],
+            &["ipvs"],
+            t(1200),
+        );
+        h.queued_update_at(IpFamily::V4, t(1200));
+        let st = h.status_at(t(1261), true);
+        assert!(!st.healthy);
+        assert_eq!(st.last_updated, Some(t(1180)));
+        assert_eq!(
+            st.reasons.len(),
+            1,
+            "pending is explained by the failure: {:?}",
+            st.reasons
+        );
+    }
+
+    #[test]
+    fn source_failing_longer_than_the_window_is_unhealthy() {
+        let h = ProxyHealth::new(Duration::from_secs(20), None);
+        // Starting up with the API server away: healthy until the window passes.
+        h.source_failing_at(t(100), "connection refused");
+        assert!(h.status_at(t(119), true).healthy);
+        // A later error keeps the first time.
+        h.source_failing_at(t(110), "connection refused again");
+        let st = h.status_at(t(120), true);
+        assert!(!st.healthy);
+        assert_eq!(st.reasons[0].subsystem, "source");
+        assert_eq!(st.reasons[0].since, t(100));
+        assert_eq!(st.reasons[0].family, None);
+        assert_eq!(st.reasons[0].last_error, "connection refused again");
+        h.source_ok();
+        assert!(h.status_at(t(121), true).healthy);
+    }
+
+    #[test]
+    fn hung_sync_with_pending_changes_reports_pending_and_long_errors_are_cut() {
+        let h = ProxyHealth::new(Duration::from_secs(20), None);
+        h.queued_update_at(IpFamily::V6, t(10));
+        let st = h.status_at(t(30), true);
+        assert!(!st.healthy);
+        assert_eq!(st.reasons[0].subsystem, "pending");
+        assert_eq!(st.reasons[0].family, Some(IpFamily::V6));
+        let long = "x".repeat(10_000);
+        h.source_failing_at(t(0), &long);
+        let st = h.status_at(t(30), true);
+        let src = st.reasons.iter().find(|r| r.subsystem == "source").unwrap();
+        assert!(src.last_error.len() <= 512, "{}", src.last_error.len());
     }
 
     #[test]

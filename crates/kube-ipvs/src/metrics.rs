@@ -5,8 +5,12 @@
 //! OpenMetrics encoder appends it (`kubeproxy_sync_proxy_rules_endpoint_changes` is exposed as
 //! `kubeproxy_sync_proxy_rules_endpoint_changes_total`, upstream's name).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::Mutex;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use controller::retry::Subsystem;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -50,7 +54,8 @@ pub struct ProbeKindLabel {
     pub kind: String,
 }
 
-/// `subsystem` label (ipvs, netif, ipset, iptables, sysctl, conntrack).
+/// `subsystem` label: one of [`Subsystem::ALL`] (ipvs, address, ipset, iptables, conntrack,
+/// sysctl, source), a fixed set.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SubsystemLabel {
     /// The subsystem.
@@ -112,6 +117,15 @@ pub struct Metrics {
     pub drift_repairs_total: Family<SubsystemLabel, Counter>,
     /// `kube_ipvs_sync_errors_total{subsystem}`: failed operations (retried).
     pub sync_errors_total: Family<SubsystemLabel, Counter>,
+    /// `kube_ipvs_sync_failures_total{subsystem}`: syncs in which the subsystem failed.
+    pub sync_failures_total: Family<SubsystemLabel, Counter>,
+    /// `kube_ipvs_last_successful_sync_age_seconds{subsystem}`: seconds since the subsystem was
+    /// last known in sync (worst family), computed at scrape time.
+    pub last_successful_sync_age_seconds: Family<SubsystemLabel, Gauge<f64, AtomicU64>>,
+    /// Last time each (family, subsystem) was in sync; the source's under family 0.
+    last_success: Mutex<BTreeMap<(u8, Subsystem), Instant>>,
+    /// The API source is healthy now (its age is then 0).
+    source_ok: Mutex<bool>,
     /// `kube_ipvs_invalid_objects_total{kind,reason}`: objects skipped as invalid.
     pub invalid_objects_total: Family<InvalidObjectLabels, Counter>,
     /// `kube_ipvs_ipvs_requests_total{op}`: IPVS netlink requests sent.
@@ -195,6 +209,10 @@ impl Metrics {
             ipvs_probe_failures_total: Family::default(),
             drift_repairs_total: Family::default(),
             sync_errors_total: Family::default(),
+            sync_failures_total: Family::default(),
+            last_successful_sync_age_seconds: Family::default(),
+            last_success: Mutex::new(BTreeMap::new()),
+            source_ok: Mutex::new(false),
             invalid_objects_total: Family::default(),
             ipvs_requests_total: Family::default(),
             draining_destinations: Gauge::default(),
@@ -316,6 +334,31 @@ impl Metrics {
             "Failed apply operations (the affected services are retried)",
             m.sync_errors_total.clone(),
         );
+        r.register(
+            format!("{o}sync_failures"),
+            "Syncs in which a subsystem failed (retried with backoff), by subsystem",
+            m.sync_failures_total.clone(),
+        );
+        r.register(
+            format!("{o}last_successful_sync_age_seconds"),
+            "Seconds since the subsystem was last in sync (worst address family); grows while it fails",
+            m.last_successful_sync_age_seconds.clone(),
+        );
+        let start = Instant::now();
+        if let Ok(mut last) = m.last_success.lock() {
+            for sub in Subsystem::ALL {
+                // Every series exists from the start (0), so rate() and alerts see them.
+                let label = SubsystemLabel {
+                    subsystem: sub.as_str().to_string(),
+                };
+                m.sync_failures_total.get_or_create(&label).inc_by(0);
+                m.sync_errors_total.get_or_create(&label).inc_by(0);
+                if sub != Subsystem::Sysctl {
+                    // Ages count from the start until the first success.
+                    last.insert((0, sub), start);
+                }
+            }
+        }
         r.register(
             format!("{o}invalid_objects"),
             "Objects skipped because they are invalid",
@@ -445,6 +488,73 @@ impl Metrics {
             .inc();
     }
 
+    /// Records a sync of `family` (4 or 6) that took `seconds` and left `failing` subsystems
+    /// failing: the others are in sync as of now. The last-sync timestamp moves only when
+    /// nothing is failing (upstream sets it only after a successful sync).
+    pub fn record_sync_outcome(
+        &self,
+        family: u8,
+        seconds: f64,
+        failing: &std::collections::BTreeSet<Subsystem>,
+    ) {
+        if failing.is_empty() {
+            self.record_sync(seconds);
+        } else {
+            self.sync_proxy_rules_duration_seconds.observe(seconds);
+        }
+        let now = Instant::now();
+        let mut last = self.last_success.lock().unwrap_or_else(|p| p.into_inner());
+        // A family's first report replaces the start-time placeholder of family 0.
+        for sub in [
+            Subsystem::Ipvs,
+            Subsystem::Address,
+            Subsystem::Ipset,
+            Subsystem::Iptables,
+            Subsystem::Conntrack,
+        ] {
+            let placeholder = last.remove(&(0, sub));
+            if failing.contains(&sub) {
+                let since = placeholder.unwrap_or(now);
+                last.entry((family, sub)).or_insert(since);
+            } else {
+                last.insert((family, sub), now);
+            }
+        }
+    }
+
+    /// Records whether the API source is healthy now.
+    pub fn set_source_ok(&self, ok: bool) {
+        *self.source_ok.lock().unwrap_or_else(|p| p.into_inner()) = ok;
+        if ok {
+            let mut last = self.last_success.lock().unwrap_or_else(|p| p.into_inner());
+            last.insert((0, Subsystem::Source), Instant::now());
+        }
+    }
+
+    fn update_ages(&self) {
+        let now = Instant::now();
+        let source_ok = *self.source_ok.lock().unwrap_or_else(|p| p.into_inner());
+        let last = self.last_success.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ages: BTreeMap<Subsystem, f64> = BTreeMap::new();
+        for ((_, sub), at) in last.iter() {
+            let age = if *sub == Subsystem::Source && source_ok {
+                0.0
+            } else {
+                now.duration_since(*at).as_secs_f64()
+            };
+            let e = ages.entry(*sub).or_insert(0.0);
+            *e = e.max(age);
+        }
+        drop(last);
+        for (sub, age) in ages {
+            self.last_successful_sync_age_seconds
+                .get_or_create(&SubsystemLabel {
+                    subsystem: sub.as_str().to_string(),
+                })
+                .set(age);
+        }
+    }
+
     /// Records that a sync was queued, now.
     pub fn record_queued(&self) {
         self.sync_proxy_rules_last_queued_timestamp_seconds
@@ -453,6 +563,7 @@ impl Metrics {
 
     /// The OpenMetrics text exposition of every metric.
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        self.update_ages();
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)

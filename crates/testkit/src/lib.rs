@@ -1,5 +1,7 @@
-//! Test kit: a fake Kubernetes API server, network-namespace helpers and fixtures shared by tests.
+//! Test kit: a fake Kubernetes API server, network-namespace helpers, fault injection for the
+//! kernel boundary and fixtures shared by tests.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod apiserver;
+pub mod faults;
 pub mod netns;

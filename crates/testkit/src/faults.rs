@@ -1,0 +1,499 @@
+//! Fault injection for the controller's kernel boundary.
+//!
+//! [`FaultKernel`] wraps any [`controller::kernel::Kernel`] (the in-memory `FakeKernel`, or a
+//! real `NodeKernel`) and [`FaultRunner`] wraps any iptables-mode
+//! [`controller::iptables_mode::RestoreRunner`]. A shared [`FaultHandle`] says which operation
+//! (or every operation of a subsystem) misbehaves, how, and on which calls:
+//!
+//! - [`Action::Errno`]: fail at once with that errno, as the subsystem's own error type;
+//! - [`Action::Hang`]: block for a while, then do the real operation (a slow kernel, a held lock);
+//! - [`Action::Timeout`]: block for a while, then fail with `ETIMEDOUT` (what a call that timed
+//!   out reports);
+//!
+//! on the Nth call, every call from the Nth, calls N..=M, or every call ([`Calls`]). A fault counts
+//! the calls of its operation (or subsystem) made after it was injected, from 1. The handle is
+//! cloned into the test, so faults can be added and cleared while the code under test runs.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use controller::conntrack::{ConntrackError, ConntrackFilter};
+use controller::diff::IpvsTable;
+use controller::iptables_mode::RestoreRunner;
+use controller::kernel::{Kernel, KernelCounters, KernelError};
+use controller::retry::Subsystem;
+use ipset::{IpsetDiff, IpsetState};
+use ipvs_netlink::{Op, OpKind, ServiceKey};
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+/// `ETIMEDOUT` on Linux.
+pub const ETIMEDOUT: i32 = 110;
+/// `EBUSY` on Linux.
+pub const EBUSY: i32 = 16;
+/// `ENOMEM` on Linux.
+pub const ENOMEM: i32 = 12;
+/// `EPERM` on Linux.
+pub const EPERM: i32 = 1;
+
+/// One operation of the kernel boundary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum KernelOp {
+    /// `Kernel::read_ipvs` (the full dump).
+    ReadIpvs,
+    /// `Kernel::read_ipvs_keys` (targeted reads: repairs, drain checks).
+    ReadIpvsKeys,
+    /// `Kernel::apply_ipvs` (every operation of the batch fails).
+    ApplyIpvs,
+    /// `Kernel::ensure_link`.
+    EnsureLink,
+    /// `Kernel::read_addresses`.
+    ReadAddresses,
+    /// `Kernel::apply_addresses` (every address of the call fails).
+    ApplyAddresses,
+    /// `Kernel::read_ipsets`.
+    ReadIpsets,
+    /// `Kernel::apply_ipsets`.
+    ApplyIpsets,
+    /// `Kernel::apply_iptables`, `RestoreRunner::restore`.
+    ApplyIptables,
+    /// `RestoreRunner::save` (iptables mode).
+    SaveIptables,
+    /// `Kernel::delete_conntrack`.
+    DeleteConntrack,
+}
+
+impl KernelOp {
+    /// The subsystem the operation belongs to.
+    pub fn subsystem(self) -> Subsystem {
+        match self {
+            KernelOp::ReadIpvs | KernelOp::ReadIpvsKeys | KernelOp::ApplyIpvs => Subsystem::Ipvs,
+            KernelOp::EnsureLink | KernelOp::ReadAddresses | KernelOp::ApplyAddresses => {
+                Subsystem::Address
+            }
+            KernelOp::ReadIpsets | KernelOp::ApplyIpsets => Subsystem::Ipset,
+            KernelOp::ApplyIptables | KernelOp::SaveIptables => Subsystem::Iptables,
+            KernelOp::DeleteConntrack => Subsystem::Conntrack,
+        }
+    }
+}
+
+/// Which operations a fault hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// One operation (its calls are counted on their own).
+    Op(KernelOp),
+    /// Every operation of a subsystem (calls counted over the whole subsystem).
+    Subsystem(Subsystem),
+}
+
+/// What happens to a hit call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Fail at once with this (positive) errno.
+    Errno(i32),
+    /// Sleep, then run the operation normally.
+    Hang(Duration),
+    /// Sleep, then fail with `ETIMEDOUT`.
+    Timeout(Duration),
+}
+
+/// Which calls (1-based) are hit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Calls {
+    /// Only the Nth.
+    Nth(u64),
+    /// The Nth and every later one.
+    From(u64),
+    /// The Nth to the Mth, inclusive.
+    Range(u64, u64),
+    /// Every call.
+    Always,
+}
+
+impl Calls {
+    fn hits(self, n: u64) -> bool {
+        match self {
+            Calls::Nth(k) => n == k,
+            Calls::From(k) => n >= k,
+            Calls::Range(a, b) => (a..=b).contains(&n),
+            Calls::Always => true,
+        }
+    }
+}
+
+/// One fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    /// Which operations.
+    pub target: Target,
+    /// What happens.
+    pub action: Action,
+    /// On which calls.
+    pub calls: Calls,
+}
+
+impl Fault {
+    /// `op` fails with `errno` on `calls`.
+    pub fn errno(op: KernelOp, errno: i32, calls: Calls) -> Fault {
+        Fault {
+            target: Target::Op(op),
+            action: Action::Errno(errno),
+            calls,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Each fault with the call count of its target when it was injected.
+    faults: Vec<(Fault, u64)>,
+    op_calls: HashMap<KernelOp, u64>,
+    subsystem_calls: HashMap<Subsystem, u64>,
+    injected: HashMap<KernelOp, u64>,
+}
+
+/// The shared, run-time configuration of a [`FaultKernel`] / [`FaultRunner`].
+#[derive(Debug, Clone, Default)]
+pub struct FaultHandle(Arc<Mutex<State>>);
+
+impl FaultHandle {
+    /// A handle without faults.
+    pub fn new() -> FaultHandle {
+        FaultHandle::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds a fault; its calls are counted from now (the next call is call 1).
+    pub fn inject(&self, fault: Fault) {
+        let mut s = self.lock();
+        let base = match fault.target {
+            Target::Op(op) => s.op_calls.get(&op).copied().unwrap_or(0),
+            Target::Subsystem(x) => s.subsystem_calls.get(&x).copied().unwrap_or(0),
+        };
+        s.faults.push((fault, base));
+    }
+
+    /// Removes every fault.
+    pub fn clear(&self) {
+        self.lock().faults.clear();
+    }
+
+    /// Calls of `op` so far (hit or not).
+    pub fn calls(&self, op: KernelOp) -> u64 {
+        self.lock().op_calls.get(&op).copied().unwrap_or(0)
+    }
+
+    /// Calls of `op` a fault was injected into.
+    pub fn injected(&self, op: KernelOp) -> u64 {
+        self.lock().injected.get(&op).copied().unwrap_or(0)
+    }
+
+    /// Counts a call of `op` and returns the action of the first fault that hits it.
+    fn on_call(&self, op: KernelOp) -> Option<Action> {
+        let mut s = self.lock();
+        let sub = op.subsystem();
+        let n_op = {
+            let c = s.op_calls.entry(op).or_default();
+            *c += 1;
+            *c
+        };
+        let n_sub = {
+            let c = s.subsystem_calls.entry(sub).or_default();
+            *c += 1;
+            *c
+        };
+        let action = s.faults.iter().find_map(|(f, base)| {
+            let hit = match f.target {
+                Target::Op(o) => o == op && f.calls.hits(n_op - base),
+                Target::Subsystem(x) => x == sub && f.calls.hits(n_sub - base),
+            };
+            hit.then_some(f.action)
+        });
+        if action.is_some() {
+            *s.injected.entry(op).or_default() += 1;
+        }
+        action
+    }
+
+    /// Runs the action for `op` (outside the lock): `Some(errno)` when the call must fail.
+    fn decide(&self, op: KernelOp) -> Option<i32> {
+        match self.on_call(op)? {
+            Action::Errno(e) => Some(e),
+            Action::Hang(d) => {
+                std::thread::sleep(d);
+                None
+            }
+            Action::Timeout(d) => {
+                std::thread::sleep(d);
+                Some(ETIMEDOUT)
+            }
+        }
+    }
+}
+
+fn os(errno: i32) -> io::Error {
+    io::Error::from_raw_os_error(errno)
+}
+
+/// The error `op` reports for `errno`, as its subsystem's own error type.
+pub fn error_for(op: KernelOp, errno: i32) -> KernelError {
+    match op {
+        KernelOp::ReadIpvs | KernelOp::ReadIpvsKeys => KernelError::Ipvs(ipvs_netlink::Error::Io {
+            what: "recv (injected fault)",
+            source: os(errno),
+        }),
+        KernelOp::ApplyIpvs => KernelError::Ipvs(ipvs_netlink::Error::Kernel {
+            op: OpKind::NewService,
+            errno,
+        }),
+        KernelOp::EnsureLink | KernelOp::ReadAddresses | KernelOp::ApplyAddresses => {
+            KernelError::Netif(netif::Error::Transport {
+                object: "kube-ipvs0 (injected fault)".into(),
+                detail: os(errno).to_string(),
+            })
+        }
+        KernelOp::ReadIpsets | KernelOp::ApplyIpsets => KernelError::Ipset(ipset::Error::Io {
+            command: "ipset (injected fault)".into(),
+            source: os(errno),
+        }),
+        KernelOp::ApplyIptables | KernelOp::SaveIptables => {
+            KernelError::Iptables(iptables::Error::Io {
+                command: "iptables-restore (injected fault)".into(),
+                source: os(errno),
+            })
+        }
+        KernelOp::DeleteConntrack => KernelError::Conntrack(ConntrackError::Kernel {
+            op: "delete (injected fault)",
+            errno,
+        }),
+    }
+}
+
+fn ipvs_op_kind(op: &Op) -> OpKind {
+    match op {
+        Op::NewService(_) => OpKind::NewService,
+        Op::SetService(_) => OpKind::SetService,
+        Op::DelService(_) => OpKind::DelService,
+        Op::NewDest(..) => OpKind::NewDest,
+        Op::SetDest(..) => OpKind::SetDest,
+        Op::DelDest(..) => OpKind::DelDest,
+        Op::Flush => OpKind::Flush,
+        Op::SetTimeouts(_) => OpKind::SetConfig,
+    }
+}
+
+/// A kernel whose operations fail, hang or time out as its [`FaultHandle`] says.
+#[derive(Debug)]
+pub struct FaultKernel<K> {
+    /// The wrapped kernel (does the real work of calls that are not failed).
+    pub inner: K,
+    handle: FaultHandle,
+}
+
+impl<K: Kernel> FaultKernel<K> {
+    /// Wraps `inner`; returns the kernel and a handle to configure it.
+    pub fn new(inner: K) -> (FaultKernel<K>, FaultHandle) {
+        let handle = FaultHandle::new();
+        (
+            FaultKernel {
+                inner,
+                handle: handle.clone(),
+            },
+            handle,
+        )
+    }
+}
+
+impl<K: Kernel> Kernel for FaultKernel<K> {
+    fn read_ipvs(&mut self) -> Result<IpvsTable, KernelError> {
+        match self.handle.decide(KernelOp::ReadIpvs) {
+            Some(e) => Err(error_for(KernelOp::ReadIpvs, e)),
+            None => self.inner.read_ipvs(),
+        }
+    }
+    fn read_ipvs_keys(&mut self, keys: &BTreeSet<ServiceKey>) -> Result<IpvsTable, KernelError> {
+        match self.handle.decide(KernelOp::ReadIpvsKeys) {
+            Some(e) => Err(error_for(KernelOp::ReadIpvsKeys, e)),
+            None => self.inner.read_ipvs_keys(keys),
+        }
+    }
+    fn apply_ipvs(&mut self, ops: &[Op]) -> Vec<Result<(), KernelError>> {
+        match self.handle.decide(KernelOp::ApplyIpvs) {
+            Some(errno) => ops
+                .iter()
+                .map(|op| {
+                    Err(KernelError::Ipvs(ipvs_netlink::Error::Kernel {
+                        op: ipvs_op_kind(op),
+                        errno,
+                    }))
+                })
+                .collect(),
+            None => self.inner.apply_ipvs(ops),
+        }
+    }
+    fn ensure_link(&mut self) -> Result<bool, KernelError> {
+        match self.handle.decide(KernelOp::EnsureLink) {
+            Some(e) => Err(error_for(KernelOp::EnsureLink, e)),
+            None => self.inner.ensure_link(),
+        }
+    }
+    fn read_addresses(&mut self) -> Result<BTreeSet<IpAddr>, KernelError> {
+        match self.handle.decide(KernelOp::ReadAddresses) {
+            Some(e) => Err(error_for(KernelOp::ReadAddresses, e)),
+            None => self.inner.read_addresses(),
+        }
+    }
+    fn apply_addresses(
+        &mut self,
+        add: &[IpAddr],
+        del: &[IpAddr],
+    ) -> Vec<(IpAddr, Result<(), KernelError>)> {
+        match self.handle.decide(KernelOp::ApplyAddresses) {
+            Some(e) => add
+                .iter()
+                .chain(del)
+                .map(|ip| (*ip, Err(error_for(KernelOp::ApplyAddresses, e))))
+                .collect(),
+            None => self.inner.apply_addresses(add, del),
+        }
+    }
+    fn read_ipsets(&mut self, owned: &[String]) -> Result<IpsetState, KernelError> {
+        match self.handle.decide(KernelOp::ReadIpsets) {
+            Some(e) => Err(error_for(KernelOp::ReadIpsets, e)),
+            None => self.inner.read_ipsets(owned),
+        }
+    }
+    fn apply_ipsets(&mut self, diff: &IpsetDiff) -> Result<Vec<String>, KernelError> {
+        match self.handle.decide(KernelOp::ApplyIpsets) {
+            Some(e) => Err(error_for(KernelOp::ApplyIpsets, e)),
+            None => self.inner.apply_ipsets(diff),
+        }
+    }
+    fn apply_iptables(
+        &mut self,
+        rules: &iptables::RuleSet,
+        force: bool,
+    ) -> Result<bool, KernelError> {
+        match self.handle.decide(KernelOp::ApplyIptables) {
+            Some(e) => Err(error_for(KernelOp::ApplyIptables, e)),
+            None => self.inner.apply_iptables(rules, force),
+        }
+    }
+    fn delete_conntrack(&mut self, filters: &[ConntrackFilter]) -> Result<u64, KernelError> {
+        match self.handle.decide(KernelOp::DeleteConntrack) {
+            Some(e) => Err(error_for(KernelOp::DeleteConntrack, e)),
+            None => self.inner.delete_conntrack(filters),
+        }
+    }
+    fn counters(&self) -> KernelCounters {
+        self.inner.counters()
+    }
+}
+
+/// An iptables-mode restore runner whose saves and restores fail, hang or time out as its
+/// [`FaultHandle`] says ([`KernelOp::SaveIptables`], [`KernelOp::ApplyIptables`]).
+#[derive(Debug)]
+pub struct FaultRunner<R> {
+    /// The wrapped runner.
+    pub inner: R,
+    handle: FaultHandle,
+}
+
+impl<R: RestoreRunner> FaultRunner<R> {
+    /// Wraps `inner`; returns the runner and a handle to configure it.
+    pub fn new(inner: R) -> (FaultRunner<R>, FaultHandle) {
+        let handle = FaultHandle::new();
+        (
+            FaultRunner {
+                inner,
+                handle: handle.clone(),
+            },
+            handle,
+        )
+    }
+}
+
+impl<R: RestoreRunner> RestoreRunner for FaultRunner<R> {
+    fn save(&mut self, table: iptables::Table) -> Result<String, KernelError> {
+        match self.handle.decide(KernelOp::SaveIptables) {
+            Some(e) => Err(error_for(KernelOp::SaveIptables, e)),
+            None => self.inner.save(table),
+        }
+    }
+    fn restore(&mut self, payload: &str) -> Result<(), KernelError> {
+        match self.handle.decide(KernelOp::ApplyIptables) {
+            Some(e) => Err(error_for(KernelOp::ApplyIptables, e)),
+            None => self.inner.restore(payload),
+        }
+    }
+    fn processes(&self) -> u64 {
+        self.inner.processes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use controller::kernel::FakeKernel;
+
+    #[test]
+    fn nth_from_range_and_clear() {
+        let (mut k, h) = FaultKernel::new(FakeKernel::default());
+        h.inject(Fault::errno(KernelOp::ReadIpvs, EBUSY, Calls::Nth(2)));
+        assert!(k.read_ipvs().is_ok());
+        let e = k.read_ipvs().unwrap_err();
+        assert!(e.to_string().contains("busy"), "{e}");
+        assert!(k.read_ipvs().is_ok());
+        h.inject(Fault::errno(
+            KernelOp::ReadAddresses,
+            ENOMEM,
+            Calls::Range(2, 3),
+        ));
+        let r: Vec<bool> = (0..4).map(|_| k.read_addresses().is_ok()).collect();
+        assert_eq!(r, [true, false, false, true]);
+        h.inject(Fault {
+            target: Target::Subsystem(Subsystem::Ipset),
+            action: Action::Errno(EPERM),
+            calls: Calls::From(1),
+        });
+        assert!(k.read_ipsets(&[]).is_err());
+        assert!(k.apply_ipsets(&IpsetDiff::default()).is_err());
+        h.clear();
+        assert!(k.read_ipsets(&[]).is_ok());
+        assert_eq!(h.calls(KernelOp::ReadIpsets), 2);
+        assert_eq!(h.injected(KernelOp::ReadIpsets), 1);
+        assert_eq!(h.injected(KernelOp::ReadIpvs), 1);
+    }
+
+    #[test]
+    fn errors_are_the_subsystems_own_types() {
+        assert!(matches!(
+            error_for(KernelOp::ApplyIptables, EBUSY),
+            KernelError::Iptables(_)
+        ));
+        assert!(matches!(
+            error_for(KernelOp::DeleteConntrack, EPERM),
+            KernelError::Conntrack(ConntrackError::Kernel { errno: 1, .. })
+        ));
+        assert!(matches!(
+            error_for(KernelOp::ApplyAddresses, EPERM),
+            KernelError::Netif(_)
+        ));
+        let (mut k, h) = FaultKernel::new(FakeKernel::default());
+        h.inject(Fault {
+            target: Target::Op(KernelOp::ApplyIptables),
+            action: Action::Timeout(Duration::from_millis(1)),
+            calls: Calls::Always,
+        });
+        let e = k
+            .apply_iptables(&iptables::RuleSet::default(), false)
+            .unwrap_err();
+        assert!(e.to_string().contains("timed out"), "{e}");
+    }
+}
