@@ -287,18 +287,10 @@ pub struct FakeKernel {
 
 impl FakeKernel {
     fn errno(op: &Op, errno: i32) -> KernelError {
-        use ipvs_netlink::OpKind;
-        let kind = match op {
-            Op::NewService(_) => OpKind::NewService,
-            Op::SetService(_) => OpKind::SetService,
-            Op::DelService(_) => OpKind::DelService,
-            Op::NewDest(..) => OpKind::NewDest,
-            Op::SetDest(..) => OpKind::SetDest,
-            Op::DelDest(..) => OpKind::DelDest,
-            Op::Flush => OpKind::Flush,
-            Op::SetTimeouts(_) => OpKind::SetConfig,
-        };
-        KernelError::Ipvs(ipvs_netlink::Error::Kernel { op: kind, errno })
+        KernelError::Ipvs(ipvs_netlink::Error::Kernel {
+            op: op.kind(),
+            errno,
+        })
     }
 
     fn apply_op(&mut self, op: &Op) -> Result<(), KernelError> {

@@ -395,6 +395,23 @@ pub enum Op {
     SetTimeouts(Timeouts),
 }
 
+impl Op {
+    /// The IPVS command this operation sends (what errors name).
+    pub fn kind(&self) -> crate::OpKind {
+        use crate::OpKind;
+        match self {
+            Op::NewService(_) => OpKind::NewService,
+            Op::SetService(_) => OpKind::SetService,
+            Op::DelService(_) => OpKind::DelService,
+            Op::NewDest(..) => OpKind::NewDest,
+            Op::SetDest(..) => OpKind::SetDest,
+            Op::DelDest(..) => OpKind::DelDest,
+            Op::Flush => OpKind::Flush,
+            Op::SetTimeouts(_) => OpKind::SetConfig,
+        }
+    }
+}
+
 impl Info {
     /// The version as `major.minor.patch` (what `ipvsadm` prints).
     pub fn version_string(&self) -> String {

@@ -275,19 +275,6 @@ pub fn error_for(op: KernelOp, errno: i32) -> KernelError {
     }
 }
 
-fn ipvs_op_kind(op: &Op) -> OpKind {
-    match op {
-        Op::NewService(_) => OpKind::NewService,
-        Op::SetService(_) => OpKind::SetService,
-        Op::DelService(_) => OpKind::DelService,
-        Op::NewDest(..) => OpKind::NewDest,
-        Op::SetDest(..) => OpKind::SetDest,
-        Op::DelDest(..) => OpKind::DelDest,
-        Op::Flush => OpKind::Flush,
-        Op::SetTimeouts(_) => OpKind::SetConfig,
-    }
-}
-
 /// A kernel whose operations fail, hang or time out as its [`FaultHandle`] says.
 #[derive(Debug)]
 pub struct FaultKernel<K> {
@@ -329,7 +316,7 @@ impl<K: Kernel> Kernel for FaultKernel<K> {
                 .iter()
                 .map(|op| {
                     Err(KernelError::Ipvs(ipvs_netlink::Error::Kernel {
-                        op: ipvs_op_kind(op),
+                        op: op.kind(),
                         errno,
                     }))
                 })

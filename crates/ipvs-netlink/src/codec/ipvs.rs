@@ -159,18 +159,9 @@ fn put_dest_key(w: &mut AttrWriter<'_>, addr: &IpAddr, port: u16) {
     });
 }
 
-/// The operation kind of a write op (for errors).
+/// The operation kind of a write op (for errors); see [`Op::kind`].
 pub fn op_kind(op: &Op) -> OpKind {
-    match op {
-        Op::NewService(_) => OpKind::NewService,
-        Op::SetService(_) => OpKind::SetService,
-        Op::DelService(_) => OpKind::DelService,
-        Op::NewDest(..) => OpKind::NewDest,
-        Op::SetDest(..) => OpKind::SetDest,
-        Op::DelDest(..) => OpKind::DelDest,
-        Op::Flush => OpKind::Flush,
-        Op::SetTimeouts(_) => OpKind::SetConfig,
-    }
+    op.kind()
 }
 
 /// Appends the request for one write operation (with `NLM_F_ACK`). On an invalid op nothing
