@@ -364,12 +364,21 @@ impl IptablesProxier {
             iptables::LocalDetect::None if !cidrs.is_empty() => iptables::LocalDetect::Cidrs(cidrs),
             other => other.clone(),
         };
+        c.localhost_node_ports = self.cfg.localhost_node_ports();
         c.node_port_ips = if !self.cfg.node_ports_restricted() {
             None
         } else {
             let mut ips = node.node_port_ips(&self.cfg);
             if node.primary_ips.is_empty() {
                 ips.extend(self.kept_node_port_ips.iter().copied());
+            }
+            let lo = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+            if c.localhost_node_ports
+                && self.cfg.node_port_addresses.iter().any(|n| n.contains(&lo))
+            {
+                // nodePortAddresses containing 127.0.0.1: lo's address serves NodePorts too
+                // (upstream GetNodeIPs keeps it; the address tracker leaves loopback out).
+                ips.insert(lo);
             }
             Some(ips.into_iter().collect())
         };
@@ -642,7 +651,7 @@ impl IptablesProxier {
             for (table, saved) in saves {
                 match saved {
                     Ok(saved) => {
-                        let fixes = proxy_mode::jump_fixes(table, &saved);
+                        let fixes = proxy_mode::jump_fixes_for(&mode, table, &saved);
                         if !fixes.is_empty() && self.applied_once {
                             report.drift.insert("iptables jumps", fixes.len());
                         }

@@ -199,6 +199,10 @@ pub struct ProxyConfig {
     pub node_port_primary: bool,
     /// `--ipvs-strict-arp`.
     pub strict_arp: bool,
+    /// `iptables.localhostNodePorts` (`--iptables-localhost-nodeports`, default true): iptables
+    /// mode serves IPv4 NodePorts on 127.0.0.0/8 (see [`ProxyConfig::localhost_node_ports`]).
+    /// IPVS mode never does (neither does upstream's IPVS mode).
+    pub iptables_localhost_node_ports: bool,
     /// `--ipvs-tcp-timeout` seconds (0 = leave).
     pub tcp_timeout: u32,
     /// `--ipvs-tcpfin-timeout` seconds (0 = leave).
@@ -219,6 +223,7 @@ impl ProxyConfig {
             node_port_addresses: Vec::new(),
             node_port_primary: false,
             strict_arp: false,
+            iptables_localhost_node_ports: true,
             tcp_timeout: 0,
             tcp_fin_timeout: 0,
             udp_timeout: 0,
@@ -233,6 +238,18 @@ impl ProxyConfig {
     /// True when `--nodeport-addresses` restricts NodePorts to some node addresses.
     pub fn node_ports_restricted(&self) -> bool {
         !self.node_port_addresses.is_empty() || self.node_port_primary
+    }
+
+    /// True when iptables mode serves NodePorts on IPv4 loopback for this family: IPv4,
+    /// `iptables.localhostNodePorts`, and NodePorts on every address or `nodePortAddresses`
+    /// containing 127.0.0.0. Upstream's iptables `NewProxier` (`ContainsIPv4Loopback`; the
+    /// IPv6 proxier always gets `false`).
+    pub fn localhost_node_ports(&self) -> bool {
+        let lo = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 0));
+        self.family == Family::Inet
+            && self.iptables_localhost_node_ports
+            && (!self.node_ports_restricted()
+                || self.node_port_addresses.iter().any(|n| n.contains(&lo)))
     }
 }
 

@@ -41,6 +41,12 @@ pub const MARK_MASQ: &str = "KUBE-MARK-MASQ";
 pub const FORWARD: &str = "KUBE-FORWARD";
 /// filter: drops load-balancer traffic not admitted by `loadBalancerSourceRanges`.
 pub const PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
+/// filter: kubelet's chain holding the anti-martian rule that makes localhost NodePorts
+/// (`route_localnet=1`) safe. kubelet creates the same chain and rule; like upstream
+/// (`kubeletFirewallChain` in pkg/proxy/iptables/proxier.go) this mode refills it while it
+/// serves IPv4 localhost NodePorts and never deletes it (not in [`base_chains`], so no cleanup
+/// removes it or its jumps).
+pub const KUBELET_FIREWALL: &str = "KUBE-FIREWALL";
 
 /// Prefixes of the per-service chains this mode owns (all in `nat`).
 pub const SERVICE_CHAIN_PREFIXES: [&str; 5] = [
@@ -97,6 +103,9 @@ impl ModeJump {
         } else {
             format!("{} ", self.extra)
         };
+        if self.comment.is_empty() {
+            return format!("{extra}-j {}", self.to);
+        }
         format!(
             "{extra}-m comment --comment {} -j {}",
             quote(self.comment),
@@ -156,6 +165,32 @@ pub fn jumps() -> Vec<ModeJump> {
             "kubernetes postrouting rules",
         ),
     ]
+}
+
+/// The jumps into kubelet's [`KUBELET_FIREWALL`] chain (no comment), installed while the mode
+/// serves IPv4 localhost NodePorts; upstream's `iptablesKubeletJumpChains`. Cleanup never
+/// removes them (kubelet owns the chain).
+pub fn kubelet_jumps() -> Vec<ModeJump> {
+    ["INPUT", "OUTPUT"]
+        .into_iter()
+        .map(|from| ModeJump {
+            table: Table::Filter,
+            from,
+            to: KUBELET_FIREWALL,
+            extra: "",
+            comment: "",
+        })
+        .collect()
+}
+
+/// The jumps a sync with `cfg` keeps in place: [`jumps`], plus [`kubelet_jumps`] while IPv4
+/// localhost NodePorts are served.
+pub fn jumps_for(cfg: &ProxyModeConfig) -> Vec<ModeJump> {
+    let mut v = jumps();
+    if cfg.localhost_firewall() {
+        v.extend(kubelet_jumps());
+    }
+    v
 }
 
 fn hash16(input: &str) -> String {
@@ -244,6 +279,10 @@ pub struct ProxyModeConfig {
     /// NodePort addresses when `--nodeport-addresses` is set; `None`: every local address
     /// (`-m addrtype --dst-type LOCAL`).
     pub node_port_ips: Option<Vec<IpAddr>>,
+    /// NodePorts answer on 127.0.0.0/8 (`iptables.localhostNodePorts` in effect: IPv4, and the
+    /// NodePort addresses include IPv4 loopback). Ignored for IPv6, where localhost NodePorts
+    /// never work (upstream's IPv6 proxier always gets `false`).
+    pub localhost_node_ports: bool,
 }
 
 impl ProxyModeConfig {
@@ -257,7 +296,24 @@ impl ProxyModeConfig {
             local_detect: LocalDetect::None,
             random_fully: true,
             node_port_ips: None,
+            localhost_node_ports: false,
         }
+    }
+
+    /// True when the anti-martian rule in [`KUBELET_FIREWALL`] is written: IPv4 with localhost
+    /// NodePorts (upstream: `!isIPv6 && proxier.localhostNodePorts` in syncProxyRules).
+    pub fn localhost_firewall(&self) -> bool {
+        self.family == Family::V4 && self.localhost_node_ports
+    }
+
+    /// The filter/nat chains a restore with this configuration declares (flushes and refills):
+    /// [`base_chains`], plus [`KUBELET_FIREWALL`] while [`Self::localhost_firewall`].
+    pub fn chains(&self) -> Vec<(Table, &'static str)> {
+        let mut v = base_chains();
+        if self.localhost_firewall() {
+            v.push((Table::Filter, KUBELET_FIREWALL));
+        }
+        v
     }
 
     fn mark(&self) -> Result<String> {
@@ -865,18 +921,46 @@ pub fn static_rules(cfg: &ProxyModeConfig) -> Result<Vec<(Table, &'static str, S
             ),
         ),
     ];
+    if cfg.localhost_firewall() {
+        // Upstream syncProxyRules: with route_localnet=1, drop packets to 127.0.0.0/8 from
+        // elsewhere unless conntrack knows them (issue 90259). The same rule as kubelet's.
+        v.push((
+            Table::Filter,
+            KUBELET_FIREWALL,
+            format!(
+                "-A {KUBELET_FIREWALL} ! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment {} \
+                 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP",
+                quote("block incoming localnet connections")
+            ),
+        ));
+    }
     let np = "kubernetes service nodeports; NOTE: this must be the last rule in this chain";
     match &cfg.node_port_ips {
-        None => v.push((
-            Table::Nat,
-            SERVICES,
-            format!(
-                "-A {SERVICES} -m comment --comment {} -m addrtype --dst-type LOCAL -j {NODEPORTS}",
-                quote(np)
-            ),
-        )),
+        None => {
+            // Upstream syncProxyRules: localhost NodePorts never work on IPv6, and on IPv4
+            // only with route_localnet (localhostNodePorts), so exclude loopback otherwise.
+            let not_lo = match cfg.family {
+                Family::V6 => "! -d ::1/128 ",
+                Family::V4 if !cfg.localhost_node_ports => "! -d 127.0.0.0/8 ",
+                Family::V4 => "",
+            };
+            v.push((
+                Table::Nat,
+                SERVICES,
+                format!(
+                    "-A {SERVICES} {not_lo}-m comment --comment {} -m addrtype --dst-type LOCAL -j {NODEPORTS}",
+                    quote(np)
+                ),
+            ))
+        }
         Some(ips) => {
-            for ip in ips.iter().filter(|ip| Family::of(ip) == cfg.family) {
+            // Loopback addresses only with localhost NodePorts (upstream skips them, with an
+            // error log, for IPv6 or with localhostNodePorts false).
+            for ip in ips
+                .iter()
+                .filter(|ip| Family::of(ip) == cfg.family)
+                .filter(|ip| !ip.is_loopback() || cfg.localhost_firewall())
+            {
                 v.push((
                     Table::Nat,
                     SERVICES,
@@ -916,7 +1000,9 @@ pub fn restore_payload(input: &PayloadInput<'_>) -> Result<String> {
         String::with_capacity(256 + input.write.values().map(|r| r.len() * 160).sum::<usize>());
     for table in [Table::Nat, Table::Filter] {
         out.push_str(&format!("*{table}\n"));
-        let chains: Vec<&str> = base_chains()
+        let chains: Vec<&str> = input
+            .cfg
+            .chains()
             .into_iter()
             .filter(|(t, _)| *t == table)
             .map(|(_, c)| c)
@@ -978,8 +1064,17 @@ pub fn restore_payload(input: &PayloadInput<'_>) -> Result<String> {
 /// From an `iptables-save -t TABLE` output: the jump lines to insert (missing) and delete
 /// (duplicates) so each of [`jumps`] is present exactly once.
 pub fn jump_fixes(table: Table, saved: &str) -> Vec<String> {
+    jump_fixes_of(&jumps(), table, saved)
+}
+
+/// [`jump_fixes`] for the jumps a sync with `cfg` keeps ([`jumps_for`]).
+pub fn jump_fixes_for(cfg: &ProxyModeConfig, table: Table, saved: &str) -> Vec<String> {
+    jump_fixes_of(&jumps_for(cfg), table, saved)
+}
+
+fn jump_fixes_of(jumps: &[ModeJump], table: Table, saved: &str) -> Vec<String> {
     let mut fixes = Vec::new();
-    for j in jumps().into_iter().filter(|j| j.table == table) {
+    for j in jumps.iter().filter(|j| j.table == table) {
         let want = j.save_line();
         let n = saved.lines().filter(|l| l.trim_end() == want).count();
         if n == 0 {

@@ -64,6 +64,7 @@ pub fn proxy_config(config: &Config, family: Family) -> ProxyConfig {
         .node_port_addresses
         .contains(&NodePortAddress::Primary);
     p.strict_arp = config.ipvs.strict_arp;
+    p.iptables_localhost_node_ports = config.iptables.localhost_node_ports;
     p.tcp_timeout = config.ipvs.tcp_timeout.as_secs() as u32;
     p.tcp_fin_timeout = config.ipvs.tcp_fin_timeout.as_secs() as u32;
     p.udp_timeout = config.ipvs.udp_timeout.as_secs() as u32;
@@ -841,6 +842,9 @@ pub fn iptables_backend(
         .map_err(|e| format!("iptables ({family:?}): {e}"))?;
     let random_fully = tables.supports_random_fully().unwrap_or(false);
     tracing::info!(family = ?family, backend = ?tables.backend(), random_fully, "iptables");
+    if proxy_config(config, family).localhost_node_ports() {
+        crate::localhost::enable_route_localnet(&config.sysctl_root).map_err(|e| e.to_string())?;
+    }
     let policy = retry_policy(config, ProxyMode::Iptables);
     let inner = controller::iptables_mode::IptablesProxier::new(
         proxy_config(config, family),

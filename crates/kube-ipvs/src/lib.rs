@@ -15,6 +15,7 @@ pub mod events;
 pub mod handover;
 pub mod health;
 pub mod http;
+pub mod localhost;
 pub mod logging;
 pub mod metrics;
 pub mod mode;

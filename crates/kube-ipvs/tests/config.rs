@@ -670,3 +670,65 @@ fn process_timeouts_default_to_the_libraries_and_reject_zero() {
         );
     }
 }
+
+/// Issue 17 item 6: no setting is accepted and silently ignored. `detectLocalMode: NodeCIDR`
+/// (upstream: the Node's spec.podCIDRs, not implemented here) is refused naming the field;
+/// `configSyncPeriod` (an informer resync, which kube-ipvs has no equivalent of) warns when set.
+#[test]
+fn accepted_but_unapplied_settings_are_refused_or_warned() {
+    for (file, argv) in [
+        (Some(kubeadm_with("detectLocalMode", "NodeCIDR")), vec![]),
+        (None, vec!["--detect-local-mode", "NodeCIDR"]),
+    ] {
+        match load(file.as_deref(), &argv) {
+            Err(Error::InvalidConfig(errs)) => {
+                assert_eq!(errs.len(), 1, "{errs:?}");
+                assert!(errs[0].field.contains("detect"), "{errs:?}");
+                assert!(errs[0].message.contains("NodeCIDR"), "{errs:?}");
+            }
+            other => panic!("NodeCIDR accepted: {other:?}"),
+        }
+    }
+    let l = load(Some(&kubeadm_with("configSyncPeriod", "30m")), &[]).unwrap();
+    assert!(
+        l.warnings
+            .iter()
+            .any(|w| w.contains("field configSyncPeriod is ignored") && w.contains("resync")),
+        "{:?}",
+        l.warnings
+    );
+    // kubeadm's `configSyncPeriod: 0s` (unset) stays silent.
+    let l = load(Some(KUBEADM), &[]).unwrap();
+    assert!(
+        !l.warnings.iter().any(|w| w.contains("configSyncPeriod")),
+        "{:?}",
+        l.warnings
+    );
+}
+
+/// `iptables.localhostNodePorts` reaches the iptables-mode configuration, with upstream's
+/// rules (pkg/proxy/iptables/proxier.go `NewProxier`): IPv4 only, and only while the NodePort
+/// addresses contain 127.0.0.0 (all addresses, or a CIDR holding it).
+#[test]
+fn localhost_node_ports_follow_the_setting_and_node_port_addresses() {
+    use ipvs_netlink::Family;
+    use kube_ipvs::engine::proxy_config;
+    let on = |argv: &[&str], family| {
+        let l = load(Some(KUBEADM), argv).unwrap();
+        proxy_config(&l.config, family).localhost_node_ports()
+    };
+    assert!(on(&[], Family::Inet), "default true");
+    assert!(!on(&[], Family::Inet6), "never on IPv6");
+    assert!(!on(&["--iptables-localhost-nodeports=false"], Family::Inet));
+    assert!(!on(&["--nodeport-addresses", "10.0.0.0/8"], Family::Inet));
+    assert!(on(
+        &["--nodeport-addresses", "10.0.0.0/8,127.0.0.0/8"],
+        Family::Inet
+    ));
+    let l = load(
+        Some(&kubeadm_with("iptables.localhostNodePorts", "false")),
+        &[],
+    )
+    .unwrap();
+    assert!(!l.config.iptables.localhost_node_ports);
+}

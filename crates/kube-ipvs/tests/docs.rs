@@ -73,8 +73,8 @@ fn cell(s: &str) -> String {
 fn render_table() -> String {
     let mut out = String::new();
     out.push_str(BEGIN);
-    out.push_str("\n\n| Field | Flag | Type | Default | Upstream flag | kube-ipvs |\n");
-    out.push_str("|---|---|---|---|---|---|\n");
+    out.push_str("\n\n| Field | Flag | Type | Default | Upstream flag | Status | kube-ipvs |\n");
+    out.push_str("|---|---|---|---|---|---|---|\n");
     for st in SETTINGS {
         let field = st
             .field
@@ -103,8 +103,16 @@ fn render_table() -> String {
             Support::Ignored(why) => format!("**ignored** (warns when set): {why}"),
             Support::Silent => format!("ignored silently: {}", st.help),
         };
+        // Applied, or not applicable to kube-ipvs (accepted, with a warning when set).
+        // Values kube-ipvs cannot apply are rejected with an error naming the field (the
+        // help text lists them).
+        let status = match st.support {
+            Support::Yes => "applied",
+            Support::Ignored(_) => "not applicable",
+            Support::Silent => "not applicable (silent)",
+        };
         out.push_str(&format!(
-            "| {field} | {flag} | {} | {default} | {} | {} |\n",
+            "| {field} | {flag} | {} | {default} | {} | {status} | {} |\n",
             ty_name(st.ty),
             upstream_flag(st),
             cell(&note)
