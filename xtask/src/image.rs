@@ -368,6 +368,8 @@ const MODULE_NAMES: &[&str] = &[
     "virtio_net",
     "virtio_pci",
     "8021q",
+    // SCTP sockets for the SCTP data-path test (same kernel build: the cloud flavour ships it).
+    "sctp",
 ];
 
 fn module_name(rel: &str) -> &str {

@@ -413,7 +413,9 @@ fn vm_e2e_reachability() {
     // SCTP needs the sctp module for sockets; the VM image may not carry it.
     let sctp = lab.node.run(&["modprobe", "sctp"]);
     match sctp {
-        Ok(_) => println!("SCTP: module loaded, but this test has no SCTP client (std has none); SCTP data path NOT tested"),
+        Ok(_) => println!(
+            "SCTP: module loaded; the SCTP data path is tested by e2e_coverage.rs vm_e2e_sctp"
+        ),
         Err(e) => println!("SCTP: SKIPPED, the VM kernel cannot load sctp ({e})"),
     }
 
