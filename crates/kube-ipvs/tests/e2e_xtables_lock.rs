@@ -229,8 +229,13 @@ impl LockHolder {
 
 impl Drop for LockHolder {
     fn drop(&mut self) {
+        // The whole group (flock and its `sleep`); gone already after a normal exit. busybox
+        // `kill` takes a negative pid (the group) without `--`.
         let pgid = format!("-{}", self.child.id());
-        let _ = Command::new("kill").args(["-KILL", "--", &pgid]).status();
+        let _ = Command::new("kill")
+            .args(["-KILL", &pgid])
+            .stderr(Stdio::null())
+            .status();
         let _ = self.child.wait();
     }
 }
@@ -521,7 +526,7 @@ async fn xtables_lock() {
         .filter(|l| l.contains("xtables lock is held by another program"))
         .count();
     println!(
-        "daemon log: {} lines, {lock_errors} lock errors",
+        "daemon log: {} lines, {lock_errors} lock errors:\n{log}",
         log.lines().count()
     );
     assert!(lock_errors >= 1, "{log}");
