@@ -15,6 +15,17 @@ use std::process::Command;
 /// Bump to invalidate every cached base image after changing how it is built.
 const IMAGE_FORMAT: u32 = 3;
 
+/// Host tools copied into the base image when the host has them (part of its cache key).
+/// `flock` (util-linux) holds the xtables lock in `e2e_xtables_lock`.
+const OPTIONAL_TOOLS: &[&str] = &[
+    "nft",
+    "ipvsadm-save",
+    "ipvsadm-restore",
+    "ipset-translate",
+    "ethtool",
+    "flock",
+];
+
 /// Guest PATH (sbin first; busybox applets only fill gaps).
 pub const GUEST_PATH: &str = "/usr/local/sbin:/usr/sbin:/sbin:/usr/local/bin:/usr/bin:/bin";
 
@@ -503,7 +514,14 @@ pub fn ensure_base(kernel: &Kernel, cache: &Path) -> Result<Base> {
     // Cheap cache key: everything the image is made of changes either this file's recipe, the
     // kernel, or the host's package database (any install/upgrade rewrites dpkg's status file).
     let mut h = DefaultHasher::new();
-    (IMAGE_FORMAT, INIT, &kernel.release, &modules).hash(&mut h);
+    (
+        IMAGE_FORMAT,
+        INIT,
+        OPTIONAL_TOOLS,
+        &kernel.release,
+        &modules,
+    )
+        .hash(&mut h);
     for f in [
         "/var/lib/dpkg/status",
         "/bin/busybox",
@@ -580,13 +598,7 @@ pub fn ensure_base(kernel: &Kernel, cache: &Path) -> Result<Base> {
     ] {
         required(&mut t, tool)?;
     }
-    for optional in [
-        "nft",
-        "ipvsadm-save",
-        "ipvsadm-restore",
-        "ipset-translate",
-        "ethtool",
-    ] {
+    for optional in OPTIONAL_TOOLS {
         if let Some(p) = host::which(optional) {
             t.add_host(&p)?;
         }

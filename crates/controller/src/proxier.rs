@@ -922,8 +922,7 @@ impl Proxier {
         if rules_change {
             // Rules for sets that gain members go in now; rules for sets that become empty
             // stay until their members are gone (step 6).
-            let union: BTreeSet<SetKind> = before.union(&after).copied().collect();
-            self.apply_rules(kernel, false, Some(union), report);
+            self.apply_rules(kernel, false, Some(union_of(&before, &after)), report);
         }
         let ipvs = self.graceful(delta.ipvs, None);
         self.apply_ipvs(&ipvs.apply, kernel, report);
@@ -931,7 +930,9 @@ impl Proxier {
         self.apply_addrs(&[], &delta.addresses_del, kernel, report);
         self.apply_ipvs(&ipvs.remove, kernel, report);
         self.apply_sets(&shrink, kernel, report);
-        if rules_change {
+        // Only when a set became empty do the final rules differ from those of step 2; the same
+        // rules again would only repeat a failed restore (another 5 s on a held xtables lock).
+        if rules_change && union_of(&before, &after) != after {
             self.apply_rules(kernel, false, None, report);
         }
     }
@@ -1339,6 +1340,11 @@ fn count_sets(desired: &Desired) -> BTreeMap<SetKind, usize> {
         *counts.entry(e.set).or_default() += 1;
     }
     counts
+}
+
+/// The set kinds non-empty before or after a change.
+fn union_of(before: &BTreeSet<SetKind>, after: &BTreeSet<SetKind>) -> BTreeSet<SetKind> {
+    before.union(after).copied().collect()
 }
 
 fn non_empty(counts: &BTreeMap<SetKind, usize>) -> BTreeSet<SetKind> {

@@ -346,3 +346,44 @@ fn iptables_mode_failed_save_keeps_the_full_sync_pending_and_restores_back_off()
     assert_eq!(p.retry_state(), (0, None));
     assert!(!Backend::pending(&p, due3));
 }
+
+/// Found by `e2e_xtables_lock` (VM): with the xtables lock held, an incremental sync that only
+/// grows sets restored the same rules twice (before IPVS and again at the end), so it waited
+/// 2 × 5 s on the lock and programmed IPVS late. The same rules are tried once per sync; a
+/// change that empties a set still gets its second, different restore.
+#[test]
+fn failed_restore_is_tried_once_per_sync_unless_a_set_became_empty() {
+    let (mut store, mut p, mut k, h, t0) = programmed();
+    h.inject(Fault::errno(KernelOp::ApplyIptables, EBUSY, Calls::Always));
+    let ext = |ips: &[&str]| {
+        Object::Service(Box::new(
+            svc("default", "ext", "10.96.0.40")
+                .port("http", 80, "TCP")
+                .external_ips(ips)
+                .build(),
+        ))
+    };
+    let before = h.calls(KernelOp::ApplyIptables);
+    let ch = store.apply(SourceEvent::Apply(ext(&["203.0.113.5"])));
+    p.note(&ch);
+    let r = p.sync_at(t0, &store, &node_addrs(), &mut k);
+    assert!(r.iptables_restore_failed);
+    assert_eq!(h.calls(KernelOp::ApplyIptables) - before, 1);
+    // IPVS was programmed all the same.
+    assert!(k.inner.ipvs.keys().any(|key| matches!(key,
+        ServiceKey::Inet { addr, .. } if *addr == "203.0.113.5".parse::<IpAddr>().unwrap())));
+
+    // Succeeds; then the external IP goes: KUBE-EXTERNAL-IP empties, two different rule sets.
+    h.clear();
+    let due = p.retry_due_of(Subsystem::Iptables).unwrap();
+    let r = p.sync_at(due, &store, &node_addrs(), &mut k);
+    assert!(r.healthy(), "{:?}", r.errors);
+    assert!(k.inner.iptables["nat"].contains("KUBE-EXTERNAL-IP"));
+    let before = h.calls(KernelOp::ApplyIptables);
+    let ch = store.apply(SourceEvent::Apply(ext(&[])));
+    p.note(&ch);
+    let r = p.sync_at(due + MAX, &store, &node_addrs(), &mut k);
+    assert!(r.healthy(), "{:?}", r.errors);
+    assert_eq!(h.calls(KernelOp::ApplyIptables) - before, 2);
+    assert!(!k.inner.iptables["nat"].contains("KUBE-EXTERNAL-IP"));
+}
