@@ -100,7 +100,9 @@ fn netns_localhost_node_ports_follow_iptables_localhost_nodeports() {
     let dir: PathBuf = std::env::temp_dir().join(format!("kube-ipvs-lonp-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("objects.yaml"), MANIFESTS).unwrap();
-    // The service works from outside localhost, whatever the setting: the node's own address.
+    // A new namespace inherits the host's IPv4 settings (devconf_inherit_init_net=0), which may
+    // have route_localnet on already: start from off, so the run below must be what sets it.
+    node.sysctl("net.ipv4.conf.all.route_localnet", "0").unwrap();
     assert_eq!(route_localnet(&node), "0");
 
     // Default (localhostNodePorts: true): route_localnet set, the anti-martian rule and its
