@@ -102,7 +102,8 @@ fn netns_localhost_node_ports_follow_iptables_localhost_nodeports() {
     std::fs::write(dir.join("objects.yaml"), MANIFESTS).unwrap();
     // A new namespace inherits the host's IPv4 settings (devconf_inherit_init_net=0), which may
     // have route_localnet on already: start from off, so the run below must be what sets it.
-    node.sysctl("net.ipv4.conf.all.route_localnet", "0").unwrap();
+    node.sysctl("net.ipv4.conf.all.route_localnet", "0")
+        .unwrap();
     assert_eq!(route_localnet(&node), "0");
 
     // Default (localhostNodePorts: true): route_localnet set, the anti-martian rule and its
