@@ -668,7 +668,9 @@ impl Proxier {
             names.extend(self.desired.node_dependent_services());
         }
         let changes = self.derive(store, &node, names, &mut report);
-        let _ = self.desired.update_services(changes);
+        // What the changes pending since the last sync explain: the full diff below contains it
+        // too, and it is not drift (nobody changed the kernel behind our back).
+        let expected = self.desired.update_services(changes);
         self.set_counts = count_sets(&self.desired);
         let drift_counted = self.applied_once;
 
@@ -751,9 +753,14 @@ impl Proxier {
             None => (Vec::new(), Vec::new()),
         };
         if drift_counted {
-            let n_ipvs = ipvs_ops.as_ref().map_or(0, IpvsOps::len);
-            let n_sets = set_diff.as_ref().map_or(0, IpsetDiff::len);
-            let n_addr = addr_add.len() + addr_del.len();
+            let fam = set_family(self.cfg.family);
+            let (n_ipvs, n_sets, n_addr) = unexplained(
+                &expected,
+                fam,
+                ipvs_ops.as_ref(),
+                set_diff.as_ref(),
+                (&addr_add, &addr_del),
+            );
             for (k, n) in [("ipvs", n_ipvs), ("ipset", n_sets), ("address", n_addr)] {
                 if n > 0 {
                     tracing::warn!(subsystem = k, differences = n, "repairing drift");
@@ -1332,6 +1339,60 @@ impl Proxier {
             self.retry.ipvs.succeeded();
         }
     }
+}
+
+/// The differences a full sync found that the pending changes do not explain (drift), per
+/// subsystem: IPVS operations on virtual servers the changes did not touch, ipset members and
+/// set (re)creations or destructions the changes did not ask for, addresses the changes did not
+/// bind or unbind.
+fn unexplained(
+    expected: &Delta,
+    fam: ipset::Family,
+    ipvs: Option<&IpvsOps>,
+    sets: Option<&IpsetDiff>,
+    (addr_add, addr_del): (&[IpAddr], &[IpAddr]),
+) -> (usize, usize, usize) {
+    let keys: BTreeSet<ServiceKey> = expected
+        .ipvs
+        .apply
+        .iter()
+        .chain(&expected.ipvs.remove)
+        .filter_map(op_key)
+        .collect();
+    let n_ipvs = ipvs.map_or(0, |ops| {
+        ops.apply
+            .iter()
+            .chain(&ops.remove)
+            .filter(|op| op_key(op).is_none_or(|k| !keys.contains(&k)))
+            .count()
+    });
+    let members: BTreeSet<(String, ipset::Entry)> = expected
+        .ipset_add
+        .iter()
+        .chain(&expected.ipset_del)
+        .map(|e| (e.set.name(fam), e.entry.clone()))
+        .collect();
+    let n_sets = sets.map_or(0, |d| {
+        let changed = d
+            .adds
+            .iter()
+            .chain(&d.dels)
+            .filter(|c| !members.contains(&(c.set.clone(), c.entry.clone())))
+            .count();
+        d.len() - d.adds.len() - d.dels.len() + changed
+    });
+    let addrs: BTreeSet<IpAddr> = expected
+        .addresses_add
+        .iter()
+        .chain(&expected.addresses_del)
+        .copied()
+        .collect();
+    let n_addr = addr_add
+        .iter()
+        .chain(addr_del)
+        .filter(|a| !addrs.contains(a))
+        .count();
+    (n_ipvs, n_sets, n_addr)
 }
 
 fn count_sets(desired: &Desired) -> BTreeMap<SetKind, usize> {

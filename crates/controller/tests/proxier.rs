@@ -577,3 +577,62 @@ fn plan_renders_ipvsadm_format_and_dry_run_records_only_differences() {
     );
     assert_eq!(k.ipvs, before.ipvs, "a dry run changes nothing");
 }
+
+/// A periodic full sync that also carries changes received since the last sync applies them,
+/// but does not report them as drift: drift is only what the kernel holds that neither the
+/// applied state nor the pending changes explain. A real drift in the same sync still counts.
+#[test]
+fn pending_changes_in_a_full_sync_are_not_drift() {
+    let (mut store, mut p, mut k) = programmed(100);
+    // Pending: one endpoint replaced, a new Service (VIP, ipset member, virtual server), and a
+    // Service deleted.
+    let mut changed = slice("default", "svc-50", "svc-50-abc").port("http", 8080, "TCP");
+    for e in 0..9 {
+        let n = 500 + e;
+        changed = changed.ep(
+            &format!("10.244.{}.{}", n / 250, n % 250 + 1),
+            "node-b",
+            C::Ready,
+        );
+    }
+    changed = changed.ep("10.250.0.1", "node-b", C::Ready);
+    for ev in [
+        SourceEvent::Apply(Object::EndpointSlice(Box::new(changed.build()))),
+        SourceEvent::Apply(service_ev(100)),
+        SourceEvent::Apply(slice_ev(100, 10, 0)),
+        SourceEvent::Delete(service_ev(7)),
+    ] {
+        let ch = store.apply(ev);
+        p.note(&ch);
+    }
+    p.request_full();
+    let r = p.sync(&store, &node_addrs(), &mut k);
+    assert_eq!(r.kind, SyncKind::Full);
+    assert!(r.ok(), "{:?}", r.errors);
+    assert!(
+        r.drift.is_empty(),
+        "pending changes reported as drift: {:?}",
+        r.drift
+    );
+    assert!(k.ipvs.contains_key(&key(100)));
+    assert!(!k.ipvs.contains_key(&key(7)));
+    assert!(k.ipvs[&key(50)]
+        .real_servers
+        .contains_key(&(ip("10.250.0.1"), 8080)));
+    assert!(k.addresses.contains(&vip(100)) && !k.addresses.contains(&vip(7)));
+
+    // The same again with a real drift beside a pending change: only the drift counts.
+    let mut changed = slice("default", "svc-60", "svc-60-abc").port("http", 8080, "TCP");
+    changed = changed.ep("10.250.0.2", "node-b", C::Ready);
+    let ch = store.apply(SourceEvent::Apply(Object::EndpointSlice(Box::new(
+        changed.build(),
+    ))));
+    p.note(&ch);
+    k.addresses.remove(&vip(3));
+    p.request_full();
+    let r = p.sync(&store, &node_addrs(), &mut k);
+    assert!(r.ok(), "{:?}", r.errors);
+    assert_eq!(r.drift.get("address"), Some(&1), "{:?}", r.drift);
+    assert_eq!(r.drift.get("ipvs"), None, "{:?}", r.drift);
+    assert!(k.addresses.contains(&vip(3)));
+}
