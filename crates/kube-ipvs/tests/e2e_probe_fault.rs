@@ -24,11 +24,9 @@ mod common;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use api_lab::{sh, wait_ipvs, Daemon, Lab};
+use api_lab::{sh, wait_ipvs, Daemon, EchoClient, Lab};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use testkit::apiserver::FakeApiServer;
 
@@ -66,117 +64,6 @@ endpoints:
 - addresses: [10.244.0.7]
   conditions: {ready: true}
 "#;
-
-/// A client echoing through one address every 100 ms, counting.
-struct Client {
-    to: SocketAddr,
-    stop: Arc<AtomicBool>,
-    succeeded: Arc<AtomicU64>,
-    failed: Arc<AtomicU64>,
-    errors: Arc<Mutex<Vec<String>>>,
-    /// When each failed connection was tried: (start, end).
-    failed_at: Arc<Mutex<Vec<(Instant, Instant)>>>,
-    thread: std::thread::JoinHandle<()>,
-}
-
-impl Client {
-    fn start(to: &str) -> Client {
-        let to: SocketAddr = to.parse().unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let succeeded = Arc::new(AtomicU64::new(0));
-        let failed = Arc::new(AtomicU64::new(0));
-        let errors = Arc::new(Mutex::new(Vec::new()));
-        let failed_at = Arc::new(Mutex::new(Vec::new()));
-        let (s, ok, bad, errs, at) = (
-            stop.clone(),
-            succeeded.clone(),
-            failed.clone(),
-            errors.clone(),
-            failed_at.clone(),
-        );
-        let thread = std::thread::spawn(move || {
-            let mut n = 0;
-            while !s.load(Ordering::SeqCst) {
-                n += 1;
-                let started = Instant::now();
-                match api_lab::echo_once(to, n) {
-                    Ok(()) => {
-                        ok.fetch_add(1, Ordering::SeqCst);
-                    }
-                    Err(e) => {
-                        bad.fetch_add(1, Ordering::SeqCst);
-                        errs.lock().unwrap().push(format!("#{n}: {e}"));
-                        at.lock().unwrap().push((started, Instant::now()));
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        });
-        Client {
-            to,
-            stop,
-            succeeded,
-            failed,
-            errors,
-            failed_at,
-            thread,
-        }
-    }
-
-    fn ok(&self) -> u64 {
-        self.succeeded.load(Ordering::SeqCst)
-    }
-
-    async fn wait_answers(&self, n: u64) {
-        let start = Instant::now();
-        let base = self.ok();
-        while self.ok() < base + n {
-            assert!(start.elapsed() < DEADLINE, "no answers through {}", self.to);
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    /// Stops it and asserts that no connection failed, except one in flight during `cut` (the
-    /// moment the virtual server was deleted, between two samples).
-    fn finish_except(self, cut: Option<(Instant, Instant)>) {
-        let allowed: Vec<_> = self
-            .failed_at
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(s, e)| cut.is_some_and(|(from, to)| *s <= to && *e >= from))
-            .cloned()
-            .collect();
-        if !allowed.is_empty() {
-            println!(
-                "client {}: {} connection(s) in flight while the virtual server was deleted failed",
-                self.to,
-                allowed.len()
-            );
-        }
-        self.failed
-            .fetch_sub(allowed.len() as u64, Ordering::SeqCst);
-        self.finish();
-    }
-
-    /// Stops it and asserts that no connection failed.
-    fn finish(self) {
-        self.stop.store(true, Ordering::SeqCst);
-        self.thread.join().unwrap();
-        let (ok, failed) = (
-            self.succeeded.load(Ordering::SeqCst),
-            self.failed.load(Ordering::SeqCst),
-        );
-        println!("client {}: {ok} succeeded, {failed} failed", self.to);
-        assert_eq!(
-            failed,
-            0,
-            "failed connections through {}: {:?}",
-            self.to,
-            self.errors.lock().unwrap()
-        );
-    }
-}
 
 /// Starts the daemon like `api_lab::Daemon::start` but with the fallback at its default and
 /// the probe fault hook set to `fault`.
@@ -261,17 +148,17 @@ async fn metric_lines(d: &Daemon, prefix: &str) -> Vec<String> {
 }
 
 /// The first daemon programs the node; the clients start; the daemon stops (state stays).
-async fn programmed_node(kc: &str) -> (Client, Client) {
+async fn programmed_node(kc: &str) -> (EchoClient, EchoClient) {
     let first = start_daemon(kc, None);
     wait_ipvs(&first, "the Service programmed", DEADLINE, |t| {
         t.contains("-a -t 10.96.0.20:80 -r 10.244.0.7:8080 -m")
             && t.contains("-a -t 192.168.0.10:30080 -r 10.244.0.7:8080 -m")
     })
     .await;
-    let cluster = Client::start(CLUSTER_IP);
-    let node_port = Client::start(NODE_PORT);
-    cluster.wait_answers(5).await;
-    node_port.wait_answers(5).await;
+    let cluster = EchoClient::start(CLUSTER_IP);
+    let node_port = EchoClient::start(NODE_PORT);
+    cluster.wait_answers(5, DEADLINE).await;
+    node_port.wait_answers(5, DEADLINE).await;
     let (code, log) = first.stop();
     assert_eq!(code, Some(0), "{log}");
     let s = sample(Instant::now());
@@ -376,8 +263,8 @@ async fn transient_fault() {
         assert!(start.elapsed() < DEADLINE, "/healthz stayed {r:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    cluster.wait_answers(20).await;
-    node_port.wait_answers(20).await;
+    cluster.wait_answers(20, DEADLINE).await;
+    node_port.wait_answers(20, DEADLINE).await;
 
     let failures = metric_lines(&d, "kube_ipvs_ipvs_probe_failures_total").await;
     let mode = metric_lines(&d, "kube_ipvs_proxy_mode").await;
@@ -468,8 +355,8 @@ async fn absent_fallback() {
         samples.len()
     );
 
-    cluster.wait_answers(20).await;
-    node_port.wait_answers(20).await;
+    cluster.wait_answers(20, DEADLINE).await;
+    node_port.wait_answers(20, DEADLINE).await;
     let mode = metric_lines(&d, "kube_ipvs_proxy_mode").await;
     let failures = metric_lines(&d, "kube_ipvs_ipvs_probe_failures_total").await;
     println!("metrics: {failures:?} {mode:?}");

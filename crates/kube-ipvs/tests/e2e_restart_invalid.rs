@@ -22,12 +22,10 @@
 mod api_lab;
 mod common;
 
-use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use api_lab::{sh, wait_ipvs, Daemon, Lab};
+use api_lab::{sh, wait_ipvs, Daemon, EchoClient, Lab};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use testkit::apiserver::FakeApiServer;
@@ -86,69 +84,6 @@ const WEB_CLUSTER: &str = "10.96.0.20:80";
 const WEB_NODE_PORT: &str = "192.168.0.10:30080";
 const NP_NODE_PORT: &str = "192.168.0.10:30081";
 
-/// One client echoing through one address until stopped.
-struct Client {
-    to: SocketAddr,
-    stop: Arc<AtomicBool>,
-    ok: Arc<AtomicU64>,
-    failed: Arc<AtomicU64>,
-    errors: Arc<Mutex<Vec<String>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Client {
-    /// Starts on its own thread (inheriting the current thread's namespace).
-    fn start(to: &str) -> Client {
-        let to: SocketAddr = to.parse().unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let ok = Arc::new(AtomicU64::new(0));
-        let failed = Arc::new(AtomicU64::new(0));
-        let errors = Arc::new(Mutex::new(Vec::new()));
-        let (s, o, f, e) = (stop.clone(), ok.clone(), failed.clone(), errors.clone());
-        let thread = std::thread::spawn(move || {
-            let mut n = 0;
-            while !s.load(Ordering::SeqCst) {
-                n += 1;
-                match api_lab::echo_once(to, n) {
-                    Ok(()) => {
-                        o.fetch_add(1, Ordering::SeqCst);
-                    }
-                    Err(err) => {
-                        f.fetch_add(1, Ordering::SeqCst);
-                        e.lock().unwrap().push(format!("#{n}: {err}"));
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        });
-        Client {
-            to,
-            stop,
-            ok,
-            failed,
-            errors,
-            thread: Some(thread),
-        }
-    }
-
-    fn ok(&self) -> u64 {
-        self.ok.load(Ordering::SeqCst)
-    }
-
-    /// Stops; returns (succeeded, failed, errors).
-    fn finish(mut self) -> (u64, u64, Vec<String>) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            t.join().unwrap();
-        }
-        (
-            self.ok(),
-            self.failed.load(Ordering::SeqCst),
-            self.errors.lock().unwrap().clone(),
-        )
-    }
-}
-
 async fn wait_until(what: &str, deadline: Duration, mut pred: impl FnMut() -> bool) {
     let start = Instant::now();
     while !pred() {
@@ -203,9 +138,9 @@ async fn scenario() {
             && t.contains(&format!("-a -t {NP_NODE_PORT} -r 10.244.0.8:8080 -m"))
     })
     .await;
-    let clients: Vec<Client> = [WEB_CLUSTER, WEB_NODE_PORT, NP_NODE_PORT]
+    let clients: Vec<EchoClient> = [WEB_CLUSTER, WEB_NODE_PORT, NP_NODE_PORT]
         .iter()
-        .map(|to| Client::start(to))
+        .map(|to| EchoClient::start(to))
         .collect();
     wait_until("first answers on every client", deadline, || {
         clients.iter().all(|c| c.ok() >= 3)
@@ -269,16 +204,16 @@ async fn scenario() {
     assert!(sh("ip -o addr show dev kube-ipvs0").contains("10.96.0.20/32"));
     for c in &clients {
         assert_eq!(
-            c.failed.load(Ordering::SeqCst),
+            c.failed(),
             0,
             "{} after the restart: {:?}",
             c.to,
-            c.errors.lock().unwrap()
+            c.errors()
         );
     }
     println!(
         "after the restart: {} ok answers so far",
-        clients.iter().map(Client::ok).sum::<u64>()
+        clients.iter().map(EchoClient::ok).sum::<u64>()
     );
 
     // 3. Fixed: converges, with the endpoint added while it was invalid.
@@ -290,7 +225,7 @@ async fn scenario() {
             && t.contains(&format!("-a -t {WEB_NODE_PORT} -r 10.244.0.8:8080 -m"))
     })
     .await;
-    let start: Vec<u64> = clients.iter().map(Client::ok).collect();
+    let start: Vec<u64> = clients.iter().map(EchoClient::ok).collect();
     wait_until("traffic after convergence", deadline, || {
         clients.iter().zip(&start).all(|(c, s)| c.ok() >= s + 5)
     })
@@ -298,7 +233,7 @@ async fn scenario() {
     let mut results = Vec::new();
     for c in clients {
         let to = c.to;
-        results.push((to, c.finish()));
+        results.push((to, c.stop()));
     }
     for (to, (ok, failed, errors)) in &results {
         println!("client {to}: {ok} succeeded, {failed} failed");

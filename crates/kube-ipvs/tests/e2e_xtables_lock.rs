@@ -35,11 +35,9 @@ mod common;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use api_lab::{sh, wait_ipvs, Daemon, Lab};
+use api_lab::{sh, wait_ipvs, Daemon, EchoClient, Lab};
 use testkit::apiserver::FakeApiServer;
 
 const CLUSTER_IP: &str = "10.96.0.20:80";
@@ -106,103 +104,6 @@ endpoints:
 - addresses: [10.244.0.8]
   conditions: {ready: true}
 "#;
-
-/// A client echoing through one address every 100 ms, counting.
-struct Client {
-    to: SocketAddr,
-    stop: Arc<AtomicBool>,
-    succeeded: Arc<AtomicU64>,
-    failed: Arc<AtomicU64>,
-    errors: Arc<Mutex<Vec<String>>>,
-    thread: std::thread::JoinHandle<()>,
-}
-
-impl Client {
-    fn start(to: &str) -> Client {
-        let to: SocketAddr = to.parse().unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let succeeded = Arc::new(AtomicU64::new(0));
-        let failed = Arc::new(AtomicU64::new(0));
-        let errors = Arc::new(Mutex::new(Vec::new()));
-        let (s, ok, bad, errs) = (
-            stop.clone(),
-            succeeded.clone(),
-            failed.clone(),
-            errors.clone(),
-        );
-        let thread = std::thread::spawn(move || {
-            let mut n = 0;
-            while !s.load(Ordering::SeqCst) {
-                n += 1;
-                match api_lab::echo_once(to, n) {
-                    Ok(()) => {
-                        ok.fetch_add(1, Ordering::SeqCst);
-                    }
-                    Err(e) => {
-                        bad.fetch_add(1, Ordering::SeqCst);
-                        errs.lock().unwrap().push(format!("#{n}: {e}"));
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        });
-        Client {
-            to,
-            stop,
-            succeeded,
-            failed,
-            errors,
-            thread,
-        }
-    }
-
-    fn ok(&self) -> u64 {
-        self.succeeded.load(Ordering::SeqCst)
-    }
-
-    fn line(&self) -> String {
-        format!(
-            "{}: {} succeeded, {} failed",
-            self.to,
-            self.ok(),
-            self.failed.load(Ordering::SeqCst)
-        )
-    }
-
-    async fn wait_answers(&self, n: u64) {
-        let start = Instant::now();
-        let base = self.ok();
-        while self.ok() < base + n {
-            assert!(start.elapsed() < DEADLINE, "no answers through {}", self.to);
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    /// Stops it and asserts that no connection failed.
-    fn finish(self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let Client {
-            to,
-            succeeded,
-            failed,
-            errors,
-            thread,
-            ..
-        } = self;
-        thread.join().unwrap();
-        let (ok, failed) = (
-            succeeded.load(Ordering::SeqCst),
-            failed.load(Ordering::SeqCst),
-        );
-        println!("client {to}: {ok} succeeded, {failed} failed");
-        assert_eq!(
-            failed,
-            0,
-            "failed connections through {to}: {:?}",
-            errors.lock().unwrap()
-        );
-    }
-}
 
 /// `flock /run/xtables.lock sleep SECS` in its own process group: killed with its group on drop
 /// (also when the test fails), so the lock never outlives the test.
@@ -355,10 +256,10 @@ async fn xtables_lock() {
     assert!(!nft.contains(":KUBE-"), "kube chains in nft too:\n{nft}");
     assert!(!has_external_ip_rules(&legacy_nat()));
 
-    let cluster = Client::start(CLUSTER_IP);
-    let node_port = Client::start(NODE_PORT);
-    cluster.wait_answers(5).await;
-    node_port.wait_answers(5).await;
+    let cluster = EchoClient::start(CLUSTER_IP);
+    let node_port = EchoClient::start(NODE_PORT);
+    cluster.wait_answers(5, DEADLINE).await;
+    node_port.wait_answers(5, DEADLINE).await;
     let h = healthz(&d).await;
     assert!(h.starts_with("200"), "{h}");
     let failures_before = metric(&d, FAILURES).await;

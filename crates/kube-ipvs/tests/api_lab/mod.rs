@@ -160,3 +160,139 @@ pub fn echo_once(to: SocketAddr, n: u64) -> Result<(), String> {
         Err(format!("echo mismatch: {back:?}"))
     }
 }
+
+/// A client echoing through one address every 100 ms on its own thread (inheriting the
+/// starting thread's namespace), counting answers and failures (with when each failed
+/// connection was tried).
+pub struct EchoClient {
+    pub to: SocketAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    succeeded: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    failed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    errors: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    failed_at: std::sync::Arc<std::sync::Mutex<Vec<(Instant, Instant)>>>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl EchoClient {
+    pub fn start(to: &str) -> EchoClient {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        use std::sync::{Arc, Mutex};
+        let to: SocketAddr = to.parse().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let succeeded = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(AtomicU64::new(0));
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let failed_at = Arc::new(Mutex::new(Vec::new()));
+        let (s, ok, bad, errs, at) = (
+            stop.clone(),
+            succeeded.clone(),
+            failed.clone(),
+            errors.clone(),
+            failed_at.clone(),
+        );
+        let thread = std::thread::spawn(move || {
+            let mut n = 0;
+            while !s.load(Ordering::SeqCst) {
+                n += 1;
+                let started = Instant::now();
+                match echo_once(to, n) {
+                    Ok(()) => {
+                        ok.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(e) => {
+                        bad.fetch_add(1, Ordering::SeqCst);
+                        errs.lock().unwrap().push(format!("#{n}: {e}"));
+                        at.lock().unwrap().push((started, Instant::now()));
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        EchoClient {
+            to,
+            stop,
+            succeeded,
+            failed,
+            errors,
+            failed_at,
+            thread,
+        }
+    }
+
+    /// Answers so far.
+    pub fn ok(&self) -> u64 {
+        self.succeeded.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Failed connections so far.
+    pub fn failed(&self) -> u64 {
+        self.failed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The failures so far (`#N: error`).
+    pub fn errors(&self) -> Vec<String> {
+        self.errors.lock().unwrap().clone()
+    }
+
+    /// `ADDR: N succeeded, M failed`.
+    pub fn line(&self) -> String {
+        format!(
+            "{}: {} succeeded, {} failed",
+            self.to,
+            self.ok(),
+            self.failed.load(std::sync::atomic::Ordering::SeqCst)
+        )
+    }
+
+    /// Waits until `n` more answers came; `deadline` only guards against a hang.
+    pub async fn wait_answers(&self, n: u64, deadline: Duration) {
+        let start = Instant::now();
+        let base = self.ok();
+        while self.ok() < base + n {
+            assert!(start.elapsed() < deadline, "no answers through {}", self.to);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Stops it; returns (succeeded, failed, errors).
+    pub fn stop(self) -> (u64, u64, Vec<String>) {
+        use std::sync::atomic::Ordering;
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.join().unwrap();
+        (
+            self.succeeded.load(Ordering::SeqCst),
+            self.failed.load(Ordering::SeqCst),
+            self.errors.lock().unwrap().clone(),
+        )
+    }
+
+    /// Stops it, prints its counts and asserts that no connection failed.
+    pub fn finish(self) {
+        let to = self.to;
+        let (ok, failed, errors) = self.stop();
+        println!("client {to}: {ok} succeeded, {failed} failed");
+        assert_eq!(failed, 0, "failed connections through {to}: {errors:?}");
+    }
+
+    /// Stops it and asserts that no connection failed, except ones in flight during `cut` (a
+    /// moment between two samples, e.g. when a virtual server was deleted).
+    pub fn finish_except(self, cut: Option<(Instant, Instant)>) {
+        let allowed = self
+            .failed_at
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(s, e)| cut.is_some_and(|(from, to)| *s <= to && *e >= from))
+            .count();
+        if allowed > 0 {
+            println!(
+                "client {}: {allowed} connection(s) in flight while the virtual server was deleted failed",
+                self.to
+            );
+        }
+        self.failed
+            .fetch_sub(allowed as u64, std::sync::atomic::Ordering::SeqCst);
+        self.finish();
+    }
+}
