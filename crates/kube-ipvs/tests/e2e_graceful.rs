@@ -1099,7 +1099,13 @@ impl CtWatch {
                         let mut now: Vec<String> = entries
                             .iter()
                             .filter(|e| {
-                                e.orig.src_port == Some(port) || e.reply.dst_port == Some(port)
+                                [
+                                    e.orig.src_port,
+                                    e.orig.dst_port,
+                                    e.reply.src_port,
+                                    e.reply.dst_port,
+                                ]
+                                .contains(&Some(port))
                             })
                             .map(|e| {
                                 format!(
@@ -1147,13 +1153,26 @@ fn libc_af_inet() -> u8 {
     2
 }
 
+/// The node's UDP conntrack entries of the client's flow (source port `port`), in either
+/// orientation: besides the usual client→VIP entry, the kernel can record the flow as a
+/// backend→client entry whose reply tuple is client→VIP. That happens when a client packet
+/// races IPVS expiring the old connection (expire_nodest_conn's flush) before the old
+/// conntrack entry is dropped: the backend's answer creates the entry, and IPVS rewrites its
+/// reply side to the VIP. Both forms track the flow; `conntrack --sport` shows only the first.
 fn conntrack_udp(node: &Node, port: u16) -> String {
-    node.ns
+    let out = node
+        .ns
         .command("conntrack")
-        .args(["-L", "-p", "udp", "--sport", &port.to_string()])
+        .args(["-L", "-p", "udp"])
         .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+        .unwrap_or_default();
+    let (sport, dport) = (format!("sport={port}"), format!("dport={port}"));
+    out.lines()
+        .filter(|l| l.split_whitespace().any(|w| w == sport || w == dport))
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[test]
@@ -1278,6 +1297,10 @@ fn vm_e2e_graceful_udp_backend_switch_and_zero_to_one() {
     assert!(
         ct_after.contains(&format!("src={b_ip}")),
         "the client's conntrack entry should point to B: {ct_after}"
+    );
+    assert!(
+        !ct_after.contains(&format!("src={a_ip} ")),
+        "no conntrack entry of the client's flow may still point to A: {ct_after}"
     );
     // The bound is asserted from the moment the proxy's change is in the kernel (what the
     // conntrack cleanup is responsible for); the figures from the manifest write (which add the
