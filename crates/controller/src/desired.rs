@@ -32,6 +32,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use crate::diff::{diff_virtual_server, IpvsOps, IpvsTable, VirtualServer};
 use crate::model::{
     endpoints, select_endpoints, service_ports, Invalid, NodeInfo, ProxyConfig, ServiceName,
+    ServicePortName,
 };
 use crate::vip::Vip;
 
@@ -128,6 +129,64 @@ pub struct IptablesInputs {
     pub loop_back: bool,
 }
 
+/// The first bit of the firewall marks of the in-cluster virtual servers (see [`InClusterPort`]).
+/// A mark is this bit plus a 14-bit id (1..=0x3fff); the bits between leave upstream's masquerade
+/// (0x4000) and drop (0x8000) marks alone.
+pub const IN_CLUSTER_MARK_BIT: u32 = 0x0400_0000;
+/// The bits an in-cluster mark owns: [`IN_CLUSTER_MARK_BIT`] and the 14-bit id.
+pub const IN_CLUSTER_MARK_MASK: u32 = IN_CLUSTER_MARK_BIT | IN_CLUSTER_MARK_IDS;
+/// The id part of an in-cluster mark.
+const IN_CLUSTER_MARK_IDS: u32 = 0x3fff;
+
+/// True when `mark` is one of the proxy's in-cluster marks (its IPVS services are owned).
+pub fn is_in_cluster_mark(mark: u32) -> bool {
+    mark & !IN_CLUSTER_MARK_MASK == 0
+        && mark & IN_CLUSTER_MARK_BIT != 0
+        && mark & IN_CLUSTER_MARK_IDS != 0
+}
+
+/// An external destination (address, protocol, port) of an externalTrafficPolicy=Local port:
+/// a load-balancer IP, an externalIP, or a node IP with the nodePort.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InClusterDest {
+    /// Destination address.
+    pub ip: IpAddr,
+    /// Transport protocol.
+    pub protocol: Protocol,
+    /// Destination port.
+    pub port: u16,
+}
+
+/// One externalTrafficPolicy=Local service port's path for in-cluster traffic.
+///
+/// Kubernetes' iptables and nftables proxiers restrict only traffic from outside the cluster to
+/// local endpoints: traffic from pods (local-traffic detection) and from the node itself to the
+/// external destinations goes to all cluster-policy endpoints, node-originated traffic
+/// masqueraded (upstream `syncProxyRules`, pkg/proxy/iptables/proxier.go: "pod traffic for ...
+/// external destinations", "masquerade LOCAL traffic", "route LOCAL traffic"). Upstream's IPVS
+/// mode never did (k/k#75262). Here such traffic is marked in the nat table and taken by a
+/// firewall-mark virtual server with the cluster-policy endpoints, which IPVS looks up before
+/// the address virtual servers (`ip_vs_service_find`); everything else keeps the address virtual
+/// server with the local endpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InClusterPort {
+    /// The service port (its mark is allocated per port).
+    pub port: ServicePortName,
+    /// The virtual server, keyed by a placeholder mark until [`Desired`] allocates one.
+    pub template: VirtualServer,
+    /// The destinations whose in-cluster traffic it takes.
+    pub dests: BTreeSet<InClusterDest>,
+}
+
+/// A destination and the mark its in-cluster traffic gets (one nat rule each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InClusterMark {
+    /// The destination.
+    pub dest: InClusterDest,
+    /// The firewall mark of its in-cluster virtual server.
+    pub mark: u32,
+}
+
 /// Everything one Service needs on this node (one family).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ServiceDesired {
@@ -147,6 +206,11 @@ pub struct ServiceDesired {
     pub no_local_internal: u32,
     /// Ports whose externalTrafficPolicy Local leaves them without endpoints here.
     pub no_local_external: u32,
+    /// In-cluster paths of externalTrafficPolicy=Local ports (as derived, before marks).
+    pub in_cluster: Vec<InClusterPort>,
+    /// The marks [`Desired`] allocated to those ports (their firewall-mark virtual servers are
+    /// in `virtual_servers`).
+    pub fwmarks: BTreeMap<ServicePortName, u32>,
 }
 
 /// Result of deriving one service.
@@ -159,7 +223,8 @@ pub struct Derived {
     pub rejected_slices: Vec<(String, Invalid)>,
 }
 
-fn set_proto(p: Protocol) -> ipset::Protocol {
+/// ipset's protocol for an IPVS protocol.
+pub fn set_proto(p: Protocol) -> ipset::Protocol {
     match p {
         Protocol::Tcp => ipset::Protocol::Tcp,
         Protocol::Udp => ipset::Protocol::Udp,
@@ -233,12 +298,7 @@ pub fn service_desired_except(
         d.no_local_external += u32::from(sel.no_local.external);
         let proto = sp.name.protocol;
         let sproto = set_proto(proto);
-        let make = |addr: IpAddr, port: u16, eps: &[crate::model::Endpoint]| {
-            let key = ServiceKey::Inet {
-                protocol: proto,
-                addr,
-                port,
-            };
+        let make_key = |key: ServiceKey, eps: &[crate::model::Endpoint]| {
             let mut s = Service::new(key, sp.scheduler.clone());
             s.flags = s.flags.with(sp.scheduler_flags);
             if let Some(t) = sp.affinity_timeout {
@@ -246,6 +306,24 @@ pub fn service_desired_except(
                 s.timeout = t;
             }
             VirtualServer::new(s, eps.iter().map(|e| Destination::new(e.ip, e.port)))
+        };
+        let make = |addr: IpAddr, port: u16, eps: &[crate::model::Endpoint]| {
+            let key = ServiceKey::Inet {
+                protocol: proto,
+                addr,
+                port,
+            };
+            make_key(key, eps)
+        };
+        let mut in_cluster: BTreeSet<InClusterDest> = BTreeSet::new();
+        let mut in_cluster_dest = |ip: IpAddr, port: u16| {
+            if sp.external_local {
+                in_cluster.insert(InClusterDest {
+                    ip,
+                    protocol: proto,
+                    port,
+                });
+            }
         };
 
         // ClusterIP.
@@ -267,6 +345,7 @@ pub fn service_desired_except(
         // externalIPs.
         for ip in sp.external_ips.iter().filter(|ip| won(ip)) {
             vss.push(make(*ip, sp.port, &sel.external));
+            in_cluster_dest(*ip, sp.port);
             if !node.addresses.contains(ip) {
                 addresses.insert(*ip);
             }
@@ -285,6 +364,7 @@ pub fn service_desired_except(
         // Load-balancer ingress IPs.
         for ip in sp.load_balancer_ips.iter().filter(|ip| won(ip)) {
             vss.push(make(*ip, sp.port, &sel.external));
+            in_cluster_dest(*ip, sp.port);
             addresses.insert(*ip);
             entry(SetKind::LoadBalancer, Entry::ip_port(*ip, sproto, sp.port));
             features |= Features::LOAD_BALANCERS;
@@ -328,6 +408,7 @@ pub fn service_desired_except(
             node_dependent = true;
             for ip in &node_ports {
                 vss.push(make(*ip, np, &sel.external));
+                in_cluster_dest(*ip, np);
             }
             match proto {
                 Protocol::Tcp | Protocol::Udp => {
@@ -357,8 +438,25 @@ pub fn service_desired_except(
             }
         }
 
+        if !in_cluster.is_empty() {
+            let key = ServiceKey::Fwmark {
+                family: cfg.family,
+                mark: 0,
+            };
+            d.in_cluster.push(InClusterPort {
+                port: sp.name.clone(),
+                template: make_key(key, &sel.cluster_policy),
+                dests: in_cluster,
+            });
+        }
+
         // Hairpin: a local endpoint reaching itself through a VIP must be masqueraded.
-        for e in sel.cluster.iter().chain(sel.external.iter()) {
+        for e in sel
+            .cluster
+            .iter()
+            .chain(sel.external.iter())
+            .chain(sel.cluster_policy.iter())
+        {
             if e.is_local {
                 entry(
                     SetKind::LoopBack,
@@ -445,6 +543,11 @@ pub struct Desired {
     addresses: HashMap<IpAddr, usize>,
     entries: HashMap<IpsetEntry, usize>,
     features: [usize; Features::COUNT],
+    /// In-cluster marks in use (one per externalTrafficPolicy=Local port with external
+    /// destinations), by the number of ports holding them.
+    marks_used: HashMap<u32, usize>,
+    /// The nat rules of in-cluster traffic, reference counted.
+    in_cluster: BTreeMap<InClusterMark, usize>,
 }
 
 impl Desired {
@@ -464,6 +567,8 @@ impl Desired {
             addresses: HashMap::new(),
             entries: HashMap::new(),
             features: [0; Features::COUNT],
+            marks_used: HashMap::new(),
+            in_cluster: BTreeMap::new(),
         }
     }
 
@@ -503,6 +608,7 @@ impl Desired {
         for (n, d) in changes {
             batch.insert(n, d);
         }
+        self.allocate_marks(&mut batch);
         // What the batch touches.
         let mut keys = BTreeSet::new();
         let mut addrs = BTreeSet::new();
@@ -532,6 +638,11 @@ impl Desired {
             .cloned()
             .collect();
         let before_ipt = self.iptables();
+        let before_in_cluster: BTreeSet<InClusterMark> = batch
+            .keys()
+            .filter_map(|n| self.services.get(n))
+            .flat_map(in_cluster_marks)
+            .collect();
         let before_hc: Vec<Option<HealthCheck>> = batch
             .keys()
             .map(|n| self.services.get(n).and_then(|s| s.health_check))
@@ -572,7 +683,15 @@ impl Desired {
         delta
             .ipset_del
             .sort_by_key(|e| (e.set != SetKind::IpvsIps, e.clone()));
-        delta.iptables_changed = before_ipt != self.iptables();
+        let after_in_cluster: BTreeSet<InClusterMark> = batch
+            .values()
+            .flatten()
+            .flat_map(in_cluster_marks)
+            .collect();
+        delta.iptables_changed = before_ipt != self.iptables()
+            || before_in_cluster
+                .symmetric_difference(&after_in_cluster)
+                .any(|m| before_in_cluster.contains(m) != self.in_cluster.contains_key(m));
         for ((name, _), before) in batch.iter().zip(before_hc) {
             let after = self.services.get(name).and_then(|s| s.health_check);
             if before != after {
@@ -580,6 +699,47 @@ impl Desired {
             }
         }
         delta
+    }
+
+    /// Gives every in-cluster port of the batch its firewall mark and virtual server: the mark
+    /// the port held before when it had one, else the first free id from a hash of the port's
+    /// name (so a restart with the same Services finds the same marks), probing upwards.
+    fn allocate_marks(&mut self, batch: &mut BTreeMap<ServiceName, Option<ServiceDesired>>) {
+        let mut taken: BTreeSet<u32> = BTreeSet::new();
+        for (name, new) in batch.iter_mut() {
+            let Some(new) = new else { continue };
+            if new.in_cluster.is_empty() {
+                continue;
+            }
+            let old = self.services.get(name).map(|o| &o.fwmarks);
+            let mut marks = BTreeMap::new();
+            for ic in &new.in_cluster {
+                let kept = old.and_then(|o| o.get(&ic.port)).copied();
+                let mark = match kept {
+                    Some(m) if !taken.contains(&m) => Some(m),
+                    _ => {
+                        let start = fnv1a(&ic.port) % IN_CLUSTER_MARK_IDS;
+                        (0..IN_CLUSTER_MARK_IDS)
+                            .map(|i| IN_CLUSTER_MARK_BIT | ((start + i) % IN_CLUSTER_MARK_IDS + 1))
+                            .find(|m| !taken.contains(m) && !self.marks_used.contains_key(m))
+                    }
+                };
+                let Some(mark) = mark else {
+                    tracing::warn!(port = %ic.port, "no free in-cluster firewall mark; in-cluster \
+                        traffic to this port's external destinations uses its local endpoints");
+                    continue;
+                };
+                taken.insert(mark);
+                marks.insert(ic.port.clone(), mark);
+                let mut vs = ic.template.clone();
+                vs.service.key = ServiceKey::Fwmark {
+                    family: self.family,
+                    mark,
+                };
+                new.virtual_servers.insert(vs.service.key, vs);
+            }
+            new.fwmarks = marks;
+        }
     }
 
     fn effective(&self, key: &ServiceKey) -> Option<&VirtualServer> {
@@ -601,6 +761,12 @@ impl Desired {
             if sd.features.has(1 << i) {
                 *c += 1;
             }
+        }
+        for m in sd.fwmarks.values() {
+            *self.marks_used.entry(*m).or_insert(0) += 1;
+        }
+        for m in in_cluster_marks(sd) {
+            *self.in_cluster.entry(m).or_insert(0) += 1;
         }
     }
 
@@ -634,6 +800,31 @@ impl Desired {
                 *c = c.saturating_sub(1);
             }
         }
+        for m in sd.fwmarks.values() {
+            if let Some(c) = self.marks_used.get_mut(m) {
+                *c = c.saturating_sub(1);
+                if *c == 0 {
+                    self.marks_used.remove(m);
+                }
+            }
+        }
+        for m in in_cluster_marks(sd) {
+            if let Some(c) = self.in_cluster.get_mut(&m) {
+                *c = c.saturating_sub(1);
+                if *c == 0 {
+                    self.in_cluster.remove(&m);
+                }
+            }
+        }
+    }
+
+    /// The nat rules in-cluster traffic needs: each destination with its port's mark. When two
+    /// ports claim one destination (a VIP conflict), the smaller mark is listed first and wins
+    /// (the first matching rule in the chain marks the packet).
+    pub fn in_cluster_marks(&self) -> Vec<InClusterMark> {
+        let mut v: Vec<InClusterMark> = self.in_cluster.keys().copied().collect();
+        v.sort_by_key(|m| (m.dest, m.mark));
+        v
     }
 
     /// The full IPVS table (each key from its winning claimant).
@@ -740,7 +931,7 @@ impl Desired {
 pub fn owned_by_proxy(cfg: &ProxyConfig) -> impl Fn(&ServiceKey) -> bool + '_ {
     move |k: &ServiceKey| match k {
         ServiceKey::Inet { addr, .. } => Family::of(addr) == cfg.family && !cfg.excluded(addr),
-        ServiceKey::Fwmark { .. } => false,
+        ServiceKey::Fwmark { family, mark } => *family == cfg.family && is_in_cluster_mark(*mark),
     }
 }
 
@@ -762,4 +953,37 @@ impl Desired {
             .filter_map(|k| self.effective(k).map(|vs| (*k, vs.clone())))
             .collect()
     }
+}
+
+/// The (destination, mark) pairs of one service's in-cluster ports with allocated marks.
+fn in_cluster_marks(sd: &ServiceDesired) -> impl Iterator<Item = InClusterMark> + '_ {
+    sd.in_cluster.iter().flat_map(move |ic| {
+        let mark = sd.fwmarks.get(&ic.port).copied();
+        ic.dests
+            .iter()
+            .filter_map(move |d| mark.map(|mark| InClusterMark { dest: *d, mark }))
+    })
+}
+
+/// FNV-1a over a service port's name: a stable hash (the same in every build and process), so
+/// marks do not move across restarts.
+fn fnv1a(p: &ServicePortName) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    let proto = match p.protocol {
+        Protocol::Tcp => "TCP",
+        Protocol::Udp => "UDP",
+        Protocol::Sctp => "SCTP",
+    };
+    for part in [
+        p.namespace.as_str(),
+        p.name.as_str(),
+        p.port_name.as_str(),
+        proto,
+    ] {
+        for b in part.bytes().chain(std::iter::once(0)) {
+            h ^= u32::from(b);
+            h = h.wrapping_mul(0x0100_0193);
+        }
+    }
+    h
 }

@@ -867,6 +867,12 @@ pub struct SelectedEndpoints {
     pub external: Vec<Endpoint>,
     /// Local endpoints (for the health-check node port and hairpin entries).
     pub local: Vec<Endpoint>,
+    /// The cluster-policy endpoints whatever the traffic policies say: what in-cluster traffic
+    /// to an externalTrafficPolicy=Local service's external destinations uses (upstream's
+    /// `clusterPolicyChain`, which the iptables proxier's `syncProxyRules` sends pod and
+    /// node-originated traffic for external destinations to). Filled only for ports with
+    /// externalTrafficPolicy Local (other ports do not need it).
+    pub cluster_policy: Vec<Endpoint>,
     /// Local policies that leave the port without endpoints (for the metric).
     pub no_local: NoLocalEndpoints,
 }
@@ -995,6 +1001,11 @@ pub fn select_endpoints(
             local.clone()
         } else {
             cluster.clone()
+        },
+        cluster_policy: if port.external_local {
+            cluster.clone()
+        } else {
+            Vec::new()
         },
         external: if port.external_local {
             local.clone()

@@ -992,6 +992,18 @@ impl Proxier {
         };
         input.non_empty_sets = sets.unwrap_or_else(|| non_empty(&self.set_counts));
         input.no_node_access = self.no_node_access();
+        input.in_cluster = self
+            .desired
+            .in_cluster_marks()
+            .into_iter()
+            .map(|m| iptables::InClusterMark {
+                ip: m.dest.ip,
+                proto: crate::desired::set_proto(m.dest.protocol),
+                port: m.dest.port,
+                mark: m.mark,
+            })
+            .collect();
+        input.in_cluster_mask = crate::desired::IN_CLUSTER_MARK_MASK;
         iptables::render_ipvs_mode(&input).map_err(|e| e.to_string())
     }
 

@@ -20,6 +20,10 @@ const PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
 const SOURCE_RANGES_FIREWALL: &str = "KUBE-SOURCE-RANGES-FIREWALL";
 const IPVS_FILTER: &str = "KUBE-IPVS-FILTER";
 const IPVS_OUT_FILTER: &str = "KUBE-IPVS-OUT-FILTER";
+/// kube-ipvs's own: in-cluster traffic to externalTrafficPolicy=Local destinations.
+const IN_CLUSTER: &str = "KUBE-IPVS-IN-CLUSTER";
+/// kube-ipvs's own: the mark of each such destination's in-cluster virtual server.
+const IN_CLUSTER_MARK: &str = "KUBE-IPVS-IN-CLUSTER-MARK";
 
 /// The chains IPVS mode owns, per table, in upstream's order.
 pub fn chains() -> Vec<(Table, &'static str)> {
@@ -29,6 +33,8 @@ pub fn chains() -> Vec<(Table, &'static str)> {
         (Table::Nat, NODE_PORT),
         (Table::Nat, LOAD_BALANCER),
         (Table::Nat, MARK_MASQ),
+        (Table::Nat, IN_CLUSTER),
+        (Table::Nat, IN_CLUSTER_MARK),
         (Table::Filter, FORWARD),
         (Table::Filter, NODE_PORT),
         (Table::Filter, PROXY_FIREWALL),
@@ -120,6 +126,21 @@ pub struct NoNodeAccess {
     pub port: u16,
 }
 
+/// In-cluster traffic (from local pods or the node itself) to one externalTrafficPolicy=Local
+/// destination gets `mark`, which selects the firewall-mark virtual server holding all of the
+/// port's cluster-policy endpoints (Kubernetes' iptables/nftables behaviour, k/k#75262).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct InClusterMark {
+    /// Destination address (LB IP, externalIP or node IP).
+    pub ip: IpAddr,
+    /// Protocol.
+    pub proto: Protocol,
+    /// Destination port (service port or nodePort).
+    pub port: u16,
+    /// The firewall mark.
+    pub mark: u32,
+}
+
 /// Everything the IPVS-mode rules depend on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IpvsModeInput {
@@ -137,6 +158,12 @@ pub struct IpvsModeInput {
     pub non_empty_sets: BTreeSet<SetKind>,
     /// LB addresses the node itself must not reach.
     pub no_node_access: Vec<NoNodeAccess>,
+    /// Marks of in-cluster traffic to externalTrafficPolicy=Local destinations.
+    pub in_cluster: Vec<InClusterMark>,
+    /// The mark bits [`InClusterMark::mark`] owns (set with `--set-xmark mark/mask`; other bits,
+    /// the masquerade bit among them, are left alone). Its highest bit alone marks the
+    /// node-originated traffic to masquerade.
+    pub in_cluster_mask: u32,
 }
 
 impl IpvsModeInput {
@@ -150,6 +177,8 @@ impl IpvsModeInput {
             random_fully: true,
             non_empty_sets: BTreeSet::new(),
             no_node_access: Vec::new(),
+            in_cluster: Vec::new(),
+            in_cluster_mask: 0,
         }
     }
 
@@ -173,6 +202,13 @@ impl IpvsModeInput {
             )));
         }
         Ok(format!("{:#x}", 1u64 << self.masquerade_bit))
+    }
+
+    /// `-s CIDR` / `-i IFACE` for "from a local pod", if detection is configured.
+    fn if_local(&self) -> Result<Option<String>> {
+        Ok(self
+            .if_not_local()?
+            .map(|s| s.trim_start_matches("! ").to_string()))
     }
 
     /// `! -s CIDR` / `! -i IFACE` for "not from a local pod", if detection is configured.
@@ -245,6 +281,67 @@ pub fn render_ipvs_mode(input: &IpvsModeInput) -> Result<RuleSet> {
         Family::V6 => "::1/128",
     };
     nat(&mut rs, format!("-A {SERVICES} -s {lo} -j RETURN"));
+
+    // In-cluster traffic to externalTrafficPolicy=Local destinations: marked for the
+    // firewall-mark virtual server with all endpoints (only for destinations in the Local sets,
+    // so other traffic never walks the per-destination rules).
+    let in_cluster_bit = match input.in_cluster_mask {
+        0 => 0,
+        m => 1u32 << (31 - m.leading_zeros()),
+    };
+    if !input.in_cluster.is_empty() && in_cluster_bit != 0 {
+        let c = quote("in-cluster traffic to externalTrafficPolicy=Local destinations");
+        for (k, p, matcher) in [
+            (SetKind::LoadBalancerLocal, "", "dst,dst"),
+            (SetKind::ExternalIpLocal, "", "dst,dst"),
+            (SetKind::NodePortLocalTcp, " -p tcp", "dst"),
+            (SetKind::NodePortLocalUdp, " -p udp", "dst"),
+            (SetKind::NodePortLocalSctp, " -p sctp", "dst,dst"),
+        ] {
+            if has(k) {
+                nat(
+                    &mut rs,
+                    format!(
+                        "-A {SERVICES}{p} -m comment --comment {c} -m set --match-set {} {matcher} -j {IN_CLUSTER}",
+                        set(k)
+                    ),
+                );
+            }
+        }
+        if let Some(local) = input.if_local()? {
+            nat(
+                &mut rs,
+                format!(
+                    "-A {IN_CLUSTER} {local} -m comment --comment {} -j {IN_CLUSTER_MARK}",
+                    quote("pod traffic for external destinations")
+                ),
+            );
+        }
+        nat(
+            &mut rs,
+            format!(
+                "-A {IN_CLUSTER} -m comment --comment {} -m addrtype --src-type LOCAL -j {IN_CLUSTER_MARK}",
+                quote("node-originated traffic for external destinations")
+            ),
+        );
+        let host = match fam {
+            Family::V4 => 32,
+            Family::V6 => 128,
+        };
+        for m in &input.in_cluster {
+            if Family::of(&m.ip) != fam {
+                continue;
+            }
+            let p = m.proto.as_str();
+            nat(
+                &mut rs,
+                format!(
+                    "-A {IN_CLUSTER_MARK} -d {}/{host} -p {p} -m {p} --dport {} -j MARK --set-xmark {:#x}/{:#x}",
+                    m.ip, m.port, m.mark, input.in_cluster_mask
+                ),
+            );
+        }
+    }
 
     // Set-driven jumps (upstream's ipsetWithIptablesChain, same order).
     let set_rules: [SetRule; 12] = [
@@ -496,6 +593,24 @@ pub fn render_ipvs_mode(input: &IpvsModeInput) -> Result<RuleSet> {
         ),
     );
 
+    // Node-originated in-cluster traffic to a Local destination leaves with a local source
+    // (the LB IP itself, or the node IP) and may go to another node: masquerade it, like
+    // upstream's iptables proxier ("masquerade LOCAL traffic for ... external destinations").
+    if !input.in_cluster.is_empty() && in_cluster_bit != 0 {
+        let rf = if input.random_fully {
+            " --random-fully"
+        } else {
+            ""
+        };
+        nat(
+            &mut rs,
+            format!(
+                "-A {POSTROUTING} -m comment --comment {} -m mark --mark {in_cluster_bit:#x}/{in_cluster_bit:#x} -m addrtype --src-type LOCAL -j MASQUERADE{rf}",
+                quote("node-originated traffic to externalTrafficPolicy=Local destinations")
+            ),
+        );
+    }
+
     // Masquerade marked packets once, clearing the mark.
     nat(
         &mut rs,
@@ -546,6 +661,8 @@ mod tests {
                 ":KUBE-NODE-PORT - [0:0]",
                 ":KUBE-LOAD-BALANCER - [0:0]",
                 ":KUBE-MARK-MASQ - [0:0]",
+                ":KUBE-IPVS-IN-CLUSTER - [0:0]",
+                ":KUBE-IPVS-IN-CLUSTER-MARK - [0:0]",
                 "-A KUBE-SERVICES -s 127.0.0.0/8 -j RETURN",
                 "-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT",
                 "-A KUBE-LOAD-BALANCER -j KUBE-MARK-MASQ",
@@ -624,6 +741,78 @@ mod tests {
             nat.contains(&format!("{c} dst,dst -j KUBE-MARK-MASQ\n")),
             "{nat}"
         );
+    }
+
+    /// In-cluster traffic to externalTrafficPolicy=Local destinations (k/k#75262): the jumps
+    /// only for destinations in the Local sets, pod traffic (detect-local) and node traffic
+    /// marked per destination, node traffic masqueraded. Upstream's iptables proxier does the
+    /// same routing in `syncProxyRules` ("pod traffic for ... external destinations", "masquerade
+    /// LOCAL traffic", "route LOCAL traffic").
+    #[test]
+    fn in_cluster_traffic_to_local_destinations_is_marked() {
+        let mut input = IpvsModeInput::new(Family::V4);
+        input.non_empty_sets = [SetKind::LoadBalancerLocal, SetKind::NodePortLocalTcp].into();
+        let none = render_ipvs_mode(&input).unwrap().nat();
+        assert!(!none.contains("-j KUBE-IPVS-IN-CLUSTER"), "{none}");
+        input.in_cluster_mask = 0x0400_3fff;
+        input.in_cluster = vec![
+            InClusterMark {
+                ip: "203.0.113.7".parse().unwrap(),
+                proto: Protocol::Tcp,
+                port: 80,
+                mark: 0x0400_0123,
+            },
+            InClusterMark {
+                ip: "192.168.0.10".parse().unwrap(),
+                proto: Protocol::Udp,
+                port: 30080,
+                mark: 0x0400_0124,
+            },
+            InClusterMark {
+                ip: "fd00::7".parse().unwrap(),
+                proto: Protocol::Tcp,
+                port: 80,
+                mark: 0x0400_0125,
+            },
+        ];
+        input.local_detect = LocalDetect::Cidrs(vec!["10.244.0.0/16".parse().unwrap()]);
+        let nat = render_ipvs_mode(&input).unwrap().nat();
+        let c = "-m comment --comment \"in-cluster traffic to externalTrafficPolicy=Local destinations\"";
+        for want in [
+            format!("-A KUBE-SERVICES {c} -m set --match-set KUBE-LOAD-BALANCER-LOCAL dst,dst -j KUBE-IPVS-IN-CLUSTER"),
+            format!("-A KUBE-SERVICES -p tcp {c} -m set --match-set KUBE-NODE-PORT-LOCAL-TCP dst -j KUBE-IPVS-IN-CLUSTER"),
+            "-A KUBE-IPVS-IN-CLUSTER -s 10.244.0.0/16 -m comment --comment \"pod traffic for external destinations\" -j KUBE-IPVS-IN-CLUSTER-MARK".to_string(),
+            "-A KUBE-IPVS-IN-CLUSTER -m comment --comment \"node-originated traffic for external destinations\" -m addrtype --src-type LOCAL -j KUBE-IPVS-IN-CLUSTER-MARK".to_string(),
+            "-A KUBE-IPVS-IN-CLUSTER-MARK -d 203.0.113.7/32 -p tcp -m tcp --dport 80 -j MARK --set-xmark 0x4000123/0x4003fff".to_string(),
+            "-A KUBE-IPVS-IN-CLUSTER-MARK -d 192.168.0.10/32 -p udp -m udp --dport 30080 -j MARK --set-xmark 0x4000124/0x4003fff".to_string(),
+            "-A KUBE-POSTROUTING -m comment --comment \"node-originated traffic to externalTrafficPolicy=Local destinations\" -m mark --mark 0x4000000/0x4000000 -m addrtype --src-type LOCAL -j MASQUERADE --random-fully".to_string(),
+        ] {
+            assert!(nat.lines().any(|l| l == want), "missing {want}\n{nat}");
+        }
+        assert!(
+            !nat.contains("fd00::7"),
+            "other family's destinations are left out"
+        );
+        assert!(
+            !nat.contains("KUBE-EXTERNAL-IP-LOCAL"),
+            "empty sets get no jump"
+        );
+        // The jumps come right after the localhost RETURN, before anything can ACCEPT the
+        // packet; the node masquerade comes before the 0x4000 RETURN.
+        let pos = |needle: &str| nat.find(needle).unwrap();
+        assert!(pos("-j KUBE-IPVS-IN-CLUSTER\n") < pos("--dst-type LOCAL -j KUBE-NODE-PORT\n"));
+        assert!(
+            pos("-m addrtype --src-type LOCAL -j MASQUERADE")
+                < pos("! --mark 0x4000/0x4000 -j RETURN")
+        );
+        // No detection: only node-originated traffic is rerouted.
+        input.local_detect = LocalDetect::None;
+        let nat = render_ipvs_mode(&input).unwrap().nat();
+        assert!(
+            !nat.contains("pod traffic for external destinations"),
+            "{nat}"
+        );
+        assert!(nat.contains("node-originated traffic for external destinations"));
     }
 
     #[test]

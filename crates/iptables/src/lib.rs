@@ -18,8 +18,8 @@ pub use io::{
 };
 pub use ipset::Family;
 pub use ipvs_mode::{
-    chains as ipvs_chains, jumps as ipvs_jumps, render_ipvs_mode, IpvsModeInput, LocalDetect,
-    NoNodeAccess,
+    chains as ipvs_chains, jumps as ipvs_jumps, render_ipvs_mode, InClusterMark, IpvsModeInput,
+    LocalDetect, NoNodeAccess,
 };
 pub use rules::{Jump, RuleSet, Table};
 
