@@ -36,9 +36,11 @@ use ipset::{Entry, IpsetState, SetKind};
 use ipvs_netlink::{Family, Protocol, ServiceKey};
 use k8s_openapi::api::core::v1::Service as KubeService;
 
-use crate::desired::{Features, HealthCheck, IpsetEntry, ServiceDesired};
+use crate::desired::{
+    Features, HealthCheck, InClusterDest, InClusterPort, IpsetEntry, ServiceDesired,
+};
 use crate::diff::IpvsTable;
-use crate::model::{ProxyConfig, ServiceName};
+use crate::model::{ProxyConfig, ServiceName, ServicePortName};
 
 /// The pseudo-service holding NodePort virtual servers kept while the Node is unknown. Its
 /// namespace is not a valid Kubernetes namespace (no real Service can collide with it) and sorts
@@ -80,6 +82,10 @@ pub struct Claims {
     pub node_ports: BTreeSet<(Protocol, u16)>,
     /// `spec.healthCheckNodePort`.
     pub health_check_node_port: Option<u16>,
+    /// Each parseable port by name, with its port and nodePort: finds the in-cluster
+    /// firewall-mark virtual server of an externalTrafficPolicy=Local port (its mark is
+    /// allocated from the port's name, see [`crate::desired::mark_candidates`]).
+    pub named_ports: Vec<(ServicePortName, u16, Option<u16>)>,
 }
 
 fn protocol(p: Option<&str>) -> Option<Protocol> {
@@ -130,6 +136,15 @@ pub fn claims(svc: &KubeService, cfg: &ProxyConfig) -> Claims {
         }
         if let Some(n) = p.node_port.and_then(port) {
             c.node_ports.insert((proto, n));
+        }
+        if let Some(n) = port(p.port) {
+            let name = ServicePortName {
+                namespace: svc.metadata.namespace.clone().unwrap_or_default(),
+                name: svc.metadata.name.clone().unwrap_or_default(),
+                port_name: p.name.clone().unwrap_or_default(),
+                protocol: proto,
+            };
+            c.named_ports.push((name, n, p.node_port.and_then(port)));
         }
     }
     c.health_check_node_port = spec.health_check_node_port.and_then(port);
@@ -282,6 +297,9 @@ pub fn adopt_service(
             _ => false,
         });
     }
+    if let Some(table) = kernel.ipvs {
+        adopt_in_cluster(claims, table, cfg, node_ips, &free, &mut d);
+    }
     if d.virtual_servers.is_empty() && d.addresses.is_empty() && d.ipset_entries.is_empty() {
         return None;
     }
@@ -307,6 +325,97 @@ pub fn adopt_service(
         })
     });
     Some(d)
+}
+
+/// The in-cluster paths of an adopted Service's externalTrafficPolicy=Local ports: for each
+/// port whose Local-set members were adopted, the kernel's firewall-mark virtual server found
+/// along the port's mark candidates (the first unclaimed one that exists), with the adopted
+/// external destinations of that port. The marks are kept by [`crate::desired::Desired`], so the
+/// nat rules that feed the virtual server are rendered again and nothing is deleted.
+fn adopt_in_cluster(
+    claims: &Claims,
+    table: &IpvsTable,
+    cfg: &ProxyConfig,
+    node_ips: &BTreeSet<IpAddr>,
+    free: &impl Fn(&ServiceKey) -> bool,
+    d: &mut ServiceDesired,
+) {
+    let owned = crate::desired::owned_by_proxy(cfg);
+    for (name, port, node_port) in &claims.named_ports {
+        let proto = name.protocol;
+        let sp = set_proto(proto);
+        let mut dests = BTreeSet::new();
+        for e in &d.ipset_entries {
+            match (e.set, &e.entry) {
+                (
+                    SetKind::LoadBalancerLocal | SetKind::ExternalIpLocal,
+                    Entry::IpPort {
+                        ip,
+                        proto: p,
+                        port: n,
+                    },
+                ) if *p == sp && n == port => {
+                    dests.insert((*ip, *port));
+                }
+                (
+                    SetKind::NodePortLocalSctp,
+                    Entry::IpPort {
+                        ip,
+                        proto: p,
+                        port: n,
+                    },
+                ) if *p == sp && Some(*n) == *node_port => {
+                    dests.insert((*ip, *n));
+                }
+                (SetKind::NodePortLocalTcp | SetKind::NodePortLocalUdp, Entry::Port(n))
+                    if Some(*n) == *node_port
+                        && (e.set == SetKind::NodePortLocalTcp) == (proto == Protocol::Tcp) =>
+                {
+                    for k in d.virtual_servers.keys() {
+                        if let ServiceKey::Inet {
+                            protocol,
+                            addr,
+                            port: p,
+                        } = k
+                        {
+                            if *protocol == proto && *p == *n && node_ips.contains(addr) {
+                                dests.insert((*addr, *n));
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        if dests.is_empty() {
+            continue;
+        }
+        let found = crate::desired::mark_candidates(name)
+            .take(64)
+            .map(|mark| ServiceKey::Fwmark {
+                family: cfg.family,
+                mark,
+            })
+            .find(|k| table.contains_key(k) && owned(k) && free(k));
+        let Some(key) = found else { continue };
+        let (Some(vs), ServiceKey::Fwmark { mark, .. }) = (table.get(&key), key) else {
+            continue;
+        };
+        d.virtual_servers.insert(key, vs.clone());
+        d.fwmarks.insert(name.clone(), mark);
+        d.in_cluster.push(InClusterPort {
+            port: name.clone(),
+            template: vs.clone(),
+            dests: dests
+                .into_iter()
+                .map(|(ip, port)| InClusterDest {
+                    ip,
+                    protocol: proto,
+                    port,
+                })
+                .collect(),
+        });
+    }
 }
 
 /// The kernel's NodePort virtual servers (and SCTP node-port members) on `node_ips` for the

@@ -711,18 +711,23 @@ impl Desired {
             if new.in_cluster.is_empty() {
                 continue;
             }
+            // Firewall-mark virtual servers come only from here (an adopted one is re-keyed).
+            new.virtual_servers
+                .retain(|k, _| !matches!(k, ServiceKey::Fwmark { .. }));
             let old = self.services.get(name).map(|o| &o.fwmarks);
             let mut marks = BTreeMap::new();
             for ic in &new.in_cluster {
-                let kept = old.and_then(|o| o.get(&ic.port)).copied();
-                let mark = match kept {
+                // The mark the port held, else one it brings (adopted from the kernel).
+                let held = old.and_then(|o| o.get(&ic.port)).copied();
+                let brought = new
+                    .fwmarks
+                    .get(&ic.port)
+                    .copied()
+                    .filter(|m| !self.marks_used.contains_key(m));
+                let mark = match held.or(brought) {
                     Some(m) if !taken.contains(&m) => Some(m),
-                    _ => {
-                        let start = fnv1a(&ic.port) % IN_CLUSTER_MARK_IDS;
-                        (0..IN_CLUSTER_MARK_IDS)
-                            .map(|i| IN_CLUSTER_MARK_BIT | ((start + i) % IN_CLUSTER_MARK_IDS + 1))
-                            .find(|m| !taken.contains(m) && !self.marks_used.contains_key(m))
-                    }
+                    _ => mark_candidates(&ic.port)
+                        .find(|m| !taken.contains(m) && !self.marks_used.contains_key(m)),
                 };
                 let Some(mark) = mark else {
                     tracing::warn!(port = %ic.port, "no free in-cluster firewall mark; in-cluster \
@@ -963,6 +968,14 @@ fn in_cluster_marks(sd: &ServiceDesired) -> impl Iterator<Item = InClusterMark> 
             .iter()
             .filter_map(move |d| mark.map(|mark| InClusterMark { dest: *d, mark }))
     })
+}
+
+/// The marks a service port may get, in the order they are tried: from a hash of its name,
+/// upwards through all 16,383 ids.
+pub fn mark_candidates(p: &ServicePortName) -> impl Iterator<Item = u32> {
+    let start = fnv1a(p) % IN_CLUSTER_MARK_IDS;
+    (0..IN_CLUSTER_MARK_IDS)
+        .map(move |i| IN_CLUSTER_MARK_BIT | ((start + i) % IN_CLUSTER_MARK_IDS + 1))
 }
 
 /// FNV-1a over a service port's name: a stable hash (the same in every build and process), so

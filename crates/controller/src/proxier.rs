@@ -844,6 +844,10 @@ impl Proxier {
                     d.addresses.extend(old.addresses.iter().copied());
                     d.ipset_entries.extend(old.ipset_entries.iter().cloned());
                     d.features = crate::desired::Features(d.features.0 | old.features.0);
+                    if d.in_cluster.is_empty() {
+                        d.in_cluster = old.in_cluster.clone();
+                        d.fwmarks = old.fwmarks.clone();
+                    }
                 }
                 tracing::warn!(service = %name, virtual_servers = d.virtual_servers.len(),
                     addresses = d.addresses.len(), ipset_entries = d.ipset_entries.len(),

@@ -64,6 +64,32 @@ fn full_input(ns: &Netns, family: Family) -> (IpvsModeInput, RuleSet) {
         Family::V6 => "fd01::/48".parse().unwrap(),
     }]);
     assert_eq!(input.non_empty_sets.len(), 17);
+    // In-cluster marks of externalTrafficPolicy=Local destinations (TCP, UDP, SCTP).
+    input.in_cluster_mask = 0x0400_3fff;
+    let dest = |v4: &str, v6: &str| match family {
+        Family::V4 => v4.parse().unwrap(),
+        Family::V6 => v6.parse().unwrap(),
+    };
+    input.in_cluster = vec![
+        iptables::InClusterMark {
+            ip: dest("203.0.113.7", "fd00::7"),
+            proto: ipset::Protocol::Tcp,
+            port: 80,
+            mark: 0x0400_0123,
+        },
+        iptables::InClusterMark {
+            ip: dest("192.168.0.10", "fd00::10"),
+            proto: ipset::Protocol::Udp,
+            port: 30080,
+            mark: 0x0400_0124,
+        },
+        iptables::InClusterMark {
+            ip: dest("192.168.0.10", "fd00::10"),
+            proto: ipset::Protocol::Sctp,
+            port: 30081,
+            mark: 0x0400_0001,
+        },
+    ];
     let rs = render_ipvs_mode(&input).unwrap();
     (input, rs)
 }

@@ -931,3 +931,166 @@ fn vm_e2e_sctp() {
     }
     t.finish();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Item 1: externalTrafficPolicy=Local and in-cluster traffic.
+// ---------------------------------------------------------------------------------------------
+
+/// Item 1: a LoadBalancer Service with `externalTrafficPolicy: Local` (LB IP, externalIP and
+/// NodePort) whose only endpoint is on another node. Traffic from outside the cluster gets the
+/// local endpoints only (none: dropped), as upstream; traffic from a pod (inside
+/// `--cluster-cidr`) and from the node itself reaches every endpoint, as Kubernetes' iptables
+/// and nftables proxiers do (`syncProxyRules`, pkg/proxy/iptables/proxier.go: "pod traffic for
+/// ... external destinations", "route LOCAL traffic ..."). Upstream's IPVS proxier drops it
+/// (k/k#75262), which is what this test fails on without the in-cluster path. With a local
+/// endpoint added, outside traffic goes to it only while in-cluster traffic spreads over both.
+#[test]
+#[ignore = "vm"]
+fn vm_e2e_etp_local_in_cluster() {
+    let mut lab = Lab::new("e2e-etpin");
+    let remote = lab.add_pod("pod-remote", 2, false);
+    let local = lab.add_pod("pod-local", 3, false);
+    let cli_pod = lab.add_pod("pod-cli", 4, false);
+    let (remote_ip, local_ip) = (lab.pods[remote].ip, lab.pods[local].ip);
+    let cip = v4(10, 96, 60, 1);
+    let lb = v4(203, 0, 113, 60);
+    let eip = v4(198, 51, 100, 60);
+    let np = 30060;
+    let svc = |eps: Vec<Ep>, etp_local: bool| {
+        let mut s = Svc::new("web", cip, vec![Port::new("TCP", 80).node_port(np)]).eps(eps);
+        s.kind = "LoadBalancer";
+        s.lb_ip = Some(lb);
+        s.external_ips = vec![eip];
+        s.etp_local = etp_local;
+        s
+    };
+    lab.write("svc-web", &svc(vec![Ep::remote(remote_ip)], true).yaml());
+    lab.start_daemon(&["--cluster-cidr", "10.244.0.0/16"]);
+    lab.wait_ipvs(
+        &[
+            "-A -t 203.0.113.60:80 -s rr",
+            "-A -t 192.168.0.10:30060 -s rr",
+            "-a -t 10.96.60.1:80 -r 10.244.1.2:8080 -m -w 1",
+        ],
+        CONVERGE,
+    );
+    let save = lab.ipvs_save();
+    let mut t = Tally::new("item 1 (externalTrafficPolicy=Local, in-cluster traffic)");
+    let fw: Vec<&str> = save.lines().filter(|l| l.starts_with("-A -f ")).collect();
+    t.check(
+        "one firewall-mark virtual server for the Local port",
+        fw.len() == 1,
+        &save,
+    );
+    t.check(
+        "its real server is the remote endpoint",
+        save.lines()
+            .any(|l| l.starts_with("-a -f ") && l.contains("-r 10.244.1.2:8080")),
+        &save,
+    );
+    t.check(
+        "the address virtual servers keep only local endpoints (none)",
+        !save.lines().any(|l| {
+            l.starts_with("-a -t ")
+                && l.contains("10.244.1.2:8080")
+                && !l.contains(&format!("-t {cip}:"))
+        }),
+        &save,
+    );
+    let nat = lab.node_run(&["iptables-save", "-t", "nat"]);
+    t.check(
+        "a mark rule per external destination",
+        [
+            "-d 203.0.113.60/32",
+            "-d 198.51.100.60/32",
+            "-d 192.168.0.10/32",
+        ]
+        .iter()
+        .all(|d| {
+            nat.lines()
+                .any(|l| l.starts_with("-A KUBE-IPVS-IN-CLUSTER-MARK ") && l.contains(d))
+        }),
+        tail(&nat, 30),
+    );
+
+    let dests = [
+        ("LB IP", sa(lb, 80)),
+        ("externalIP", sa(eip, 80)),
+        ("NodePort", sa(IpAddr::V4(NODE_IP), np)),
+    ];
+    for (what, to) in dests {
+        let o = tcp_name(&lab.pods[cli_pod].ns, to, OK_WAIT);
+        t.check(
+            &format!("{what} from a pod: the remote endpoint answers"),
+            o.name() == Some("pod-remote"),
+            format!("{o:?}"),
+        );
+        let o = tcp_name(&lab.node, to, OK_WAIT);
+        t.check(
+            &format!("{what} from the node itself: the remote endpoint answers"),
+            o.name() == Some("pod-remote"),
+            format!("{o:?}"),
+        );
+        let o = tcp_name(&lab.client, to, Duration::from_secs(2));
+        t.check(
+            &format!("{what} from outside the cluster: no local endpoint, no answer"),
+            o.name().is_none(),
+            format!("{o:?}"),
+        );
+    }
+
+    // A local endpoint appears: outside traffic goes to it only, in-cluster traffic to both.
+    lab.write(
+        "svc-web",
+        &svc(vec![Ep::remote(remote_ip), Ep::local(local_ip)], true).yaml(),
+    );
+    lab.wait_ipvs(
+        &["-a -t 203.0.113.60:80 -r 10.244.1.3:8080 -m -w 1"],
+        CONVERGE,
+    );
+    for (what, to) in dests {
+        let outside: Vec<Outcome> = (0..4).map(|_| tcp_name(&lab.client, to, OK_WAIT)).collect();
+        t.check(
+            &format!("{what} from outside: only the local endpoint"),
+            outside.iter().all(|o| o.name() == Some("pod-local")),
+            format!("{outside:?}"),
+        );
+        let inside: BTreeSet<String> = (0..4)
+            .filter_map(|_| {
+                tcp_name(&lab.pods[cli_pod].ns, to, OK_WAIT)
+                    .name()
+                    .map(str::to_string)
+            })
+            .collect();
+        t.check(
+            &format!("{what} from a pod: both endpoints (round robin)"),
+            inside == BTreeSet::from(["pod-local".to_string(), "pod-remote".to_string()]),
+            format!("{inside:?}"),
+        );
+    }
+
+    // Cluster policy: the in-cluster path and its rules go away.
+    lab.write(
+        "svc-web",
+        &svc(vec![Ep::remote(remote_ip), Ep::local(local_ip)], false).yaml(),
+    );
+    let gone = wait_until(CONVERGE, || !lab.ipvs_save().contains("-A -f "));
+    t.check(
+        "policy Cluster: the firewall-mark virtual server is removed",
+        gone,
+        lab.ipvs_save(),
+    );
+    let nat = lab.node_run(&["iptables-save", "-t", "nat"]);
+    t.check(
+        "policy Cluster: no mark rules left",
+        !nat.contains("-A KUBE-IPVS-IN-CLUSTER-MARK "),
+        tail(&nat, 30),
+    );
+    let o = tcp_name(&lab.client, sa(lb, 80), OK_WAIT);
+    t.check(
+        "policy Cluster: outside traffic reaches an endpoint",
+        o.name().is_some(),
+        format!("{o:?}"),
+    );
+    t.finish();
+}
