@@ -197,6 +197,10 @@ pub struct ProxyConfig {
     /// `--nodeport-addresses` includes `primary`: the node's primary IPs (its Node object's
     /// InternalIP, then ExternalIP addresses) serve NodePorts too.
     pub node_port_primary: bool,
+    /// `bindAddress` when it names an address (not `0.0.0.0`/`::`): this node's primary IP of
+    /// its family, overriding the Node object's (upstream `detectNodeIPs`,
+    /// cmd/kube-proxy/app/server.go). Used by `nodePortAddresses: [primary]`.
+    pub bind_address: Option<IpAddr>,
     /// `--ipvs-strict-arp`.
     pub strict_arp: bool,
     /// `iptables.localhostNodePorts` (`--iptables-localhost-nodeports`, default true): iptables
@@ -222,6 +226,7 @@ impl ProxyConfig {
             cluster_cidrs: Vec::new(),
             node_port_addresses: Vec::new(),
             node_port_primary: false,
+            bind_address: None,
             strict_arp: false,
             iptables_localhost_node_ports: true,
             tcp_timeout: 0,
@@ -310,10 +315,20 @@ impl NodeInfo {
             .filter(|ip| {
                 !cfg.node_ports_restricted()
                     || cfg.node_port_addresses.iter().any(|n| n.contains(*ip))
-                    || (cfg.node_port_primary && self.primary_ips.contains(ip))
+                    || (cfg.node_port_primary && self.is_primary(ip, cfg))
             })
             .copied()
             .collect()
+    }
+
+    /// True when `ip` is this node's primary IP of its family: `bindAddress` when it is set to
+    /// an address of that family, else one of the Node object's addresses (upstream
+    /// `detectNodeIPs`: a bindAddress overrides the node IP of its family).
+    pub fn is_primary(&self, ip: &IpAddr, cfg: &ProxyConfig) -> bool {
+        match cfg.bind_address {
+            Some(b) if Family::of(&b) == Family::of(ip) => b == *ip,
+            _ => self.primary_ips.contains(ip),
+        }
     }
 }
 

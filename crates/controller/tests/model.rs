@@ -1274,6 +1274,18 @@ fn model_node_port_addresses_cidrs_and_primary() {
     v6.node_port_primary = true;
     assert_eq!(ips(&v6), ["fd00::10"]);
 
+    // bindAddress names this node's primary IP of its family, overriding the Node object's
+    // (upstream `detectNodeIPs`); `0.0.0.0` (unset) leaves the Node's, and an address of the
+    // other family leaves this family's.
+    let mut bound = cfg4();
+    bound.node_port_primary = true;
+    bound.bind_address = Some(ip("10.0.0.10"));
+    assert_eq!(ips(&bound), ["10.0.0.10"]);
+    bound.bind_address = Some(ip("fd00::10"));
+    assert_eq!(ips(&bound), ["192.168.0.10"]);
+    v6.bind_address = Some(ip("fd00::10"));
+    assert_eq!(ips(&v6), ["fd00::10"]);
+
     // The NodePort virtual servers follow.
     let s = svc("ns", "np", "10.96.0.30")
         .node_port("http", 80, "TCP", 30030)

@@ -63,6 +63,7 @@ pub fn proxy_config(config: &Config, family: Family) -> ProxyConfig {
     p.node_port_primary = config
         .node_port_addresses
         .contains(&NodePortAddress::Primary);
+    p.bind_address = Some(config.bind_address).filter(|a| !a.is_unspecified());
     p.strict_arp = config.ipvs.strict_arp;
     p.iptables_localhost_node_ports = config.iptables.localhost_node_ports;
     p.tcp_timeout = config.ipvs.tcp_timeout.as_secs() as u32;
