@@ -134,6 +134,8 @@ pub struct IptablesProxier {
     applied_once: bool,
     dirty: BTreeSet<ServiceName>,
     full_requested: bool,
+    /// The Node's podCIDRs of the family (detectLocalMode NodeCIDR).
+    pod_cidrs: Vec<ipnet::IpNet>,
     /// Retries of failed saves and restores ([`crate::retry`]'s one policy).
     retry: Backoff,
     rejections: Rejections,
@@ -290,6 +292,7 @@ impl IptablesProxier {
             applied_once: false,
             dirty: BTreeSet::new(),
             full_requested: true,
+            pod_cidrs: Vec::new(),
             retry: Backoff::new(RetryPolicy::default()),
             rejections: Rejections::default(),
             vips: crate::vip::VipClaims::default(),
@@ -347,6 +350,21 @@ impl IptablesProxier {
         std::mem::take(&mut self.conntrack)
     }
 
+    /// detectLocalMode NodeCIDR: takes the Node's podCIDRs; true when they changed.
+    fn refresh_pod_cidrs(&mut self, store: &Store) -> bool {
+        if !self.rules.node_cidr {
+            return false;
+        }
+        let cidrs = NodeInfo::pod_cidrs_of(store.node(), self.cfg.family);
+        if cidrs == self.pod_cidrs {
+            return false;
+        }
+        tracing::info!(family = ?self.cfg.family, old = ?self.pod_cidrs, new = ?cidrs,
+            "detectLocalMode NodeCIDR: the Node's podCIDRs changed; re-rendering the rules");
+        self.pod_cidrs = cidrs;
+        true
+    }
+
     /// The mode's configuration for the renderer.
     pub fn mode_config(&self, node: &NodeInfo) -> ProxyModeConfig {
         let mut c = ProxyModeConfig::new(set_family(self.cfg.family));
@@ -361,6 +379,13 @@ impl IptablesProxier {
             .copied()
             .collect();
         c.local_detect = match &self.rules.local_detect {
+            _ if self.rules.node_cidr => {
+                if self.pod_cidrs.is_empty() {
+                    iptables::LocalDetect::None
+                } else {
+                    iptables::LocalDetect::Cidrs(self.pod_cidrs.clone())
+                }
+            }
             iptables::LocalDetect::None if !cidrs.is_empty() => iptables::LocalDetect::Cidrs(cidrs),
             other => other.clone(),
         };
@@ -567,6 +592,7 @@ impl IptablesProxier {
         store: &Store,
         node_addresses: &BTreeSet<IpAddr>,
     ) -> Result<String, String> {
+        self.refresh_pod_cidrs(store);
         let node = self.node_info(store, node_addresses);
         let mode = self.mode_config(&node);
         let mut names: BTreeSet<ServiceName> = store.service_names().cloned().collect();
@@ -615,6 +641,10 @@ impl IptablesProxier {
         node_addresses: &BTreeSet<IpAddr>,
     ) -> SyncReport {
         let start = Instant::now();
+        if self.refresh_pod_cidrs(store) {
+            // Every service's chains carry the local-traffic match: a change is a full sync.
+            self.full_requested = true;
+        }
         let full = self.full_requested || !self.applied_once;
         let mut report = empty_report(if full {
             SyncKind::Full

@@ -304,6 +304,25 @@ impl NodeInfo {
         }
     }
 
+    /// The Node object's `spec.podCIDRs` (else `spec.podCIDR`) of `family`, in order;
+    /// unparsable entries are skipped (detectLocalMode NodeCIDR).
+    pub fn pod_cidrs_of(node: Option<&Node>, family: Family) -> Vec<IpNet> {
+        let Some(spec) = node.and_then(|n| n.spec.as_ref()) else {
+            return Vec::new();
+        };
+        let listed = spec.pod_cidrs.iter().flatten();
+        let single = spec.pod_cidr.iter();
+        let mut out: Vec<IpNet> = Vec::new();
+        for c in listed.chain(single) {
+            if let Ok(n) = c.parse::<IpNet>() {
+                if Family::of(&n.addr()) == family && !out.contains(&n) {
+                    out.push(n);
+                }
+            }
+        }
+        out
+    }
+
     /// The addresses NodePorts are served on for `cfg`'s family: the node's addresses (not
     /// kube-ipvs0's), restricted to `nodePortAddresses` when set (its CIDRs, and the primary
     /// IPs for `primary`); loopback and IPv6 link-local addresses are never used.

@@ -46,6 +46,12 @@ pub struct RulesConfig {
     pub local_detect: iptables::LocalDetect,
     /// `--random-fully` on MASQUERADE.
     pub random_fully: bool,
+    /// `detectLocalMode: NodeCIDR`: traffic from the Node object's `spec.podCIDRs` (of the
+    /// proxy's family) is local, and `local_detect` is ignored. Upstream (`NewDetectLocalByCIDR`
+    /// with the node's podCIDRs, cmd/kube-proxy/app/server.go) waits for them at start and
+    /// restarts when they change; here the rules follow the Node object, and until it has
+    /// podCIDRs no traffic counts as local (node-originated traffic to a VIP is masqueraded).
+    pub node_cidr: bool,
 }
 
 impl Default for RulesConfig {
@@ -54,6 +60,7 @@ impl Default for RulesConfig {
             masquerade_bit: 14,
             local_detect: iptables::LocalDetect::None,
             random_fully: true,
+            node_cidr: false,
         }
     }
 }
@@ -209,6 +216,8 @@ pub struct Proxier {
     desired: Desired,
     dirty: BTreeSet<ServiceName>,
     node_dirty: bool,
+    /// The Node's podCIDRs of the family (detectLocalMode NodeCIDR).
+    pod_cidrs: Vec<ipnet::IpNet>,
     zone: Option<String>,
     applied_once: bool,
     full_requested: bool,
@@ -308,6 +317,7 @@ impl Proxier {
             retry: Retries::new(RetryPolicy::default()),
             recheck_sets: false,
             recheck_rules: false,
+            pod_cidrs: Vec::new(),
             full_failed: BTreeSet::new(),
             now: Instant::now(),
         }
@@ -485,6 +495,9 @@ impl Proxier {
     ) -> SyncReport {
         let start = Instant::now();
         self.now = now;
+        if self.refresh_pod_cidrs(store) {
+            self.recheck_rules = true;
+        }
         let mut report = if self.full_due(now) {
             self.full_sync(store, node_addresses, kernel)
         } else if self.applied_once {
@@ -523,6 +536,7 @@ impl Proxier {
     /// Derives every service in `store` into the desired state without touching a kernel
     /// (for `plan`).
     pub fn derive_all(&mut self, store: &Store, node_addresses: &BTreeSet<IpAddr>) {
+        self.refresh_pod_cidrs(store);
         let node = self.node_info(store, node_addresses);
         let mut report = SyncReport::new(SyncKind::Full);
         let mut names: BTreeSet<ServiceName> = store.service_names().cloned().collect();
@@ -530,6 +544,21 @@ impl Proxier {
         let changes = self.derive(store, &node, names, &mut report);
         let _ = self.desired.update_services(changes);
         self.set_counts = count_sets(&self.desired);
+    }
+
+    /// detectLocalMode NodeCIDR: takes the Node's podCIDRs; true when they changed.
+    fn refresh_pod_cidrs(&mut self, store: &Store) -> bool {
+        if !self.rules.node_cidr {
+            return false;
+        }
+        let cidrs = NodeInfo::pod_cidrs_of(store.node(), self.cfg.family);
+        if cidrs == self.pod_cidrs {
+            return false;
+        }
+        tracing::info!(family = ?self.cfg.family, old = ?self.pod_cidrs, new = ?cidrs,
+            "detectLocalMode NodeCIDR: the Node's podCIDRs changed; re-rendering the rules");
+        self.pod_cidrs = cidrs;
+        true
     }
 
     fn node_info(&self, store: &Store, node_addresses: &BTreeSet<IpAddr>) -> NodeInfo {
@@ -989,6 +1018,13 @@ impl Proxier {
         input.masquerade_all = inputs.masquerade_all;
         input.random_fully = self.rules.random_fully;
         input.local_detect = match &self.rules.local_detect {
+            _ if self.rules.node_cidr => {
+                if self.pod_cidrs.is_empty() {
+                    iptables::LocalDetect::None
+                } else {
+                    iptables::LocalDetect::Cidrs(self.pod_cidrs.clone())
+                }
+            }
             iptables::LocalDetect::None if !inputs.cluster_cidrs.is_empty() => {
                 iptables::LocalDetect::Cidrs(inputs.cluster_cidrs.clone())
             }

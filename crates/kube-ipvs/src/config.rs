@@ -715,17 +715,8 @@ fn build(
     let prefix = cx.string("detectLocal.interfaceNamePrefix");
     let detect_local = match mode_name.as_str() {
         "" | "ClusterCIDR" => DetectLocal::ClusterCidr,
-        "NodeCIDR" => {
-            // Upstream NodeCIDR takes the Node's spec.podCIDRs (waiting for them at start and
-            // restarting when they change); kube-ipvs does not implement that yet, and used
-            // to treat NodeCIDR as ClusterCIDR silently. Refuse rather than misapply it.
-            cx.err(
-                "detectLocalMode",
-                "NodeCIDR (local traffic = the Node's spec.podCIDRs) is not implemented by \
-                 kube-ipvs; use ClusterCIDR with clusterCIDR, BridgeInterface or InterfaceNamePrefix",
-            );
-            DetectLocal::NodeCidr
-        }
+        // The Node's spec.podCIDRs (see `controller::proxier::RulesConfig::node_cidr`).
+        "NodeCIDR" => DetectLocal::NodeCidr,
         "BridgeInterface" => {
             if bridge.is_empty() {
                 cx.err(

@@ -76,8 +76,11 @@ pub fn proxy_config(config: &Config, family: Family) -> ProxyConfig {
 pub fn rules_config(config: &Config, random_fully: bool) -> RulesConfig {
     RulesConfig {
         masquerade_bit: u32::from(config.iptables.masquerade_bit),
+        node_cidr: config.detect_local == DetectLocal::NodeCidr,
         local_detect: match &config.detect_local {
-            DetectLocal::ClusterCidr | DetectLocal::NodeCidr => {
+            // NodeCIDR: the Node's podCIDRs, filled in by the proxier from the Node object.
+            DetectLocal::NodeCidr => iptables::LocalDetect::None,
+            DetectLocal::ClusterCidr => {
                 if config.cluster_cidrs.is_empty() {
                     iptables::LocalDetect::None
                 } else {
