@@ -422,7 +422,8 @@ fn a_failing_service_does_not_block_others_and_is_retried() {
     // The fault goes away; the retry re-checks just that virtual server.
     k.fail_keys.clear();
     let before = k.counters();
-    std::thread::sleep(std::time::Duration::from_millis(1100));
+    // The first retry is due after 1 s ± 15 % (RetryPolicy's jitter): wait past the latest.
+    std::thread::sleep(std::time::Duration::from_millis(1200));
     assert!(p.pending(std::time::Instant::now()));
     let r = p.sync(&store, &node_addrs(), &mut k);
     assert!(r.ok(), "{:?}", r.errors);
