@@ -840,6 +840,15 @@ impl Desired {
             .collect()
     }
 
+    /// Virtual servers and real servers of [`Desired::ipvs_table`], counted without building
+    /// it.
+    pub fn ipvs_counts(&self) -> (usize, usize) {
+        self.claims
+            .keys()
+            .filter_map(|k| self.effective(k))
+            .fold((0, 0), |(s, r), vs| (s + 1, r + vs.real_servers.len()))
+    }
+
     /// All addresses wanted on kube-ipvs0.
     pub fn addresses(&self) -> BTreeSet<IpAddr> {
         self.addresses.keys().copied().collect()

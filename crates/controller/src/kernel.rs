@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ipset::{IpsetDiff, IpsetState};
-use ipvs_netlink::{Op, ServiceKey};
+use ipvs_netlink::{Op, OpCounts, OpKind, ServiceKey};
 
 use crate::conntrack::ConntrackFilter;
 use crate::diff::{table_from_dump, IpvsTable, VirtualServer};
@@ -59,6 +59,8 @@ pub struct KernelCounters {
     pub iptables_processes: u64,
     /// conntrack entries deleted.
     pub conntrack_deleted: u64,
+    /// IPVS netlink requests by command (reads and writes; `kube_ipvs_ipvs_requests_total`).
+    pub ipvs_requests: OpCounts,
 }
 
 /// The node's kernel, one subsystem per method group. All methods are blocking.
@@ -246,6 +248,7 @@ impl Kernel for NodeKernel {
             ipset_requests: self.ipset.netlink_requests(),
             iptables_processes: self.iptables.processes_spawned(),
             conntrack_deleted: self.conntrack_deleted,
+            ipvs_requests: c.by_op,
         }
     }
 
@@ -360,11 +363,22 @@ impl FakeKernel {
 impl Kernel for FakeKernel {
     fn read_ipvs(&mut self) -> Result<IpvsTable, KernelError> {
         self.counters.ipvs_reads += 1;
+        // Like the real client: one services dump, then one destinations dump per service.
+        self.counters.ipvs_requests.inc(OpKind::GetService);
+        for _ in 0..self.ipvs.len() {
+            self.counters.ipvs_requests.inc(OpKind::GetDest);
+        }
         Ok(self.ipvs.clone())
     }
 
     fn read_ipvs_keys(&mut self, keys: &BTreeSet<ServiceKey>) -> Result<IpvsTable, KernelError> {
         self.counters.ipvs_reads += 1;
+        for k in keys {
+            self.counters.ipvs_requests.inc(OpKind::GetService);
+            if self.ipvs.contains_key(k) {
+                self.counters.ipvs_requests.inc(OpKind::GetDest);
+            }
+        }
         Ok(keys
             .iter()
             .filter_map(|k| self.ipvs.get(k).map(|v| (*k, v.clone())))
@@ -373,6 +387,9 @@ impl Kernel for FakeKernel {
 
     fn apply_ipvs(&mut self, ops: &[Op]) -> Vec<Result<(), KernelError>> {
         self.counters.ipvs_writes += ops.len() as u64;
+        for op in ops {
+            self.counters.ipvs_requests.inc(op.kind());
+        }
         ops.iter().map(|op| self.apply_op(op)).collect()
     }
 

@@ -765,6 +765,36 @@ pub fn validate_slice(slice: &EndpointSlice) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// The annotation the EndpointSlice controller sets to when the change that produced this
+/// version of the slice happened (a Pod or Service change): upstream's
+/// `v1.EndpointsLastChangeTriggerTime`.
+pub const LAST_CHANGE_TRIGGER_TIME_ANNOTATION: &str =
+    "endpoints.kubernetes.io/last-change-trigger-time";
+
+/// The address family of a slice's endpoints (`None` for FQDN or unknown types).
+pub fn slice_family(slice: &EndpointSlice) -> Option<Family> {
+    match slice.address_type.as_str() {
+        "IPv4" => Some(Family::Inet),
+        "IPv6" => Some(Family::Inet6),
+        _ => None,
+    }
+}
+
+/// The slice's [`LAST_CHANGE_TRIGGER_TIME_ANNOTATION`] as a time: `None` when absent or not
+/// RFC 3339. Like upstream's `getLastChangeTriggerTime`
+/// (`pkg/proxy/endpointschangetracker.go`), an unparsable value is ignored. The endpoint
+/// controllers derive it from the Pod's and the Service's change times (a new Service's
+/// creation time), so it is where `kubeproxy_network_programming_duration_seconds` starts.
+pub fn last_change_trigger_time(slice: &EndpointSlice) -> Option<std::time::SystemTime> {
+    let value = slice
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(LAST_CHANGE_TRIGGER_TIME_ANNOTATION)?;
+    let ts: k8s_openapi::jiff::Timestamp = value.trim().parse().ok()?;
+    Some(std::time::SystemTime::from(ts))
+}
+
 /// The service a slice belongs to (namespace + `kubernetes.io/service-name` label).
 pub fn slice_service(slice: &EndpointSlice) -> Option<ServiceName> {
     let name = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;

@@ -98,6 +98,10 @@ pub struct SyncReport {
     pub iptables_restore_failed: bool,
     /// Stale UDP conntrack entries deleted.
     pub conntrack_deleted: u64,
+    /// How long this sync's conntrack cleanup took, when one ran (upstream's
+    /// `kubeproxy_conntrack_reconciler_sync_duration_seconds`); `None` when there was nothing
+    /// stale to delete.
+    pub conntrack_duration: Option<Duration>,
     /// Full sync after the first: differences found between the kernel and the applied
     /// state (drift), per subsystem.
     pub drift: BTreeMap<&'static str, usize>,
@@ -152,6 +156,7 @@ impl SyncReport {
             iptables_restored: false,
             iptables_restore_failed: false,
             conntrack_deleted: 0,
+            conntrack_duration: None,
             drift: BTreeMap::new(),
             errors: Vec::new(),
             failed: BTreeMap::new(),
@@ -389,6 +394,14 @@ impl Proxier {
     /// Real servers draining now.
     pub fn draining(&self) -> usize {
         self.draining.len()
+    }
+
+    /// IPVS virtual servers and real servers this proxier has programmed: the desired table
+    /// (each key from its winning claimant) plus the real servers draining at weight 0, which
+    /// are still in the kernel (`kube_ipvs_ipvs_services`, `kube_ipvs_ipvs_destinations`).
+    pub fn ipvs_programmed(&self) -> (usize, usize) {
+        let (services, reals) = self.desired.ipvs_counts();
+        (services, reals + self.draining.len())
     }
 
     /// Graceful-termination counters.
@@ -1347,7 +1360,10 @@ impl Proxier {
         let mut filters = std::mem::take(&mut self.conntrack);
         let mut seen = std::collections::HashSet::new();
         filters.retain(|f| seen.insert(*f));
-        match kernel.delete_conntrack(&filters) {
+        let started = Instant::now();
+        let result = kernel.delete_conntrack(&filters);
+        report.conntrack_duration = Some(started.elapsed());
+        match result {
             Ok(n) => {
                 report.conntrack_deleted += n;
                 self.retry.conntrack.succeeded();

@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use ipvs_netlink::Family;
 
@@ -24,7 +24,7 @@ use crate::kernel::Kernel;
 use crate::model::ServiceName;
 use crate::proxier::{Proxier, SyncReport};
 
-use crate::source::{Kind, SourceEvent};
+use crate::source::{Kind, Object, SourceEvent};
 use crate::store::{Changes, Store};
 
 /// What the loop receives.
@@ -170,6 +170,67 @@ pub trait SyncObserver {
     /// Objects newly rejected as invalid by a sync of `family`: `(key, reason)`, where the key
     /// is `service ns/name` or `endpointslice ns/name` (each rejection reported once).
     fn rejected(&self, _family: Family, _rejected: &[(String, String)]) {}
+    /// A sync of `family` without error programmed the EndpointSlice changes triggered at
+    /// `triggers` (their last-change-trigger-time annotations, see [`ProgrammingTriggers`]):
+    /// upstream's `metrics.NetworkProgrammingLatency.Observe` in `syncProxyRules`.
+    fn network_programmed(&self, _family: Family, _triggers: &[SystemTime]) {}
+}
+
+/// The most trigger times kept between two syncs of a family (a bound on memory while syncs
+/// cannot run, e.g. before the first list completes); later ones are not measured.
+pub const MAX_PENDING_TRIGGERS: usize = 4096;
+
+/// Change-trigger times of EndpointSlice updates not programmed yet, per family: the start
+/// points of `kubeproxy_network_programming_duration_seconds`.
+///
+/// Like upstream's `EndpointsChangeTracker` (`pkg/proxy/endpointschangetracker.go`,
+/// `EndpointSliceUpdate` with `getLastChangeTriggerTime`): a time is recorded for an added or
+/// updated slice that changed the store, whose annotation is later than the tracker's start
+/// (older ones describe changes a previous proxy programmed), never for a deletion (its
+/// annotation dates the slice's last update, not the deletion). A family's sync takes its
+/// times whatever the outcome; only a sync without error reports them.
+#[derive(Debug)]
+pub struct ProgrammingTriggers {
+    started: SystemTime,
+    pending: BTreeMap<Family, Vec<SystemTime>>,
+}
+
+impl ProgrammingTriggers {
+    /// A tracker that ignores trigger times before `started`.
+    pub fn new(started: SystemTime) -> ProgrammingTriggers {
+        ProgrammingTriggers {
+            started,
+            pending: BTreeMap::new(),
+        }
+    }
+
+    /// The family and trigger time an event would record (if its change is effective).
+    pub fn of_event(ev: &SourceEvent) -> Option<(Family, SystemTime)> {
+        match ev {
+            SourceEvent::Apply(Object::EndpointSlice(s))
+            | SourceEvent::InitApply(Object::EndpointSlice(s)) => Some((
+                crate::model::slice_family(s)?,
+                crate::model::last_change_trigger_time(s)?,
+            )),
+            _ => None,
+        }
+    }
+
+    /// Records a trigger time of an effective change of `family`.
+    pub fn record(&mut self, family: Family, at: SystemTime) {
+        if at <= self.started {
+            return;
+        }
+        let total: usize = self.pending.values().map(Vec::len).sum();
+        if total < MAX_PENDING_TRIGGERS {
+            self.pending.entry(family).or_default().push(at);
+        }
+    }
+
+    /// Takes the times pending for `family` (its sync is running).
+    pub fn take(&mut self, family: Family) -> Vec<SystemTime> {
+        self.pending.remove(&family).unwrap_or_default()
+    }
 }
 
 /// One family's proxy backend (IPVS mode or iptables mode), driven by the loop.
@@ -211,6 +272,14 @@ pub trait Backend {
     /// Health-check node ports of externalTrafficPolicy=Local services, by service.
     fn health_checks(&self) -> BTreeMap<ServiceName, HealthCheck> {
         BTreeMap::new()
+    }
+    /// IPVS virtual servers and real servers programmed (IPVS mode; 0 elsewhere).
+    fn ipvs_programmed(&self) -> (usize, usize) {
+        (0, 0)
+    }
+    /// IPVS netlink requests sent so far, by command (cumulative).
+    fn ipvs_requests(&self) -> ipvs_netlink::OpCounts {
+        ipvs_netlink::OpCounts::default()
     }
 }
 
@@ -275,6 +344,12 @@ impl Backend for FamilyProxier {
     fn health_checks(&self) -> BTreeMap<ServiceName, HealthCheck> {
         self.proxier.desired().health_checks()
     }
+    fn ipvs_programmed(&self) -> (usize, usize) {
+        self.proxier.ipvs_programmed()
+    }
+    fn ipvs_requests(&self) -> ipvs_netlink::OpCounts {
+        self.kernel.counters().ipvs_requests
+    }
 }
 
 impl std::fmt::Debug for FamilyProxier {
@@ -312,6 +387,7 @@ pub fn run(
     let mut pending_services: BTreeSet<ServiceName> = BTreeSet::new();
     let mut pending_endpoints: BTreeSet<ServiceName> = BTreeSet::new();
     let mut gate = NodeGate::new(cfg.node_wait);
+    let mut triggers = ProgrammingTriggers::new(SystemTime::now());
     loop {
         let now = Instant::now();
         let ready = store.synced() && gate.open(store, now);
@@ -340,8 +416,12 @@ pub fn run(
         for m in batch {
             match m {
                 Input::Source(ev) => {
+                    let trigger = ProgrammingTriggers::of_event(&ev);
                     let ch = store.apply(ev);
                     if !ch.is_empty() {
+                        if let Some((family, at)) = trigger {
+                            triggers.record(family, at);
+                        }
                         observer.queued(&ch);
                         pending_services.extend(ch.services.iter().cloned());
                         pending_endpoints.extend(ch.endpoints.iter().cloned());
@@ -389,10 +469,14 @@ pub fn run(
             if !f.pending(now) {
                 continue;
             }
+            let programmed = triggers.take(f.family());
             let report = f.sync(store, &node_addresses);
             log_report(f.family(), &report);
             all_ok &= report.ok();
             observer.synced(f.family(), &report, f.as_ref());
+            if report.ok() && !programmed.is_empty() {
+                observer.network_programmed(f.family(), &programmed);
+            }
             let rejected = f.take_rejections();
             if !rejected.is_empty() {
                 observer.rejected(f.family(), &rejected);
@@ -425,4 +509,87 @@ fn log_report(family: Family, r: &SyncReport) {
         elapsed_ms = r.duration.as_millis() as u64,
         "sync done"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+    fn slice_at(address_type: &str, at: Option<&str>) -> Box<EndpointSlice> {
+        let mut s = EndpointSlice {
+            address_type: address_type.to_string(),
+            ..Default::default()
+        };
+        if let Some(at) = at {
+            s.metadata.annotations = Some(
+                [(
+                    crate::model::LAST_CHANGE_TRIGGER_TIME_ANNOTATION.to_string(),
+                    at.to_string(),
+                )]
+                .into(),
+            );
+        }
+        Box::new(s)
+    }
+
+    #[test]
+    fn trigger_of_added_or_updated_slices_only() {
+        let at = "2026-01-02T03:04:05.5Z";
+        let want = SystemTime::UNIX_EPOCH + Duration::from_millis(1_767_323_045_500);
+        for ev in [
+            SourceEvent::Apply(Object::EndpointSlice(slice_at("IPv4", Some(at)))),
+            SourceEvent::InitApply(Object::EndpointSlice(slice_at("IPv4", Some(at)))),
+        ] {
+            assert_eq!(
+                ProgrammingTriggers::of_event(&ev),
+                Some((Family::Inet, want))
+            );
+        }
+        let v6 = SourceEvent::Apply(Object::EndpointSlice(slice_at("IPv6", Some(at))));
+        assert_eq!(
+            ProgrammingTriggers::of_event(&v6),
+            Some((Family::Inet6, want))
+        );
+        // A deletion's annotation dates the slice's last update, not the deletion.
+        let del = SourceEvent::Delete(Object::EndpointSlice(slice_at("IPv4", Some(at))));
+        assert_eq!(ProgrammingTriggers::of_event(&del), None);
+        for (ty, value) in [
+            ("FQDN", Some(at)),
+            ("IPv4", None),
+            ("IPv4", Some("yesterday")),
+        ] {
+            let ev = SourceEvent::Apply(Object::EndpointSlice(slice_at(ty, value)));
+            assert_eq!(ProgrammingTriggers::of_event(&ev), None, "{ty} {value:?}");
+        }
+    }
+
+    #[test]
+    fn triggers_before_the_start_are_ignored_and_taken_per_family() {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let mut t = ProgrammingTriggers::new(start);
+        t.record(Family::Inet, start - Duration::from_secs(1));
+        t.record(Family::Inet, start);
+        t.record(Family::Inet, start + Duration::from_secs(1));
+        t.record(Family::Inet6, start + Duration::from_secs(2));
+        assert_eq!(t.take(Family::Inet), vec![start + Duration::from_secs(1)]);
+        assert!(t.take(Family::Inet).is_empty());
+        assert_eq!(t.take(Family::Inet6), vec![start + Duration::from_secs(2)]);
+    }
+
+    #[test]
+    fn pending_triggers_are_bounded() {
+        let start = SystemTime::UNIX_EPOCH;
+        let mut t = ProgrammingTriggers::new(start);
+        for i in 0..MAX_PENDING_TRIGGERS + 10 {
+            let fam = if i % 2 == 0 {
+                Family::Inet
+            } else {
+                Family::Inet6
+            };
+            t.record(fam, start + Duration::from_secs(1 + i as u64));
+        }
+        let n = t.take(Family::Inet).len() + t.take(Family::Inet6).len();
+        assert_eq!(n, MAX_PENDING_TRIGGERS);
+    }
 }

@@ -422,7 +422,8 @@ fn a_failing_service_does_not_block_others_and_is_retried() {
     // The fault goes away; the retry re-checks just that virtual server.
     k.fail_keys.clear();
     let before = k.counters();
-    std::thread::sleep(std::time::Duration::from_millis(1100));
+    // The first retry is due after 1 s ± 15 % (RetryPolicy's jitter): wait past the latest.
+    std::thread::sleep(std::time::Duration::from_millis(1200));
     assert!(p.pending(std::time::Instant::now()));
     let r = p.sync(&store, &node_addrs(), &mut k);
     assert!(r.ok(), "{:?}", r.errors);
@@ -532,6 +533,104 @@ fn loop_reports_pending_changes_until_the_sync() {
         *observer.0.lock().unwrap(),
         vec![(1, 0), (2, 0), (2, 1), (0, 0)]
     );
+}
+
+/// `kubeproxy_network_programming_duration_seconds`, `kube_ipvs_ipvs_services` /
+/// `_destinations` and `kube_ipvs_ipvs_requests_total{op}` are fed from what the loop tells its
+/// observer: the trigger time of a slice changed after the loop started (not one from before,
+/// not one without the annotation), and the backend's programmed counts and IPVS requests by
+/// command after the sync.
+#[test]
+fn loop_reports_network_programming_triggers_and_ipvs_counts() {
+    use controller::model::LAST_CHANGE_TRIGGER_TIME_ANNOTATION;
+    use controller::sync_loop::{run, Backend, Exit, Input, SyncObserver};
+    use ipvs_netlink::{Family, OpCounts, OpKind};
+    use std::sync::Mutex;
+    use std::time::{Duration, SystemTime};
+    #[derive(Default)]
+    struct Seen {
+        programmed: Mutex<Vec<(Family, Vec<SystemTime>)>>,
+        counts: Mutex<Vec<((usize, usize), OpCounts)>>,
+    }
+    impl SyncObserver for Seen {
+        fn synced(&self, _f: Family, _r: &controller::proxier::SyncReport, b: &dyn Backend) {
+            self.counts
+                .lock()
+                .unwrap()
+                .push((b.ipvs_programmed(), b.ipvs_requests()));
+        }
+        fn network_programmed(&self, family: Family, triggers: &[SystemTime]) {
+            self.programmed
+                .lock()
+                .unwrap()
+                .push((family, triggers.to_vec()));
+        }
+    }
+    fn annotated(i: usize, at: Option<SystemTime>) -> Object {
+        let Object::EndpointSlice(mut s) = slice_ev(i, 3, 0) else {
+            unreachable!()
+        };
+        if let Some(at) = at {
+            let ts = k8s_openapi::jiff::Timestamp::try_from(at).unwrap();
+            s.metadata.annotations = Some(
+                [(
+                    LAST_CHANGE_TRIGGER_TIME_ANNOTATION.to_string(),
+                    ts.to_string(),
+                )]
+                .into(),
+            );
+        }
+        Object::EndpointSlice(s)
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    tx.send(Input::Source(SourceEvent::Init(Kind::Service)))
+        .unwrap();
+    for i in 1..=3 {
+        tx.send(Input::Source(SourceEvent::InitApply(service_ev(i))))
+            .unwrap();
+    }
+    tx.send(Input::Source(SourceEvent::InitDone(Kind::Service)))
+        .unwrap();
+    let sender = std::thread::spawn(move || {
+        // After the loop started: only changes triggered since count.
+        std::thread::sleep(Duration::from_millis(100));
+        let fresh = SystemTime::now();
+        for ev in [
+            SourceEvent::Init(Kind::EndpointSlice),
+            SourceEvent::InitApply(annotated(1, Some(fresh))),
+            SourceEvent::InitApply(annotated(2, Some(fresh - Duration::from_secs(3600)))),
+            SourceEvent::InitApply(annotated(3, None)),
+            SourceEvent::InitDone(Kind::EndpointSlice),
+        ] {
+            tx.send(Input::Source(ev)).unwrap();
+        }
+        (tx, fresh)
+    });
+    let (mut families, cfg) = once_loop();
+    let observer = Seen::default();
+    let mut store = Store::new();
+    let exit = run(&rx, &mut store, &mut families, node_addrs(), cfg, &observer);
+    assert_eq!(exit, Exit::Once { ok: true });
+    let (_tx, fresh) = sender.join().unwrap();
+    let programmed = observer.programmed.lock().unwrap().clone();
+    assert_eq!(programmed.len(), 1, "{programmed:?}");
+    assert_eq!(programmed[0].0, Family::Inet);
+    assert_eq!(programmed[0].1.len(), 1, "{programmed:?}");
+    let skew = programmed[0].1[0]
+        .duration_since(fresh)
+        .unwrap_or_else(|e| e.duration());
+    assert!(skew < Duration::from_millis(1), "{skew:?}");
+    let counts = observer.counts.lock().unwrap().clone();
+    assert_eq!(counts.len(), 1);
+    let (programmed, requests) = counts[0];
+    assert_eq!(
+        programmed,
+        (3, 9),
+        "three virtual servers, three real servers each"
+    );
+    assert_eq!(requests.get(OpKind::NewService), 3);
+    assert_eq!(requests.get(OpKind::NewDest), 9);
+    assert!(requests.get(OpKind::GetService) >= 1, "{requests:?}");
 }
 
 #[test]

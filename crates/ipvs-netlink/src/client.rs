@@ -71,11 +71,16 @@ impl Client {
 
     /// Sends the one request `put` appends (given the family id and a sequence number);
     /// returns its sequence number.
-    fn send_one(&mut self, put: impl FnOnce(&mut Vec<u8>, u16, u32)) -> Result<u32, Error> {
+    fn send_one(
+        &mut self,
+        op: OpKind,
+        put: impl FnOnce(&mut Vec<u8>, u16, u32),
+    ) -> Result<u32, Error> {
         let seq = self.sock.next_seq();
         put(self.sock.buf(), self.family, seq);
         self.sock.send()?;
         self.counters.requests += 1;
+        self.counters.by_op.inc(op);
         Ok(seq)
     }
 
@@ -89,7 +94,9 @@ impl Client {
     }
 
     fn resolve_family(&mut self) -> Result<u16, Error> {
-        let seq = self.send_one(|b, _, seq| codec::put_get_family(b, seq, IPVS_GENL_NAME))?;
+        let seq = self.send_one(OpKind::ResolveFamily, |b, _, seq| {
+            codec::put_get_family(b, seq, IPVS_GENL_NAME)
+        })?;
         let mut family = None;
         let end = self.recv_replies(seq, |m| {
             family = Some(codec::netlink::decode_family_id(m.attr_iter())?);
@@ -128,6 +135,7 @@ impl Client {
                         self.sock.next_seq();
                         in_window.push(next);
                         self.counters.requests += 1;
+                        self.counters.by_op.inc(codec::ipvs::op_kind(&ops[next]));
                     }
                     Err(e) => {
                         self.sock.buf().truncate(before);
@@ -233,7 +241,7 @@ impl Client {
         put: impl FnOnce(&mut Vec<u8>, u16, u32),
         mut each: impl FnMut(&Genl<'_>) -> Result<(), Error>,
     ) -> Result<(), Error> {
-        let seq = self.send_one(put)?;
+        let seq = self.send_one(op, put)?;
         self.counters.dumps += 1;
         let mut first_err = None;
         let end = self.recv_replies(seq, |m| {
@@ -259,7 +267,7 @@ impl Client {
         put: impl FnOnce(&mut Vec<u8>, u16, u32),
         decode: impl Fn(&Genl<'_>) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        let seq = self.send_one(put)?;
+        let seq = self.send_one(op, put)?;
         let mut value = None;
         let end = self.recv_replies(seq, |m| {
             value = Some(decode(&m)?);

@@ -34,6 +34,49 @@ pub enum OpKind {
     Flush,
 }
 
+impl OpKind {
+    /// Every operation, in a fixed order (the index of [`OpKind::index`]).
+    pub const ALL: [OpKind; 13] = [
+        OpKind::ResolveFamily,
+        OpKind::NewService,
+        OpKind::SetService,
+        OpKind::DelService,
+        OpKind::GetService,
+        OpKind::NewDest,
+        OpKind::SetDest,
+        OpKind::DelDest,
+        OpKind::GetDest,
+        OpKind::SetConfig,
+        OpKind::GetConfig,
+        OpKind::GetInfo,
+        OpKind::Flush,
+    ];
+
+    /// Position in [`OpKind::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// A short snake_case name (a fixed set: metric label values), e.g. `new_service`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OpKind::ResolveFamily => "resolve_family",
+            OpKind::NewService => "new_service",
+            OpKind::SetService => "set_service",
+            OpKind::DelService => "del_service",
+            OpKind::GetService => "get_service",
+            OpKind::NewDest => "new_dest",
+            OpKind::SetDest => "set_dest",
+            OpKind::DelDest => "del_dest",
+            OpKind::GetDest => "get_dest",
+            OpKind::SetConfig => "set_config",
+            OpKind::GetConfig => "get_config",
+            OpKind::GetInfo => "get_info",
+            OpKind::Flush => "flush",
+        }
+    }
+}
+
 impl fmt::Display for OpKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = match self {
@@ -195,4 +238,36 @@ pub mod libc_errno {
     pub const ENOMEM: i32 = 12;
     /// No buffer space available (a netlink receive buffer overflowed).
     pub const ENOBUFS: i32 = 105;
+}
+
+#[cfg(test)]
+mod op_kind_tests {
+    use super::OpKind;
+    use crate::OpCounts;
+
+    #[test]
+    fn all_is_indexed_in_order_with_distinct_labels() {
+        let mut labels = std::collections::BTreeSet::new();
+        for (i, op) in OpKind::ALL.iter().enumerate() {
+            assert_eq!(op.index(), i, "{op:?}");
+            assert!(
+                labels.insert(op.as_str()),
+                "duplicate label {}",
+                op.as_str()
+            );
+        }
+    }
+
+    #[test]
+    fn op_counts_count_each_kind() {
+        let mut c = OpCounts::default();
+        c.inc(OpKind::NewService);
+        c.inc(OpKind::NewService);
+        c.inc(OpKind::GetDest);
+        assert_eq!(c.get(OpKind::NewService), 2);
+        assert_eq!(c.get(OpKind::GetDest), 1);
+        assert_eq!(c.get(OpKind::Flush), 0);
+        assert_eq!(c.total(), 3);
+        assert_eq!(c.iter().count(), OpKind::ALL.len());
+    }
 }

@@ -16,6 +16,6 @@ pub mod types;
 pub use client::Client;
 pub use error::{Error, OpKind, ParseError};
 pub use types::{
-    tunnel_flags, Counters, Destination, Family, ForwardMethod, Info, Op, Protocol, Service,
-    ServiceFlags, ServiceKey, Stats, Timeouts, TunnelType,
+    tunnel_flags, Counters, Destination, Family, ForwardMethod, Info, Op, OpCounts, Protocol,
+    Service, ServiceFlags, ServiceKey, Stats, Timeouts, TunnelType,
 };

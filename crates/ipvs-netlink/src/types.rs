@@ -437,4 +437,34 @@ pub struct Counters {
     pub errors: u64,
     /// Receive-buffer overruns seen while collecting replies (replies may have been lost).
     pub overruns: u64,
+    /// Of `requests`: requests sent per IPVS command.
+    pub by_op: OpCounts,
+}
+
+/// Requests sent per IPVS command ([`crate::OpKind`]), cumulative.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OpCounts([u64; 13]);
+
+impl OpCounts {
+    /// Counts one request of `op`.
+    pub fn inc(&mut self, op: crate::OpKind) {
+        if let Some(n) = self.0.get_mut(op.index()) {
+            *n += 1;
+        }
+    }
+
+    /// Requests of `op` so far.
+    pub fn get(&self, op: crate::OpKind) -> u64 {
+        self.0.get(op.index()).copied().unwrap_or(0)
+    }
+
+    /// Every operation with its count, in [`crate::OpKind::ALL`] order.
+    pub fn iter(&self) -> impl Iterator<Item = (crate::OpKind, u64)> + '_ {
+        crate::OpKind::ALL.iter().map(|op| (*op, self.get(*op)))
+    }
+
+    /// The sum of every operation's count.
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
 }

@@ -300,6 +300,10 @@ pub struct FamilySeen {
     health: BTreeMap<ServiceName, HealthCheck>,
     /// External VIP claims lost to another Service.
     vip_conflicts: usize,
+    /// IPVS requests already counted (the kernel keeps running totals per command).
+    ipvs_requests: ipvs_netlink::OpCounts,
+    /// IPVS virtual servers and real servers programmed.
+    ipvs_programmed: (usize, usize),
 }
 
 /// An object skipped as invalid, to be reported as a Kubernetes Event.
@@ -440,6 +444,14 @@ impl std::fmt::Debug for Observer {
     }
 }
 
+/// The family's number (4 or 6), as [`crate::metrics::IpFamilyLabel::of`] takes it.
+fn family_num(f: Family) -> u8 {
+    match f {
+        Family::Inet => 4,
+        Family::Inet6 => 6,
+    }
+}
+
 fn ip_family(f: Family) -> IpFamily {
     match f {
         Family::Inet => IpFamily::V4,
@@ -450,7 +462,8 @@ fn ip_family(f: Family) -> IpFamily {
 impl SyncObserver for Observer {
     fn queued(&self, changes: &Changes) {
         if !changes.dirty.is_empty() || changes.node_changed {
-            self.metrics.record_queued();
+            self.metrics.record_queued(4);
+            self.metrics.record_queued(6);
             self.health.queued_update(IpFamily::V4);
             self.health.queued_update(IpFamily::V6);
         }
@@ -478,12 +491,9 @@ impl SyncObserver for Observer {
         }
         let mut failing = report.retrying.clone();
         failing.extend(report.failed.keys().copied());
-        let family_num = match family {
-            Family::Inet => 4,
-            Family::Inet6 => 6,
-        };
+        let num = family_num(family);
         self.metrics
-            .record_sync_outcome(family_num, report.duration.as_secs_f64(), &failing);
+            .record_sync_outcome(num, report.kind, report.duration.as_secs_f64(), &failing);
         if report.healthy() {
             self.health.updated(ip_family(family));
         } else {
@@ -511,24 +521,42 @@ impl SyncObserver for Observer {
                 .inc_by(*n as u64);
         }
         if report.iptables_restore_failed {
-            self.metrics.iptables_restore_failures_total.inc();
+            self.metrics
+                .iptables_restore_failures_total
+                .get_or_create(&crate::metrics::IpFamilyLabel::of(num))
+                .inc();
         }
         self.metrics
             .draining_destinations
             .set(backend.draining() as i64);
-        self.metrics
-            .conntrack_deleted_entries_total
-            .inc_by(report.conntrack_deleted);
-        if report.ipvs_ops > 0 {
-            self.metrics
-                .ipvs_requests_total
-                .get_or_create(&crate::metrics::OpLabel {
-                    op: "write".to_string(),
-                })
-                .inc_by(report.ipvs_ops as u64);
-        }
+        self.metrics.record_conntrack(
+            num,
+            report.conntrack_duration.map(|d| d.as_secs_f64()),
+            report.conntrack_deleted,
+        );
         // The values are plain counters and maps: a panic elsewhere cannot leave them torn.
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let this = seen.entry(family).or_default();
+        // Every IPVS request of this family's kernel since the last sync (the sync's reads and
+        // writes, and the drain checks' reads), by command.
+        let requests = backend.ipvs_requests();
+        for (op, now) in requests.iter() {
+            let was = this.ipvs_requests.get(op);
+            if now > was {
+                self.metrics.record_ipvs_requests(op, now - was);
+            }
+        }
+        this.ipvs_requests = requests;
+        this.ipvs_programmed = backend.ipvs_programmed();
+        let (services, destinations) = seen.values().fold((0, 0), |(s, d), f| {
+            (s + f.ipvs_programmed.0, d + f.ipvs_programmed.1)
+        });
+        self.metrics
+            .ipvs_services
+            .set(i64::try_from(services).unwrap_or(i64::MAX));
+        self.metrics
+            .ipvs_destinations
+            .set(i64::try_from(destinations).unwrap_or(i64::MAX));
         let this = seen.entry(family).or_default();
         let (drained, cap) = backend.drained();
         let before = std::mem::replace(&mut this.drained, (drained, cap));
@@ -549,16 +577,9 @@ impl SyncObserver for Observer {
         self.metrics
             .vip_conflicts
             .set(i64::try_from(conflicts).unwrap_or(i64::MAX));
-        let (internal, external) = seen
-            .values()
-            .fold((0, 0), |(i, e), f| (i + f.no_local.0, e + f.no_local.1));
-        for (policy, n) in [("internal", internal), ("external", external)] {
+        for (f, v) in seen.iter() {
             self.metrics
-                .no_local_endpoints_total
-                .get_or_create(&crate::metrics::TrafficPolicyLabel {
-                    traffic_policy: policy.to_string(),
-                })
-                .set(n as i64);
+                .set_no_local_endpoints(family_num(*f), v.no_local.0, v.no_local.1);
         }
         let mut merged: BTreeMap<ServiceName, HealthCheck> = BTreeMap::new();
         for (name, hc) in seen.values().flat_map(|f| &f.health) {
@@ -589,6 +610,11 @@ impl SyncObserver for Observer {
                 tracing::warn!(error = %e, "health-check node port");
             }
         });
+    }
+
+    fn network_programmed(&self, family: Family, triggers: &[std::time::SystemTime]) {
+        self.metrics
+            .record_network_programmed(family_num(family), triggers);
     }
 
     fn rejected(&self, _family: Family, rejected: &[(String, String)]) {
@@ -711,8 +737,11 @@ struct LoopObserver {
 impl SyncObserver for LoopObserver {
     fn queued(&self, changes: &Changes) {
         if !changes.dirty.is_empty() || changes.node_changed {
-            self.inner.metrics.record_queued();
             for f in &self.families {
+                self.inner.metrics.record_queued(match f {
+                    IpFamily::V4 => 4,
+                    IpFamily::V6 => 6,
+                });
                 self.inner.health.queued_update(*f);
             }
         }
@@ -722,6 +751,9 @@ impl SyncObserver for LoopObserver {
     }
     fn rejected(&self, family: Family, rejected: &[(String, String)]) {
         self.inner.rejected(family, rejected);
+    }
+    fn network_programmed(&self, family: Family, triggers: &[std::time::SystemTime]) {
+        self.inner.network_programmed(family, triggers);
     }
 }
 
@@ -900,6 +932,7 @@ impl IptablesBackend {
         }
         let mut seen = std::collections::HashSet::new();
         filters.retain(|f| seen.insert(*f));
+        let started = std::time::Instant::now();
         let result = match &mut self.conntrack {
             Some(ct) => ct.delete(&filters),
             None => match controller::conntrack::Conntrack::new() {
@@ -907,6 +940,7 @@ impl IptablesBackend {
                 Err(e) => Err(e),
             },
         };
+        report.conntrack_duration = Some(started.elapsed());
         match result {
             Ok(r) => {
                 report.conntrack_deleted += r.deleted;

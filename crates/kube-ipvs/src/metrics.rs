@@ -4,12 +4,19 @@
 //! cheap, thread-safe handle. Counters are registered without their `_total` suffix because the
 //! OpenMetrics encoder appends it (`kubeproxy_sync_proxy_rules_endpoint_changes` is exposed as
 //! `kubeproxy_sync_proxy_rules_endpoint_changes_total`, upstream's name).
+//!
+//! Like upstream since 1.33 (`pkg/proxy/metrics/metrics.go`), the per-family sync metrics carry
+//! an `ip_family` label (`IPv4` or `IPv6`, a fixed set): the sync durations (all, full,
+//! partial), the last synced and last queued timestamps, the network programming latency, the
+//! iptables restore failures, the services without local endpoints and the conntrack
+//! reconciler's duration and deletions.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use controller::proxier::SyncKind;
 use controller::retry::Subsystem;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -25,11 +32,43 @@ use crate::config::ProxyMode;
 /// The content type of [`Metrics::encode`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// `traffic_policy` label of `kubeproxy_sync_proxy_rules_no_local_endpoints_total`.
+/// `ip_family` and `traffic_policy` labels of
+/// `kubeproxy_sync_proxy_rules_no_local_endpoints_total`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TrafficPolicyLabel {
+    /// `IPv4` or `IPv6`.
+    pub ip_family: String,
     /// `internal` or `external`.
     pub traffic_policy: String,
+}
+
+/// `ip_family` label of the per-family sync metrics (upstream's since 1.33).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IpFamilyLabel {
+    /// `IPv4` or `IPv6`.
+    pub ip_family: String,
+}
+
+impl IpFamilyLabel {
+    /// The label of address family `family` (4 or 6; anything but 6 is IPv4).
+    pub fn of(family: u8) -> IpFamilyLabel {
+        IpFamilyLabel {
+            ip_family: if family == 6 { "IPv6" } else { "IPv4" }.to_string(),
+        }
+    }
+}
+
+/// A histogram family with fixed buckets, one series per label set.
+pub type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Upstream's sync-duration buckets: exponential from 1 ms, 15 of them.
+fn sync_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+/// Upstream's network-programming buckets (see [`network_programming_buckets`]).
+fn network_programming_histogram() -> Histogram {
+    Histogram::new(network_programming_buckets())
 }
 
 /// `code` label of the healthz/livez request counters.
@@ -82,14 +121,26 @@ pub struct OpLabel {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    /// `kubeproxy_sync_proxy_rules_duration_seconds`: one sync's duration.
-    pub sync_proxy_rules_duration_seconds: Histogram,
-    /// `kubeproxy_network_programming_duration_seconds`: object change → programmed.
-    pub network_programming_duration_seconds: Histogram,
-    /// `kubeproxy_sync_proxy_rules_last_timestamp_seconds`: last successful sync (unix time).
-    pub sync_proxy_rules_last_timestamp_seconds: Gauge<f64, AtomicU64>,
-    /// `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds`: last change queued.
-    pub sync_proxy_rules_last_queued_timestamp_seconds: Gauge<f64, AtomicU64>,
+    /// `kubeproxy_sync_proxy_rules_duration_seconds{ip_family}`: one sync's duration
+    /// (upstream's `SyncProxyRulesLatency`).
+    pub sync_proxy_rules_duration_seconds: HistogramFamily<IpFamilyLabel>,
+    /// `kubeproxy_sync_full_proxy_rules_duration_seconds{ip_family}`: a full sync's duration
+    /// (upstream's `SyncFullProxyRulesLatency`; here: full read, diff and repair).
+    pub sync_full_proxy_rules_duration_seconds: HistogramFamily<IpFamilyLabel>,
+    /// `kubeproxy_sync_partial_proxy_rules_duration_seconds{ip_family}`: an incremental sync's
+    /// duration (upstream's `SyncPartialProxyRulesLatency`).
+    pub sync_partial_proxy_rules_duration_seconds: HistogramFamily<IpFamilyLabel>,
+    /// `kubeproxy_network_programming_duration_seconds{ip_family}`: EndpointSlice change (its
+    /// `endpoints.kubernetes.io/last-change-trigger-time`) → programmed, once per change
+    /// programmed by a sync without error (upstream's `NetworkProgrammingLatency`).
+    pub network_programming_duration_seconds: HistogramFamily<IpFamilyLabel>,
+    /// `kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family}`: last successful sync
+    /// (unix time).
+    pub sync_proxy_rules_last_timestamp_seconds: Family<IpFamilyLabel, Gauge<f64, AtomicU64>>,
+    /// `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family}`: last change
+    /// queued.
+    pub sync_proxy_rules_last_queued_timestamp_seconds:
+        Family<IpFamilyLabel, Gauge<f64, AtomicU64>>,
     /// `kubeproxy_sync_proxy_rules_endpoint_changes_pending`.
     pub endpoint_changes_pending: Gauge,
     /// `kubeproxy_sync_proxy_rules_endpoint_changes_total`.
@@ -98,11 +149,11 @@ pub struct Metrics {
     pub service_changes_pending: Gauge,
     /// `kubeproxy_sync_proxy_rules_service_changes_total`.
     pub service_changes_total: Counter,
-    /// `kubeproxy_sync_proxy_rules_iptables_restore_failures_total`.
-    pub iptables_restore_failures_total: Counter,
+    /// `kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family}`.
+    pub iptables_restore_failures_total: Family<IpFamilyLabel, Counter>,
     /// `kubeproxy_sync_proxy_rules_iptables_total{table}` is not exported; this is
-    /// `kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy}` (a gauge, like
-    /// upstream): services with a Local policy and no local endpoint.
+    /// `kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family,traffic_policy}` (a
+    /// gauge, like upstream): services with a Local policy and no local endpoint.
     pub no_local_endpoints_total: Family<TrafficPolicyLabel, Gauge>,
     /// `kubeproxy_proxy_healthz_total{code}`.
     pub proxy_healthz_total: Family<CodeLabel, Counter>,
@@ -128,7 +179,8 @@ pub struct Metrics {
     source_ok: Mutex<bool>,
     /// `kube_ipvs_invalid_objects_total{kind,reason}`: objects skipped as invalid.
     pub invalid_objects_total: Family<InvalidObjectLabels, Counter>,
-    /// `kube_ipvs_ipvs_requests_total{op}`: IPVS netlink requests sent.
+    /// `kube_ipvs_ipvs_requests_total{op}`: IPVS netlink requests sent, by command (one of
+    /// [`ipvs_netlink::OpKind::ALL`]: reads and writes).
     pub ipvs_requests_total: Family<OpLabel, Counter>,
     /// `kube_ipvs_draining_destinations`: real servers at weight 0 waiting for connections to end.
     pub draining_destinations: Gauge,
@@ -138,9 +190,14 @@ pub struct Metrics {
     pub ipvs_destinations: Gauge,
     /// `kube_ipvs_health_check_node_ports`: health-check node port listeners open.
     pub health_check_node_ports: Gauge,
-    /// `kubeproxy_conntrack_reconciler_deleted_entries_total`: stale UDP conntrack entries
-    /// deleted (upstream's name).
-    pub conntrack_deleted_entries_total: Counter,
+    /// `kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family}`: stale UDP conntrack
+    /// entries deleted (upstream's `ReconcileConntrackFlowsDeletedEntriesTotal`).
+    pub conntrack_deleted_entries_total: Family<IpFamilyLabel, Counter>,
+    /// `kubeproxy_conntrack_reconciler_sync_duration_seconds{ip_family}`: one conntrack
+    /// cleanup's duration (upstream's `ReconcileConntrackFlowsLatency`, observed by
+    /// `pkg/proxy/conntrack.CleanStaleEntries`); observed for syncs that had stale flows to
+    /// delete (upstream's reconciler runs every sync).
+    pub conntrack_reconciler_sync_duration_seconds: HistogramFamily<IpFamilyLabel>,
     /// `kube_ipvs_drained_destinations_total{reason}`: drained real servers deleted, because
     /// their last connection ended (`drained`) or the drain cap passed (`cap`).
     pub drained_destinations_total: Family<ReasonLabel, Counter>,
@@ -193,15 +250,19 @@ impl Metrics {
     pub fn new() -> Self {
         let mut r = Registry::default();
         let m = Metrics {
-            sync_proxy_rules_duration_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
-            network_programming_duration_seconds: Histogram::new(network_programming_buckets()),
-            sync_proxy_rules_last_timestamp_seconds: Gauge::default(),
-            sync_proxy_rules_last_queued_timestamp_seconds: Gauge::default(),
+            sync_proxy_rules_duration_seconds: Family::new_with_constructor(sync_histogram),
+            sync_full_proxy_rules_duration_seconds: Family::new_with_constructor(sync_histogram),
+            sync_partial_proxy_rules_duration_seconds: Family::new_with_constructor(sync_histogram),
+            network_programming_duration_seconds: Family::new_with_constructor(
+                network_programming_histogram,
+            ),
+            sync_proxy_rules_last_timestamp_seconds: Family::default(),
+            sync_proxy_rules_last_queued_timestamp_seconds: Family::default(),
             endpoint_changes_pending: Gauge::default(),
             endpoint_changes_total: Counter::default(),
             service_changes_pending: Gauge::default(),
             service_changes_total: Counter::default(),
-            iptables_restore_failures_total: Counter::default(),
+            iptables_restore_failures_total: Family::default(),
             no_local_endpoints_total: Family::default(),
             proxy_healthz_total: Family::default(),
             proxy_livez_total: Family::default(),
@@ -219,7 +280,10 @@ impl Metrics {
             ipvs_services: Gauge::default(),
             ipvs_destinations: Gauge::default(),
             health_check_node_ports: Gauge::default(),
-            conntrack_deleted_entries_total: Counter::default(),
+            conntrack_deleted_entries_total: Family::default(),
+            conntrack_reconciler_sync_duration_seconds: Family::new_with_constructor(
+                sync_histogram,
+            ),
             drained_destinations_total: Family::default(),
             events_dropped_total: Family::default(),
             events_published_total: Family::default(),
@@ -231,6 +295,16 @@ impl Metrics {
             format!("{k}sync_proxy_rules_duration_seconds"),
             "SyncProxyRules latency in seconds",
             m.sync_proxy_rules_duration_seconds.clone(),
+        );
+        r.register(
+            format!("{k}sync_full_proxy_rules_duration_seconds"),
+            "SyncProxyRules latency in seconds for full resyncs",
+            m.sync_full_proxy_rules_duration_seconds.clone(),
+        );
+        r.register(
+            format!("{k}sync_partial_proxy_rules_duration_seconds"),
+            "SyncProxyRules latency in seconds for partial resyncs",
+            m.sync_partial_proxy_rules_duration_seconds.clone(),
         );
         r.register(
             format!("{k}network_programming_duration_seconds"),
@@ -291,6 +365,11 @@ impl Metrics {
             format!("{k}conntrack_reconciler_deleted_entries"),
             "Stale conntrack entries deleted (UDP flows to removed endpoints or to services that had none)",
             m.conntrack_deleted_entries_total.clone(),
+        );
+        r.register(
+            format!("{k}conntrack_reconciler_sync_duration_seconds"),
+            "ReconcileConntrackFlowsLatency latency in seconds",
+            m.conntrack_reconciler_sync_duration_seconds.clone(),
         );
         let o = "kube_ipvs_";
         for reason in ["drained", "cap"] {
@@ -426,15 +505,88 @@ impl Metrics {
                 env!("CARGO_PKG_VERSION").to_string(),
             )]),
         );
-        // Upstream sets both series every sync; start them at 0 so they are visible at once.
-        for policy in ["internal", "external"] {
-            m.no_local_endpoints_total
-                .get_or_create(&TrafficPolicyLabel {
-                    traffic_policy: policy.to_string(),
+        for op in ipvs_netlink::OpKind::ALL {
+            // Every series exists from the start (0), so rate() and alerts see them.
+            m.ipvs_requests_total
+                .get_or_create(&OpLabel {
+                    op: op.as_str().to_string(),
                 })
-                .set(0);
+                .inc_by(0);
         }
         Metrics { registry: r, ..m }
+    }
+
+    /// Creates the per-family series of `families` (4 and/or 6) at 0, so they are visible
+    /// before the first sync (upstream sets the no-local-endpoints gauges every sync).
+    pub fn init_families(&self, families: &[u8]) {
+        for family in families {
+            let label = IpFamilyLabel::of(*family);
+            for policy in ["internal", "external"] {
+                self.no_local_endpoints_total
+                    .get_or_create(&TrafficPolicyLabel {
+                        ip_family: label.ip_family.clone(),
+                        traffic_policy: policy.to_string(),
+                    })
+                    .set(0);
+            }
+            self.iptables_restore_failures_total
+                .get_or_create(&label)
+                .inc_by(0);
+            self.conntrack_deleted_entries_total
+                .get_or_create(&label)
+                .inc_by(0);
+        }
+    }
+
+    /// Counts IPVS requests of `op` (a label from [`ipvs_netlink::OpKind::as_str`]).
+    pub fn record_ipvs_requests(&self, op: ipvs_netlink::OpKind, n: u64) {
+        self.ipvs_requests_total
+            .get_or_create(&OpLabel {
+                op: op.as_str().to_string(),
+            })
+            .inc_by(n);
+    }
+
+    /// Records a conntrack cleanup of `family` that took `seconds` and deleted `deleted`
+    /// entries (upstream's `CleanStaleEntries` observations).
+    pub fn record_conntrack(&self, family: u8, seconds: Option<f64>, deleted: u64) {
+        let label = IpFamilyLabel::of(family);
+        if let Some(s) = seconds {
+            self.conntrack_reconciler_sync_duration_seconds
+                .get_or_create(&label)
+                .observe(s);
+        }
+        self.conntrack_deleted_entries_total
+            .get_or_create(&label)
+            .inc_by(deleted);
+    }
+
+    /// Observes the network programming latency of changes of `family` triggered at
+    /// `triggers` and programmed now (upstream: `NetworkProgrammingLatency.Observe(
+    /// SinceInSeconds(lastChangeTriggerTime))` in `syncProxyRules`). A trigger time in the
+    /// future (clock skew between the control plane and this node) counts as 0.
+    pub fn record_network_programmed(&self, family: u8, triggers: &[SystemTime]) {
+        let now = SystemTime::now();
+        let h = self
+            .network_programming_duration_seconds
+            .get_or_create(&IpFamilyLabel::of(family));
+        for t in triggers {
+            let latency = now.duration_since(*t).map_or(0.0, |d| d.as_secs_f64());
+            h.observe(latency);
+        }
+    }
+
+    /// Sets `kubeproxy_sync_proxy_rules_no_local_endpoints_total` of `family`.
+    pub fn set_no_local_endpoints(&self, family: u8, internal: usize, external: usize) {
+        let ip_family = IpFamilyLabel::of(family).ip_family;
+        for (policy, n) in [("internal", internal), ("external", external)] {
+            self.no_local_endpoints_total
+                .get_or_create(&TrafficPolicyLabel {
+                    ip_family: ip_family.clone(),
+                    traffic_policy: policy.to_string(),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
     }
 
     /// Sets `kube_ipvs_proxy_mode{mode}` to 1 for `mode` and 0 for the other.
@@ -458,10 +610,26 @@ impl Metrics {
             .inc();
     }
 
-    /// Records a successful sync that took `seconds`, now.
-    pub fn record_sync(&self, seconds: f64) {
-        self.sync_proxy_rules_duration_seconds.observe(seconds);
-        self.sync_proxy_rules_last_timestamp_seconds.set(unix_now());
+    /// Observes a sync of `family` (4 or 6) and `kind` that took `seconds`: the duration of
+    /// all syncs and of full or partial ones.
+    pub fn observe_sync(&self, family: u8, kind: SyncKind, seconds: f64) {
+        let label = IpFamilyLabel::of(family);
+        self.sync_proxy_rules_duration_seconds
+            .get_or_create(&label)
+            .observe(seconds);
+        let by_kind = match kind {
+            SyncKind::Full => &self.sync_full_proxy_rules_duration_seconds,
+            SyncKind::Incremental => &self.sync_partial_proxy_rules_duration_seconds,
+        };
+        by_kind.get_or_create(&label).observe(seconds);
+    }
+
+    /// Records a successful sync of `family` and `kind` that took `seconds`, now.
+    pub fn record_sync(&self, family: u8, kind: SyncKind, seconds: f64) {
+        self.observe_sync(family, kind, seconds);
+        self.sync_proxy_rules_last_timestamp_seconds
+            .get_or_create(&IpFamilyLabel::of(family))
+            .set(unix_now());
     }
 
     /// Counts one Event held back; `reason` must be one of [`EVENT_DROP_REASONS`] (anything
@@ -488,19 +656,20 @@ impl Metrics {
             .inc();
     }
 
-    /// Records a sync of `family` (4 or 6) that took `seconds` and left `failing` subsystems
-    /// failing: the others are in sync as of now. The last-sync timestamp moves only when
-    /// nothing is failing (upstream sets it only after a successful sync).
+    /// Records a sync of `family` (4 or 6) and `kind` that took `seconds` and left `failing`
+    /// subsystems failing: the others are in sync as of now. The last-sync timestamp moves
+    /// only when nothing is failing (upstream sets it only after a successful sync).
     pub fn record_sync_outcome(
         &self,
         family: u8,
+        kind: SyncKind,
         seconds: f64,
         failing: &std::collections::BTreeSet<Subsystem>,
     ) {
         if failing.is_empty() {
-            self.record_sync(seconds);
+            self.record_sync(family, kind, seconds);
         } else {
-            self.sync_proxy_rules_duration_seconds.observe(seconds);
+            self.observe_sync(family, kind, seconds);
         }
         let now = Instant::now();
         let mut last = self.last_success.lock().unwrap_or_else(|p| p.into_inner());
@@ -555,9 +724,10 @@ impl Metrics {
         }
     }
 
-    /// Records that a sync was queued, now.
-    pub fn record_queued(&self) {
+    /// Records that a sync of `family` (4 or 6) was queued, now.
+    pub fn record_queued(&self, family: u8) {
         self.sync_proxy_rules_last_queued_timestamp_seconds
+            .get_or_create(&IpFamilyLabel::of(family))
             .set(unix_now());
     }
 

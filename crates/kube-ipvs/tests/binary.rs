@@ -583,7 +583,8 @@ fn netns_config_change_and_sighup_stop_the_daemon_with_exit_0() {
             wait_for(
                 m.parse().unwrap(),
                 "/metrics",
-                "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+                // Served from the start (the per-family sync series appear with the first sync).
+                "kube_ipvs_build_info",
             )
             .await;
             if trigger == "config" {

@@ -340,7 +340,9 @@ fn vm_e2e_reachability() {
     // ... and counted like kube-proxy does: etp-none is the only port a Local policy leaves
     // without endpoints (etp-local and itp-local have a local one).
     let series = |p: &str| {
-        format!("kubeproxy_sync_proxy_rules_no_local_endpoints_total{{traffic_policy=\"{p}\"}}")
+        format!(
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{{ip_family=\"IPv4\",traffic_policy=\"{p}\"}}"
+        )
     };
     let (ext, int) = (
         lab.metric(&series("external")),

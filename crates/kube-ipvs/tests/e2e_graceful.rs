@@ -1288,7 +1288,7 @@ fn vm_e2e_graceful_udp_backend_switch_and_zero_to_one() {
     );
     println!(
         "metrics: {}",
-        node.metric("kubeproxy_conntrack_reconciler_deleted_entries")
+        node.metric("kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"}")
     );
     assert_eq!(
         stale_a, 0,

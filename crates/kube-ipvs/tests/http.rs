@@ -99,8 +99,11 @@ async fn healthz_and_livez_follow_upstream_semantics() {
 async fn metrics_endpoint_exposes_upstream_and_own_names() {
     let m = Arc::new(Metrics::new());
     m.set_proxy_mode(ProxyMode::Ipvs);
-    m.record_sync(0.004);
-    m.record_queued();
+    m.init_families(&[4]);
+    m.record_sync(4, controller::proxier::SyncKind::Incremental, 0.004);
+    m.record_queued(4);
+    // A change triggered 2 s ago, programmed now.
+    m.record_network_programmed(4, &[SystemTime::now() - Duration::from_secs(2)]);
     m.endpoint_changes_total.inc_by(3);
     m.drift_repairs_total
         .get_or_create(&metrics::SubsystemLabel {
@@ -134,31 +137,44 @@ async fn metrics_endpoint_exposes_upstream_and_own_names() {
         "kubeproxy_sync_proxy_rules_endpoint_changes_total 3",
         "kubeproxy_sync_proxy_rules_service_changes_pending 0",
         "kubeproxy_sync_proxy_rules_service_changes_total 0",
-        "kubeproxy_sync_proxy_rules_iptables_restore_failures_total 0",
+        "kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"} 0",
+        "# TYPE kubeproxy_sync_partial_proxy_rules_duration_seconds histogram",
+        "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"} 0",
         "# TYPE kubeproxy_sync_proxy_rules_no_local_endpoints_total gauge",
         "kube_ipvs_proxy_mode{mode=\"ipvs\"} 1",
         "kube_ipvs_proxy_mode{mode=\"iptables\"} 0",
         "kube_ipvs_drift_repairs_total{subsystem=\"ipvs\"} 1",
         "kube_ipvs_invalid_objects_total{kind=\"Service\",reason=\"bad_cluster_ip\"} 1",
         "kube_ipvs_ipvs_requests_total{op=\"new_service\"} 2",
-        "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"internal\"} 0",
+        "kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=\"IPv4\",traffic_policy=\"internal\"} 0",
+        "kube_ipvs_ipvs_requests_total{op=\"get_dest\"} 0",
         "kube_ipvs_draining_destinations 0",
         "# EOF",
     ] {
         assert!(body.contains(name), "missing {name:?} in\n{body}");
     }
     // Upstream's buckets: exponential from 1 ms (15 buckets), the 4 ms sync lands in le=0.004.
-    assert!(body.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.001\"} 0"));
-    assert!(body.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.004\"} 1"));
-    assert!(body.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"16.384\"} 1"));
-    assert!(body.contains("kubeproxy_sync_proxy_rules_duration_seconds_count 1"));
-    assert!(body.contains("kubeproxy_network_programming_duration_seconds_bucket{le=\"0.25\"} 0"));
-    assert!(body.contains("kubeproxy_network_programming_duration_seconds_bucket{le=\"115.0\"} 0"));
-    assert!(body.contains("kubeproxy_network_programming_duration_seconds_bucket{le=\"300.0\"} 0"));
+    // Every per-family series carries upstream's ip_family label (1.33).
+    for line in [
+        "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.001\",ip_family=\"IPv4\"} 0",
+        "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.004\",ip_family=\"IPv4\"} 1",
+        "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"16.384\",ip_family=\"IPv4\"} 1",
+        "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 1",
+        "kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 1",
+        "kubeproxy_network_programming_duration_seconds_bucket{le=\"0.25\",ip_family=\"IPv4\"} 0",
+        "kubeproxy_network_programming_duration_seconds_bucket{le=\"115.0\",ip_family=\"IPv4\"} 1",
+        "kubeproxy_network_programming_duration_seconds_bucket{le=\"300.0\",ip_family=\"IPv4\"} 1",
+        "kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv4\"} 1",
+    ] {
+        assert!(body.contains(line), "missing {line:?} in\n{body}");
+    }
+    assert!(!body.contains("kubeproxy_sync_full_proxy_rules_duration_seconds_count"));
     // The timestamp is a recent unix time.
     let ts: f64 = body
         .lines()
-        .find_map(|l| l.strip_prefix("kubeproxy_sync_proxy_rules_last_timestamp_seconds "))
+        .find_map(|l| {
+            l.strip_prefix("kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} ")
+        })
         .unwrap()
         .parse()
         .unwrap();
