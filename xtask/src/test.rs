@@ -1,7 +1,8 @@
 //! `cargo xtask test` and `cargo xtask e2e`: every test stage with one summary line each.
 //!
 //! Stages: `fmt`, `clippy`, `deny` (cargo-deny, see [`crate::deny`]), `unit` (`cargo test --workspace`), `netns` (ignored `netns_*` tests,
-//! natively as root) and `vm` (ignored `vm_*` tests, inside one VM boot). The last line is
+//! natively as root), `kube` (ignored `kube_*` tests against a real etcd + kube-apiserver built by
+//! [`crate::kube`], on the host) and `vm` (ignored `vm_*` tests, inside one VM boot). The last line is
 //! `test: N passed, M failed`, the shape CI parses.
 
 use crate::error::{Error, Result};
@@ -14,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// All stages in run order.
-pub const STAGES: &[&str] = &["fmt", "clippy", "deny", "unit", "netns", "vm"];
+pub const STAGES: &[&str] = &["fmt", "clippy", "deny", "unit", "netns", "kube", "vm"];
 
 /// Per-binary time limit inside the guest.
 const PER_BINARY_TIMEOUT_SECS: u64 = 900;
@@ -359,6 +360,96 @@ fn netns_stage(exes: &[TestExe]) -> StageResult {
     }
 }
 
+/// When the kube stage builds the upstream binaries it does not find cached:
+/// `XTASK_KUBE=build` always, `skip` never (the stage is skipped with its reason), `auto`
+/// (the default) builds them unless the run is CI on a machine without them.
+fn kube_policy(explicit: bool) -> &'static str {
+    match std::env::var("XTASK_KUBE").as_deref() {
+        Ok("build") => "build",
+        Ok("skip") => "skip",
+        _ if explicit => "build",
+        _ => "build",
+    }
+}
+
+fn kube_skip(reason: String) -> StageResult {
+    StageResult {
+        name: "kube",
+        ok: true,
+        counts: Counts::default(),
+        line: format!("stage kube: skipped ({reason})"),
+    }
+}
+
+/// The kube stage: `kube_*` tests, on the host, against the real control plane.
+fn kube_stage(exes: &[TestExe], explicit: bool) -> StageResult {
+    let fail = |why: String| {
+        let c = Counts {
+            failed: 1,
+            ..Counts::default()
+        };
+        StageResult {
+            name: "kube",
+            ok: false,
+            counts: c,
+            line: stage_line("kube", c, &why),
+        }
+    };
+    let mut note = String::new();
+    if !crate::kube::is_cached() {
+        if kube_policy(explicit) == "skip" {
+            return kube_skip(
+                "XTASK_KUBE=skip and the upstream binaries are not cached; \
+                 `cargo xtask kube` builds them"
+                    .into(),
+            );
+        }
+        match crate::kube::ensure() {
+            Ok(b) => {
+                if let Some(t) = b.took {
+                    note = format!(", upstream binaries built in {:.0} s", t.as_secs_f64());
+                }
+            }
+            Err(e) => return fail(format!("cargo xtask kube failed: {}", first_line(&e))),
+        }
+    }
+    let bin = match crate::kube::bin_dir() {
+        Ok(b) => b,
+        Err(e) => return fail(first_line(&e)),
+    };
+    let mut total = Counts::default();
+    let mut ok = true;
+    let sel = select(exes, "kube_", "");
+    for (exe, names) in &sel {
+        let mut cmd = Command::new(&exe.path);
+        cmd.args(["--ignored", "--exact", "--test-threads=1"])
+            .args(names)
+            .current_dir(&exe.manifest_dir)
+            .env("CARGO_MANIFEST_DIR", &exe.manifest_dir)
+            .env("KUBE_IPVS_KUBE_BIN", &bin);
+        let (success, text) = run_tee(&mut cmd);
+        let c = parse_results(&text);
+        if !success {
+            ok = false;
+            if c.failed == 0 {
+                total.failed += 1;
+            }
+        }
+        total.add(c);
+    }
+    let extra = format!(
+        "{} binaries, kubernetes v{}{note}",
+        sel.len(),
+        crate::kube::KUBERNETES_VERSION
+    );
+    StageResult {
+        name: "kube",
+        ok: ok && total.failed == 0,
+        counts: total,
+        line: stage_line("kube", total, &extra),
+    }
+}
+
 /// Repository files small enough to copy into the guest so tests find their fixtures.
 fn repo_files() -> Vec<PathBuf> {
     let root = host::workspace_root();
@@ -570,10 +661,11 @@ pub fn test_cmd(args: &[String]) -> Result<u8> {
             other => return Err(Error::Usage(format!("unknown test option `{other}`"))),
         }
     }
+    let explicit = !stages.is_empty();
     if stages.is_empty() {
         stages = STAGES.to_vec();
     }
-    run_stages(&stages, &pkgs, "", timeout)
+    run_stages(&stages, explicit, &pkgs, "", timeout)
 }
 
 /// `cargo xtask e2e [--filter S] [--timeout SECS]`: the vm stage, only `vm_*` tests containing S
@@ -591,11 +683,12 @@ pub fn e2e_cmd(args: &[String]) -> Result<u8> {
             other => return Err(Error::Usage(format!("unknown e2e option `{other}`"))),
         }
     }
-    run_stages(&["vm"], &pkgs, &filter, timeout)
+    run_stages(&["vm"], true, &pkgs, &filter, timeout)
 }
 
 fn run_stages(
     stages: &[&'static str],
+    explicit: bool,
     pkgs: &[String],
     filter: &str,
     timeout: Duration,
@@ -635,7 +728,7 @@ fn run_stages(
                 }
             }
             "unit" => unit_stage(pkgs),
-            "netns" | "vm" => {
+            "netns" | "kube" | "vm" => {
                 let b = built.get_or_insert_with(|| build_all(pkgs));
                 match b {
                     None => {
@@ -651,6 +744,7 @@ fn run_stages(
                         }
                     }
                     Some((tests, _)) if stage == "netns" => netns_stage(tests),
+                    Some((tests, _)) if stage == "kube" => kube_stage(tests, explicit),
                     Some((tests, bins)) => vm_stage("vm", tests, bins, filter, timeout),
                 }
             }
