@@ -395,6 +395,9 @@ fn kube_stage(exes: &[TestExe], explicit: bool) -> StageResult {
             line: stage_line("kube", c, &why),
         }
     };
+    if !host::is_root() {
+        return kube_skip("needs root: the daemon tests run in network namespaces".into());
+    }
     let mut note = String::new();
     if !crate::kube::is_cached() {
         if kube_policy(explicit) == "skip" {

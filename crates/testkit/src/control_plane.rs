@@ -133,7 +133,11 @@ fn show(cmd: &Command) -> String {
 }
 
 /// Runs `cmd` to completion with `stdin` fed, killing it after `limit`.
-pub fn run_with_timeout(cmd: &mut Command, stdin: Option<&[u8]>, limit: Duration) -> Result<Output> {
+pub fn run_with_timeout(
+    cmd: &mut Command,
+    stdin: Option<&[u8]>,
+    limit: Duration,
+) -> Result<Output> {
     let shown = show(cmd);
     let mut child = io_ctx(
         cmd.stdin(if stdin.is_some() {
@@ -447,7 +451,8 @@ impl ControlPlane {
     }
 
     fn log_tail(&self, name: &str) -> String {
-        let text = std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default();
+        let text =
+            std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default();
         let lines: Vec<&str> = text.lines().rev().take(30).collect();
         lines.into_iter().rev().collect::<Vec<_>>().join("\n")
     }
@@ -662,7 +667,9 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         make_certs(&dir).unwrap();
         let text = run_ok(
-            Command::new("openssl").args(["x509", "-noout", "-text", "-in"]).arg(dir.join("server.crt")),
+            Command::new("openssl")
+                .args(["x509", "-noout", "-text", "-in"])
+                .arg(dir.join("server.crt")),
             None,
         )
         .unwrap();
