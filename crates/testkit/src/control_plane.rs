@@ -398,7 +398,9 @@ impl ControlPlane {
         let mut args = vec![
             format!("--etcd-servers={etcd_url}"),
             "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
+            // The `kubernetes` Service's endpoint: loopback is refused, and 10.0.2.100 is where
+            // the test VM reaches this apiserver (QEMU's guestfwd to the same port).
+            "--advertise-address=10.0.2.100".into(),
             format!("--secure-port={port}"),
             format!("--cert-dir={}", d("certs")),
             format!("--tls-cert-file={}", d("server.crt")),
