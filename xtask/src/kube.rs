@@ -10,7 +10,7 @@
 //! line found in that go.mod (derived, never a hand list).
 //!
 //! Everything lives in the user's cache directory (`~/.cache/kube-ipvs/kube-vVERSION/`): the Go
-//! module and build caches during the build, the static (`CGO_ENABLED=0`, so they also run inside
+//! module and build caches during the build (removed after it), the static (`CGO_ENABLED=0`, so they also run inside
 //! the test VM's initramfs) binaries in `bin/`, and a stamp naming what was built. A second run
 //! with the stamp in place does nothing (idempotent). Go comes from `PATH` or `/usr/local/go`.
 
@@ -321,6 +321,18 @@ pub fn ensure() -> Result<Built> {
         );
     }
     fs::write(bin.join("STAMP"), stamp_text(&etcd)).ctx(|| "writing the stamp")?;
+    // The Go build and module caches (~4 GB) are only needed to build again: a changed recipe
+    // downloads the modules anew (about a minute) rather than keep them on a small disk.
+    if std::env::var_os("XTASK_KUBE_KEEP_GO_CACHES").is_none() {
+        let peak = dir_size(&dir);
+        for d in [&gocache, &modcache, &gopath] {
+            fs::remove_dir_all(d).ctx(|| format!("removing {}", d.display()))?;
+        }
+        eprintln!(
+            "xtask: kube: removed the Go caches ({:.1} GB at the peak; XTASK_KUBE_KEEP_GO_CACHES=1 keeps them)",
+            peak as f64 / 1e9
+        );
+    }
     Ok(Built {
         bin,
         took: Some(started.elapsed()),
