@@ -691,7 +691,7 @@ fn run_stages(
     timeout: Duration,
 ) -> Result<u8> {
     let started = Instant::now();
-    if host::is_root() && stages.iter().any(|s| *s == "vm" || *s == "unit") {
+    if host::is_root() && stages.iter().any(|s| matches!(*s, "vm" | "unit" | "kube")) {
         Apt::default().ensure_host_packages()?;
     }
     let mut results: Vec<StageResult> = Vec::new();
