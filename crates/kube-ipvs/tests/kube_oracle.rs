@@ -241,6 +241,64 @@ fn run_vm(port: u16, files: &[(PathBuf, String)], script: &Path) -> String {
     stdout
 }
 
+/// The lines only one side has, per section, less the allowed ones.
+fn differences(
+    seed: u64,
+    up: &BTreeMap<String, Vec<String>>,
+    ours: &BTreeMap<String, Vec<String>>,
+    allowed: &[(String, String)],
+) -> String {
+    let mut report = String::new();
+    for sec in ["ipvs", "addr", "ipset", "iptables"] {
+        let a = up.get(sec).cloned().unwrap_or_default();
+        let b = ours.get(sec).cloned().unwrap_or_default();
+        let ok = |l: &String| {
+            allowed
+                .iter()
+                .any(|(s, p)| s == sec && l.contains(p.as_str()))
+        };
+        for l in a.iter().filter(|l| !b.contains(l) && !ok(l)) {
+            let _ = writeln!(report, "scenario {seed} {sec}: only upstream: {l}");
+        }
+        for l in b.iter().filter(|l| !a.contains(l) && !ok(l)) {
+            let _ = writeln!(report, "scenario {seed} {sec}: only kube-ipvs: {l}");
+        }
+    }
+    report
+}
+
+#[test]
+fn dumps_parse_and_differences_are_reported_unless_allowed() {
+    let up = parse_dump(
+        "noise\n@@scenario 3 12.5\n@@ipvs\n-A -t 10.96.0.1:443 -s rr\n-a -t 10.96.0.1:443 -r 10.0.2.100:6443 -m -w 1\n\
+         @@addr\n10.96.0.1/32\n@@end\ntrailing\n",
+    );
+    let ours = parse_dump(
+        "@@scenario 3 9.1\n@@ipvs\n-a -t 10.96.0.1:443 -r 10.0.2.100:6443 -m -w 1\n-A -t 10.96.0.1:443 -s wrr\n\
+         @@addr\n10.96.0.1/32\n@@end\n",
+    );
+    assert_eq!(up[&3]["addr"], ["10.96.0.1/32"]);
+    assert!(!up[&3].contains_key("trailing"));
+    let report = differences(3, &up[&3], &ours[&3], &[]);
+    assert!(
+        report.contains("only upstream: -A -t 10.96.0.1:443 -s rr"),
+        "{report}"
+    );
+    assert!(
+        report.contains("only kube-ipvs: -A -t 10.96.0.1:443 -s wrr"),
+        "{report}"
+    );
+    assert_eq!(report.lines().count(), 2, "{report}");
+    let rules = [("ipvs".to_string(), "-A -t 10.96.0.1:443".to_string())];
+    assert_eq!(differences(3, &up[&3], &ours[&3], &rules), "");
+    // The shipped file parses (every entry has a reason).
+    let _ = allowed();
+    assert!(
+        !allowed().is_empty() || allowed().is_empty(),
+        "the file parses"
+    );
+}
+
 #[test]
 fn scenarios_are_deterministic_and_varied() {
     assert_eq!(scenario(7), scenario(7));
@@ -328,21 +386,7 @@ fn kube_oracle_kube_proxy_and_kube_ipvs_program_the_same_state() {
             "kube-proxy programmed nothing in scenario {seed}"
         );
         compared += 1;
-        for sec in ["ipvs", "addr", "ipset", "iptables"] {
-            let a = up.get(sec).cloned().unwrap_or_default();
-            let b = ours.get(sec).cloned().unwrap_or_default();
-            let ok = |l: &String| {
-                allowed
-                    .iter()
-                    .any(|(s, p)| s == sec && l.contains(p.as_str()))
-            };
-            for l in a.iter().filter(|l| !b.contains(l) && !ok(l)) {
-                let _ = writeln!(report, "scenario {seed} {sec}: only upstream: {l}");
-            }
-            for l in b.iter().filter(|l| !a.contains(l) && !ok(l)) {
-                let _ = writeln!(report, "scenario {seed} {sec}: only kube-ipvs: {l}");
-            }
-        }
+        report.push_str(&differences(seed, &up, &ours, &allowed));
     }
     assert_eq!(compared, n);
     eprintln!(
