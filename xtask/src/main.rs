@@ -1,4 +1,4 @@
-//! Project automation: `cargo xtask vm|test|e2e|bench|dist`.
+//! Project automation: `cargo xtask vm|test|e2e|bench|dist|kube`.
 
 mod bench;
 mod cpio;
@@ -8,6 +8,7 @@ mod error;
 mod host;
 mod image;
 mod kernel;
+mod kube;
 mod test;
 mod vm;
 
@@ -20,10 +21,11 @@ const USAGE: &str = "\
 usage:
   cargo xtask vm [--mem M] [--cpus N] [--file SRC[:DEST]]... [--env K=V]... [--cwd DIR (default: current dir)]
                  [--timeout SECS] [--net-fwd HOSTPORT] -- CMD...
-  cargo xtask test [--stage fmt|clippy|deny|unit|netns|vm]... [-p PKG]... [--timeout SECS]
+  cargo xtask test [--stage fmt|clippy|deny|unit|netns|kube|vm]... [-p PKG]... [--timeout SECS]
   cargo xtask e2e [--filter SUBSTRING] [-p PKG]... [--timeout SECS]
   cargo xtask bench ...
-  cargo xtask dist [--gnu]";
+  cargo xtask dist [--gnu]
+  cargo xtask kube [--check]   (build kube-apiserver, kube-proxy, kubectl, etcd into ~/.cache/kube-ipvs)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -47,6 +49,7 @@ fn dispatch(args: &[String]) -> Result<u8> {
         "e2e" => test::e2e_cmd(rest),
         "bench" => bench::bench(rest),
         "dist" => dist::dist_cmd(rest),
+        "kube" => kube::kube_cmd(rest),
         "__fwd" => {
             let port = rest
                 .first()

@@ -1,7 +1,8 @@
 //! `cargo xtask test` and `cargo xtask e2e`: every test stage with one summary line each.
 //!
 //! Stages: `fmt`, `clippy`, `deny` (cargo-deny, see [`crate::deny`]), `unit` (`cargo test --workspace`), `netns` (ignored `netns_*` tests,
-//! natively as root) and `vm` (ignored `vm_*` tests, inside one VM boot). The last line is
+//! natively as root), `kube` (ignored `kube_*` tests against a real etcd + kube-apiserver built by
+//! [`crate::kube`], on the host) and `vm` (ignored `vm_*` tests, inside one VM boot). The last line is
 //! `test: N passed, M failed`, the shape CI parses.
 
 use crate::error::{Error, Result};
@@ -14,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// All stages in run order.
-pub const STAGES: &[&str] = &["fmt", "clippy", "deny", "unit", "netns", "vm"];
+pub const STAGES: &[&str] = &["fmt", "clippy", "deny", "unit", "netns", "kube", "vm"];
 
 /// Per-binary time limit inside the guest.
 const PER_BINARY_TIMEOUT_SECS: u64 = 900;
@@ -359,6 +360,101 @@ fn netns_stage(exes: &[TestExe]) -> StageResult {
     }
 }
 
+/// Whether the kube stage may build the upstream binaries it does not find cached: yes unless
+/// `XTASK_KUBE=skip` (then the stage is skipped with its reason). A cold build takes about 20
+/// minutes on two busy cores, which keeps a fresh machine's `cargo xtask test` within CI's budget
+/// (see docs/testing.md).
+fn kube_build_allowed() -> bool {
+    std::env::var("XTASK_KUBE").as_deref() != Ok("skip")
+}
+
+fn kube_skip(reason: String) -> StageResult {
+    StageResult {
+        name: "kube",
+        ok: true,
+        counts: Counts::default(),
+        line: format!("stage kube: skipped ({reason})"),
+    }
+}
+
+/// The kube stage: `kube_*` tests, on the host, against the real control plane.
+fn kube_stage(exes: &[TestExe]) -> StageResult {
+    let fail = |why: String| {
+        let c = Counts {
+            failed: 1,
+            ..Counts::default()
+        };
+        StageResult {
+            name: "kube",
+            ok: false,
+            counts: c,
+            line: stage_line("kube", c, &why),
+        }
+    };
+    if !host::is_root() {
+        return kube_skip("needs root: the daemon tests run in network namespaces".into());
+    }
+    let mut note = String::new();
+    if !crate::kube::is_cached() {
+        if !kube_build_allowed() {
+            return kube_skip(
+                "XTASK_KUBE=skip and the upstream binaries are not cached; \
+                 `cargo xtask kube` builds them"
+                    .into(),
+            );
+        }
+        match crate::kube::ensure() {
+            Ok(b) => {
+                if let Some(t) = b.took {
+                    note = format!(", upstream binaries built in {:.0} s", t.as_secs_f64());
+                }
+            }
+            Err(e) => return fail(format!("cargo xtask kube failed: {}", first_line(&e))),
+        }
+    }
+    let bin = match crate::kube::bin_dir() {
+        Ok(b) => b,
+        Err(e) => return fail(first_line(&e)),
+    };
+    let mut total = Counts::default();
+    let mut ok = true;
+    let sel = select(exes, "kube_", "");
+    for (exe, names) in &sel {
+        let mut cmd = Command::new(&exe.path);
+        cmd.args(["--ignored", "--exact", "--test-threads=1"])
+            .args(names)
+            .current_dir(&exe.manifest_dir)
+            .env("CARGO_MANIFEST_DIR", &exe.manifest_dir)
+            .env("KUBE_IPVS_KUBE_BIN", &bin)
+            // The differential test's scenario count: 8 fit the CI budget (about 50 s of TCG
+            // time per scenario and proxy); set it to 50 or more for the full run.
+            .env(
+                "KUBE_IPVS_ORACLE_SCENARIOS",
+                std::env::var("KUBE_IPVS_ORACLE_SCENARIOS").unwrap_or_else(|_| "8".into()),
+            );
+        let (success, text) = run_tee(&mut cmd);
+        let c = parse_results(&text);
+        if !success {
+            ok = false;
+            if c.failed == 0 {
+                total.failed += 1;
+            }
+        }
+        total.add(c);
+    }
+    let extra = format!(
+        "{} binaries, kubernetes v{}{note}",
+        sel.len(),
+        crate::kube::KUBERNETES_VERSION
+    );
+    StageResult {
+        name: "kube",
+        ok: ok && total.failed == 0,
+        counts: total,
+        line: stage_line("kube", total, &extra),
+    }
+}
+
 /// Repository files small enough to copy into the guest so tests find their fixtures.
 fn repo_files() -> Vec<PathBuf> {
     let root = host::workspace_root();
@@ -601,7 +697,7 @@ fn run_stages(
     timeout: Duration,
 ) -> Result<u8> {
     let started = Instant::now();
-    if host::is_root() && stages.iter().any(|s| *s == "vm" || *s == "unit") {
+    if host::is_root() && stages.iter().any(|s| matches!(*s, "vm" | "unit" | "kube")) {
         Apt::default().ensure_host_packages()?;
     }
     let mut results: Vec<StageResult> = Vec::new();
@@ -635,7 +731,7 @@ fn run_stages(
                 }
             }
             "unit" => unit_stage(pkgs),
-            "netns" | "vm" => {
+            "netns" | "kube" | "vm" => {
                 let b = built.get_or_insert_with(|| build_all(pkgs));
                 match b {
                     None => {
@@ -651,6 +747,7 @@ fn run_stages(
                         }
                     }
                     Some((tests, _)) if stage == "netns" => netns_stage(tests),
+                    Some((tests, _)) if stage == "kube" => kube_stage(tests),
                     Some((tests, bins)) => vm_stage("vm", tests, bins, filter, timeout),
                 }
             }

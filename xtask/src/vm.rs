@@ -344,7 +344,14 @@ pub fn forward(port: u16) -> Result<u8> {
         let _ = std::io::copy(&mut std::io::stdin().lock(), &mut wr);
         let _ = wr.shutdown(std::net::Shutdown::Write);
     });
-    let _ = std::io::copy(&mut rd, &mut std::io::stdout().lock());
+    // Unbuffered: `Stdout` is line-buffered, which holds back binary data with no newline in
+    // it (a TLS handshake stalled behind it; plain HTTP got through line by line).
+    use std::os::fd::AsFd;
+    let out = std::io::stdout()
+        .as_fd()
+        .try_clone_to_owned()
+        .ctx(|| "duplicating stdout")?;
+    let _ = std::io::copy(&mut rd, &mut std::fs::File::from(out));
     let _ = up.join();
     Ok(0)
 }

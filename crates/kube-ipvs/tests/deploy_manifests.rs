@@ -488,8 +488,6 @@ fn cluster_role_grants_exactly_what_the_proxy_uses() {
         "/nodes:watch",
         "discovery.k8s.io/endpointslices:list",
         "discovery.k8s.io/endpointslices:watch",
-        "/events:create",
-        "/events:patch",
         "events.k8s.io/events:create",
         "events.k8s.io/events:patch",
     ]

@@ -3,5 +3,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod apiserver;
+pub mod control_plane;
 pub mod faults;
 pub mod netns;

