@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// All stages in run order.
-pub const STAGES: &[&str] = &["fmt", "clippy", "deny", "unit", "netns", "kube", "vm"];
+pub const STAGES: &[&str] = &["fmt", "clippy", "deny", "unit", "netns", "vm", "kube"];
 
 /// Per-binary time limit inside the guest.
 const PER_BINARY_TIMEOUT_SECS: u64 = 900;
@@ -368,6 +368,23 @@ fn kube_build_allowed() -> bool {
     std::env::var("XTASK_KUBE").as_deref() != Ok("skip")
 }
 
+/// `XTASK_KUBE=1`: the kube stage was asked for, so a failed build fails it. Otherwise a build
+/// that cannot run (no Go module proxy, a compile error) skips the stage with the error.
+fn kube_required() -> bool {
+    std::env::var("XTASK_KUBE").as_deref() == Ok("1")
+}
+
+/// Elapsed time of the test run after which a cold build of the upstream binaries (about 9
+/// minutes of two cores, then ~6 minutes of tests) would push the run past CI's 45-minute budget:
+/// then the stage is skipped unless asked for. `XTASK_KUBE_BUDGET_S` overrides (seconds).
+fn kube_build_deadline() -> Duration {
+    let s = std::env::var("XTASK_KUBE_BUDGET_S")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(20 * 60);
+    Duration::from_secs(s)
+}
+
 fn kube_skip(reason: String) -> StageResult {
     StageResult {
         name: "kube",
@@ -378,7 +395,7 @@ fn kube_skip(reason: String) -> StageResult {
 }
 
 /// The kube stage: `kube_*` tests, on the host, against the real control plane.
-fn kube_stage(exes: &[TestExe]) -> StageResult {
+fn kube_stage(exes: &[TestExe], elapsed: Duration) -> StageResult {
     let fail = |why: String| {
         let c = Counts {
             failed: 1,
@@ -403,11 +420,25 @@ fn kube_stage(exes: &[TestExe]) -> StageResult {
                     .into(),
             );
         }
+        if !kube_required() && elapsed > kube_build_deadline() {
+            return kube_skip(format!(
+                "the upstream binaries are not cached and this run has taken {:.0} s: a cold \
+                 build would exceed the CI budget; `cargo xtask kube` builds them, XTASK_KUBE=1 \
+                 forces the stage",
+                elapsed.as_secs_f64()
+            ));
+        }
         match crate::kube::ensure() {
             Ok(b) => {
                 if let Some(t) = b.took {
                     note = format!(", upstream binaries built in {:.0} s", t.as_secs_f64());
                 }
+            }
+            Err(e) if !kube_required() => {
+                return kube_skip(format!(
+                    "NOT RUN: cargo xtask kube failed: {}; XTASK_KUBE=1 makes this a failure",
+                    first_line(&e)
+                ))
             }
             Err(e) => return fail(format!("cargo xtask kube failed: {}", first_line(&e))),
         }
@@ -747,7 +778,7 @@ fn run_stages(
                         }
                     }
                     Some((tests, _)) if stage == "netns" => netns_stage(tests),
-                    Some((tests, _)) if stage == "kube" => kube_stage(tests),
+                    Some((tests, _)) if stage == "kube" => kube_stage(tests, started.elapsed()),
                     Some((tests, bins)) => vm_stage("vm", tests, bins, filter, timeout),
                 }
             }
