@@ -327,10 +327,7 @@ fn events_are_a_full_relist_per_kind() {
 async fn next_relist(rx: &mut mpsc::Receiver<SourceEvent>) -> Vec<String> {
     let mut names = Vec::new();
     loop {
-        let ev = tokio::time::timeout(Duration::from_secs(30), rx.recv())
-            .await
-            .expect("no event from the static source within 30 s")
-            .expect("source ended");
+        let ev = next_event(rx).await;
         match ev {
             SourceEvent::InitApply(Object::Service(s)) => {
                 names.push(s.metadata.name.clone().unwrap_or_default())
@@ -341,22 +338,54 @@ async fn next_relist(rx: &mut mpsc::Receiver<SourceEvent>) -> Vec<String> {
     }
 }
 
+async fn next_event(rx: &mut mpsc::Receiver<SourceEvent>) -> SourceEvent {
+    tokio::time::timeout(Duration::from_secs(30), rx.recv())
+        .await
+        .expect("no event from the static source within 30 s")
+        .expect("source ended")
+}
+
+/// `Apply(Service x)` → "apply x", `Delete(Service x)` → "delete x" (slices: "apply-eps x").
+fn shape(ev: &SourceEvent) -> String {
+    match ev {
+        SourceEvent::Apply(Object::Service(s)) => {
+            format!("apply {}", s.metadata.name.as_deref().unwrap_or("?"))
+        }
+        SourceEvent::Delete(Object::Service(s)) => {
+            format!("delete {}", s.metadata.name.as_deref().unwrap_or("?"))
+        }
+        SourceEvent::Apply(Object::EndpointSlice(s)) => {
+            format!("apply-eps {}", s.metadata.name.as_deref().unwrap_or("?"))
+        }
+        SourceEvent::Delete(Object::EndpointSlice(s)) => {
+            format!("delete-eps {}", s.metadata.name.as_deref().unwrap_or("?"))
+        }
+        other => format!("{other:?}"),
+    }
+}
+
+/// After the initial list, every change is emitted like a watch: `Apply`/`Delete` for exactly
+/// the objects it altered (no relist), and a file turning bad withdraws nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watch_rereads_on_change_and_keeps_last_good_file() {
+async fn watch_emits_watch_events_and_keeps_last_good_file() {
     let dir = TempDir::new("watch");
     dir.write("a.yaml", &svc("a", "10.96.0.1"));
     let (tx, mut rx) = mpsc::channel(64);
     let source = StaticDirSource::new(dir.path(), "h").with_debounce(Duration::from_millis(50));
+    let stats = source.stats();
     let task = tokio::spawn(source.run(tx));
 
     assert_eq!(next_relist(&mut rx).await, vec!["a"]);
+    let parsed = stats.files_parsed();
+    assert_eq!(parsed, 1);
 
-    // A new file appears.
+    // A new file appears: one Apply, one file parsed.
     dir.write("b.yaml", &svc("b", "10.96.0.2"));
-    assert_eq!(next_relist(&mut rx).await, vec!["a", "b"]);
+    assert_eq!(shape(&next_event(&mut rx).await), "apply b");
+    assert_eq!(stats.files_parsed(), parsed + 1);
 
     // A change that does not alter the objects (a non-manifest file) emits nothing: the next
-    // relist seen is the one for the real change after it.
+    // event seen is the one for the real change after it.
     dir.write("README.txt", "hello");
     tokio::time::sleep(Duration::from_millis(500)).await;
     // A file turning bad keeps its last good objects (a half-saved edit withdraws nothing)...
@@ -366,11 +395,22 @@ async fn watch_rereads_on_change_and_keeps_last_good_file() {
     );
     // ...so only this third file changes the objects.
     dir.write("c.yaml", &svc("c", "10.96.0.3"));
-    assert_eq!(next_relist(&mut rx).await, vec!["a", "b", "c"]);
+    assert_eq!(shape(&next_event(&mut rx).await), "apply c");
+
+    // b becomes valid again with another address: an update of b.
+    dir.write("b.yaml", &svc("b", "10.96.0.22"));
+    match next_event(&mut rx).await {
+        SourceEvent::Apply(Object::Service(s)) => assert_eq!(
+            s.spec.as_ref().unwrap().cluster_ip.as_deref(),
+            Some("10.96.0.22")
+        ),
+        other => panic!("expected the update of b, got {other:?}"),
+    }
 
     // Deleting a file withdraws its objects.
     std::fs::remove_file(dir.path().join("a.yaml")).unwrap();
-    assert_eq!(next_relist(&mut rx).await, vec!["b", "c"]);
+    assert_eq!(shape(&next_event(&mut rx).await), "delete a");
+    assert!(rx.try_recv().is_err(), "one change, one event");
 
     // Dropping the receiver ends the source cleanly.
     drop(rx);
@@ -379,6 +419,136 @@ async fn watch_rereads_on_change_and_keeps_last_good_file() {
         .expect("source did not stop after the receiver was dropped")
         .unwrap();
     assert!(res.is_ok(), "{res:?}");
+}
+
+/// One changed file among many is the only one parsed (and read) again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_file_change_parses_only_that_file() {
+    let dir = TempDir::new("one-file");
+    for i in 0..50 {
+        dir.write(
+            &format!("s{i:02}.yaml"),
+            &svc(&format!("s{i}"), &format!("10.96.1.{}", i + 1)),
+        );
+    }
+    let (tx, mut rx) = mpsc::channel(256);
+    let source = StaticDirSource::new(dir.path(), "h").with_debounce(Duration::from_millis(50));
+    let stats = source.stats();
+    let task = tokio::spawn(source.run(tx));
+    assert_eq!(next_relist(&mut rx).await.len(), 50);
+    let (read, parsed) = (stats.files_read(), stats.files_parsed());
+    assert_eq!((read, parsed), (50, 50));
+    dir.write("s07.yaml", &svc("s7", "10.96.2.7"));
+    assert_eq!(shape(&next_event(&mut rx).await), "apply s7");
+    assert_eq!(stats.files_parsed(), parsed + 1);
+    assert_eq!(stats.files_read(), read + 1);
+    assert_eq!(stats.rescans(), 1, "only the start scanned the directory");
+    drop(rx);
+    let _ = task.await;
+}
+
+/// Without inotify the source polls, with the same watch-like events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_fallback_emits_the_same_events() {
+    let dir = TempDir::new("poll");
+    dir.write("a.yaml", &svc("a", "10.96.0.1"));
+    let (tx, mut rx) = mpsc::channel(64);
+    let source = StaticDirSource::new(dir.path(), "h").with_polling(Duration::from_millis(100));
+    let stats = source.stats();
+    let task = tokio::spawn(source.run(tx));
+    assert_eq!(next_relist(&mut rx).await, vec!["a"]);
+    dir.write("b.yaml", &svc("b", "10.96.0.2"));
+    assert_eq!(shape(&next_event(&mut rx).await), "apply b");
+    std::fs::remove_file(dir.path().join("a.yaml")).unwrap();
+    assert_eq!(shape(&next_event(&mut rx).await), "delete a");
+    // Unchanged files are not parsed again by the polling rounds.
+    assert_eq!(stats.files_parsed(), 2);
+    drop(rx);
+    let _ = task.await;
+}
+
+fn shapes(batch: &static_dir::Batch) -> Vec<String> {
+    batch.events.iter().map(shape).collect()
+}
+
+/// Per-file diffing on the directory state: added, changed, removed, renamed, moved between
+/// files, invalid then valid again.
+#[test]
+fn per_file_diff_emits_only_what_changed() {
+    let dir = TempDir::new("diff");
+    let mut state = static_dir::DirState::new(dir.path(), "h");
+    let stats = state.stats();
+    dir.write("a.yaml", &svc("a", "10.96.0.1"));
+    let b = state.scan(false).unwrap();
+    // The first batch also announces the (synthesized) Node.
+    assert_eq!(shapes(&b).len(), 2, "{:?}", shapes(&b));
+    assert_eq!(shapes(&b)[1], "apply a");
+
+    // Added.
+    dir.write("b.yaml", &svc("b", "10.96.0.2"));
+    assert_eq!(shapes(&state.scan(false).unwrap()), vec!["apply b"]);
+    // Unchanged directory: nothing emitted, nothing parsed.
+    let parsed = stats.files_parsed();
+    assert!(shapes(&state.scan(false).unwrap()).is_empty());
+    assert_eq!(stats.files_parsed(), parsed);
+    // Changed.
+    dir.write("b.yaml", &svc("b", "10.96.0.20"));
+    assert_eq!(shapes(&state.scan(false).unwrap()), vec!["apply b"]);
+    assert_eq!(stats.files_parsed(), parsed + 1);
+    // Renamed: the same objects, nothing emitted.
+    std::fs::rename(dir.path().join("b.yaml"), dir.path().join("b2.yaml")).unwrap();
+    assert!(shapes(&state.scan(false).unwrap()).is_empty());
+    // Moved between files unchanged: nothing; moved and changed: one Apply.
+    dir.write("b2.yaml", &svc("a", "10.96.0.1"));
+    std::fs::remove_file(dir.path().join("a.yaml")).unwrap();
+    // b is gone (b2 now holds a), a is unchanged.
+    assert_eq!(shapes(&state.scan(false).unwrap()), vec!["delete b"]);
+    dir.write("c.yaml", &svc("a", "10.96.0.9"));
+    std::fs::remove_file(dir.path().join("b2.yaml")).unwrap();
+    assert_eq!(shapes(&state.scan(false).unwrap()), vec!["apply a"]);
+    // Invalid: last good kept, error names the file; valid again: the change is applied.
+    dir.write(
+        "c.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec:\n  ports:\n  - port: notanumber\n",
+    );
+    let bad = state.scan(false).unwrap();
+    assert!(shapes(&bad).is_empty());
+    assert_eq!(bad.errors.len(), 1);
+    let msg = bad.errors[0].to_string();
+    assert!(
+        msg.contains("c.yaml: document 1: Service: spec.ports"),
+        "{msg}"
+    );
+    assert_eq!(state.snapshot().services.len(), 1);
+    dir.write("c.yaml", &svc("a", "10.96.0.10"));
+    assert_eq!(shapes(&state.scan(false).unwrap()), vec!["apply a"]);
+    // Removed.
+    std::fs::remove_file(dir.path().join("c.yaml")).unwrap();
+    assert_eq!(shapes(&state.scan(false).unwrap()), vec!["delete a"]);
+    assert!(state.snapshot().services.is_empty());
+}
+
+/// Two files defining the same object: the later file (name order) wins; removing it falls
+/// back to the earlier definition (an update, not a delete).
+#[test]
+fn per_file_diff_duplicates_fall_back_to_the_earlier_file() {
+    let dir = TempDir::new("diff-dup");
+    let mut state = static_dir::DirState::new(dir.path(), "h");
+    dir.write("1.yaml", &svc("x", "10.96.0.1"));
+    dir.write("2.yaml", &svc("x", "10.96.0.2"));
+    state.scan(false).unwrap();
+    let ip = |st: &static_dir::DirState| {
+        st.snapshot().services[0]
+            .spec
+            .as_ref()
+            .unwrap()
+            .cluster_ip
+            .clone()
+    };
+    assert_eq!(ip(&state).as_deref(), Some("10.96.0.2"));
+    std::fs::remove_file(dir.path().join("2.yaml")).unwrap();
+    assert_eq!(shapes(&state.scan(false).unwrap()), vec!["apply x"]);
+    assert_eq!(ip(&state).as_deref(), Some("10.96.0.1"));
 }
 
 #[tokio::test]

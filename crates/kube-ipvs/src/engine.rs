@@ -180,6 +180,38 @@ fn iptables_runner(config: &Config) -> iptables::Runner {
     iptables::Runner::new().with_timeout(config.iptables_timeout)
 }
 
+/// The iptables backend detected per family in this process: detection spawns up to seven
+/// processes (three `*-save` per backend and `--version`), and the backend does not change while
+/// kube-ipvs runs, so the IPVS/iptables backend and the handover cleanup share one detection.
+fn detected() -> &'static std::sync::Mutex<BTreeMap<ipset::Family, iptables::Backend>> {
+    static DETECTED: std::sync::OnceLock<
+        std::sync::Mutex<BTreeMap<ipset::Family, iptables::Backend>>,
+    > = std::sync::OnceLock::new();
+    DETECTED.get_or_init(Default::default)
+}
+
+/// An iptables applier for `family`: detected once per family and process, then reused.
+fn detect_iptables(config: &Config, family: ipset::Family) -> iptables::Result<iptables::Iptables> {
+    let known = detected()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&family)
+        .copied();
+    if let Some(backend) = known {
+        return Ok(iptables::Iptables::new(
+            backend,
+            family,
+            iptables_runner(config),
+        ));
+    }
+    let tables = iptables::Iptables::detect(family, iptables_runner(config))?;
+    detected()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(family, tables.backend());
+    Ok(tables)
+}
+
 /// Opens the node's kernel for one family in IPVS mode: IPVS, kube-ipvs0, ipset and iptables.
 /// Returns it with whether iptables supports `--random-fully`.
 pub async fn ipvs_kernel_parts(
@@ -195,8 +227,8 @@ pub async fn ipvs_kernel_parts(
     ipset
         .version()
         .map_err(|e| format!("ipset: {e} (kube-ipvs needs the ipset tool)"))?;
-    let mut tables = iptables::Iptables::detect(set_family, iptables_runner(config))
-        .map_err(|e| format!("iptables ({family:?}): {e}"))?;
+    let mut tables =
+        detect_iptables(config, set_family).map_err(|e| format!("iptables ({family:?}): {e}"))?;
     let random_fully = tables.supports_random_fully().unwrap_or(false);
     tracing::info!(family = ?family, backend = ?tables.backend(), random_fully, "iptables");
     let kernel = controller::kernel::NodeKernel::new(
@@ -874,8 +906,8 @@ pub fn iptables_backend(
     family: Family,
 ) -> Result<Box<dyn Backend + Send>, String> {
     let set_family = controller::desired::set_family(family);
-    let mut tables = iptables::Iptables::detect(set_family, iptables_runner(config))
-        .map_err(|e| format!("iptables ({family:?}): {e}"))?;
+    let mut tables =
+        detect_iptables(config, set_family).map_err(|e| format!("iptables ({family:?}): {e}"))?;
     let random_fully = tables.supports_random_fully().unwrap_or(false);
     tracing::info!(family = ?family, backend = ?tables.backend(), random_fully, "iptables");
     if proxy_config(config, family).localhost_node_ports() {
@@ -1019,7 +1051,7 @@ pub fn cleanup(
     let mut ipvs = ipvs_netlink::Client::new().ok();
     for &family in families {
         let set_family = controller::desired::set_family(family);
-        let mut tables = match iptables::Iptables::detect(set_family, iptables_runner(config)) {
+        let mut tables = match detect_iptables(config, set_family) {
             Ok(t) => t,
             Err(e) => {
                 tracing::warn!(family = ?family, error = %e, "cleanup: iptables unavailable");
