@@ -37,7 +37,7 @@ use ipvs_netlink::{Family, Protocol, ServiceKey};
 use k8s_openapi::api::core::v1::Service as KubeService;
 
 use crate::desired::{
-    Features, HealthCheck, InClusterDest, InClusterPort, IpsetEntry, ServiceDesired,
+    set_proto, Features, HealthCheck, InClusterDest, InClusterPort, IpsetEntry, ServiceDesired,
 };
 use crate::diff::IpvsTable;
 use crate::model::{ProxyConfig, ServiceName, ServicePortName};
@@ -149,14 +149,6 @@ pub fn claims(svc: &KubeService, cfg: &ProxyConfig) -> Claims {
     }
     c.health_check_node_port = spec.health_check_node_port.and_then(port);
     c
-}
-
-fn set_proto(p: Protocol) -> ipset::Protocol {
-    match p {
-        Protocol::Tcp => ipset::Protocol::Tcp,
-        Protocol::Udp => ipset::Protocol::Udp,
-        Protocol::Sctp => ipset::Protocol::Sctp,
-    }
 }
 
 fn feature_of(kind: SetKind) -> u16 {

@@ -29,8 +29,8 @@ use iptables::proxy_mode::{
 use iptables::{Iptables, Table};
 use ipvs_netlink::{Family, Protocol};
 
-use crate::desired::set_family;
 use crate::desired::HealthCheck;
+use crate::desired::{set_family, set_proto};
 use crate::kernel::KernelError;
 use crate::model::{
     endpoints, select_endpoints, service_ports, Endpoint, Invalid, NoLocalEndpoints, NodeInfo,
@@ -171,14 +171,6 @@ pub fn service_port_string(sp: &ServicePort) -> String {
             "{}/{}:{}",
             sp.name.namespace, sp.name.name, sp.name.port_name
         )
-    }
-}
-
-fn set_proto(p: Protocol) -> ipset::Protocol {
-    match p {
-        Protocol::Tcp => ipset::Protocol::Tcp,
-        Protocol::Udp => ipset::Protocol::Udp,
-        Protocol::Sctp => ipset::Protocol::Sctp,
     }
 }
 
@@ -352,17 +344,8 @@ impl IptablesProxier {
 
     /// detectLocalMode NodeCIDR: takes the Node's podCIDRs; true when they changed.
     fn refresh_pod_cidrs(&mut self, store: &Store) -> bool {
-        if !self.rules.node_cidr {
-            return false;
-        }
-        let cidrs = NodeInfo::pod_cidrs_of(store.node(), self.cfg.family);
-        if cidrs == self.pod_cidrs {
-            return false;
-        }
-        tracing::info!(family = ?self.cfg.family, old = ?self.pod_cidrs, new = ?cidrs,
-            "detectLocalMode NodeCIDR: the Node's podCIDRs changed; re-rendering the rules");
-        self.pod_cidrs = cidrs;
-        true
+        self.rules
+            .refresh_pod_cidrs(&mut self.pod_cidrs, store, self.cfg.family)
     }
 
     /// The mode's configuration for the renderer.
@@ -378,17 +361,7 @@ impl IptablesProxier {
             .filter(|n| Family::of(&n.addr()) == self.cfg.family)
             .copied()
             .collect();
-        c.local_detect = match &self.rules.local_detect {
-            _ if self.rules.node_cidr => {
-                if self.pod_cidrs.is_empty() {
-                    iptables::LocalDetect::None
-                } else {
-                    iptables::LocalDetect::Cidrs(self.pod_cidrs.clone())
-                }
-            }
-            iptables::LocalDetect::None if !cidrs.is_empty() => iptables::LocalDetect::Cidrs(cidrs),
-            other => other.clone(),
-        };
+        c.local_detect = self.rules.local_detect_for(&cidrs, &self.pod_cidrs);
         c.localhost_node_ports = self.cfg.localhost_node_ports();
         c.node_port_ips = if !self.cfg.node_ports_restricted() {
             None

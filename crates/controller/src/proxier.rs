@@ -54,6 +54,52 @@ pub struct RulesConfig {
     pub node_cidr: bool,
 }
 
+impl RulesConfig {
+    /// The local-traffic detection to render for one family: the Node's podCIDRs under
+    /// NodeCIDR (none until it has some), the family's cluster CIDRs when no other detection is
+    /// configured, else the configured one.
+    pub fn local_detect_for(
+        &self,
+        cluster_cidrs: &[ipnet::IpNet],
+        pod_cidrs: &[ipnet::IpNet],
+    ) -> iptables::LocalDetect {
+        match &self.local_detect {
+            _ if self.node_cidr => {
+                if pod_cidrs.is_empty() {
+                    iptables::LocalDetect::None
+                } else {
+                    iptables::LocalDetect::Cidrs(pod_cidrs.to_vec())
+                }
+            }
+            iptables::LocalDetect::None if !cluster_cidrs.is_empty() => {
+                iptables::LocalDetect::Cidrs(cluster_cidrs.to_vec())
+            }
+            other => other.clone(),
+        }
+    }
+
+    /// Under NodeCIDR, takes the Node's podCIDRs of `family` into `held`; true when they
+    /// changed (the rules must be rendered again). Always false otherwise.
+    pub fn refresh_pod_cidrs(
+        &self,
+        held: &mut Vec<ipnet::IpNet>,
+        store: &Store,
+        family: ipvs_netlink::Family,
+    ) -> bool {
+        if !self.node_cidr {
+            return false;
+        }
+        let cidrs = NodeInfo::pod_cidrs_of(store.node(), family);
+        if cidrs == *held {
+            return false;
+        }
+        tracing::info!(?family, old = ?held, new = ?cidrs,
+            "detectLocalMode NodeCIDR: the Node's podCIDRs changed; re-rendering the rules");
+        *held = cidrs;
+        true
+    }
+}
+
 impl Default for RulesConfig {
     fn default() -> Self {
         RulesConfig {
@@ -561,17 +607,8 @@ impl Proxier {
 
     /// detectLocalMode NodeCIDR: takes the Node's podCIDRs; true when they changed.
     fn refresh_pod_cidrs(&mut self, store: &Store) -> bool {
-        if !self.rules.node_cidr {
-            return false;
-        }
-        let cidrs = NodeInfo::pod_cidrs_of(store.node(), self.cfg.family);
-        if cidrs == self.pod_cidrs {
-            return false;
-        }
-        tracing::info!(family = ?self.cfg.family, old = ?self.pod_cidrs, new = ?cidrs,
-            "detectLocalMode NodeCIDR: the Node's podCIDRs changed; re-rendering the rules");
-        self.pod_cidrs = cidrs;
-        true
+        self.rules
+            .refresh_pod_cidrs(&mut self.pod_cidrs, store, self.cfg.family)
     }
 
     fn node_info(&self, store: &Store, node_addresses: &BTreeSet<IpAddr>) -> NodeInfo {
@@ -1030,19 +1067,9 @@ impl Proxier {
         input.masquerade_bit = self.rules.masquerade_bit;
         input.masquerade_all = inputs.masquerade_all;
         input.random_fully = self.rules.random_fully;
-        input.local_detect = match &self.rules.local_detect {
-            _ if self.rules.node_cidr => {
-                if self.pod_cidrs.is_empty() {
-                    iptables::LocalDetect::None
-                } else {
-                    iptables::LocalDetect::Cidrs(self.pod_cidrs.clone())
-                }
-            }
-            iptables::LocalDetect::None if !inputs.cluster_cidrs.is_empty() => {
-                iptables::LocalDetect::Cidrs(inputs.cluster_cidrs.clone())
-            }
-            other => other.clone(),
-        };
+        input.local_detect = self
+            .rules
+            .local_detect_for(&inputs.cluster_cidrs, &self.pod_cidrs);
         input.non_empty_sets = sets.unwrap_or_else(|| non_empty(&self.set_counts));
         input.no_node_access = self.no_node_access();
         input.in_cluster = self
