@@ -32,9 +32,9 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
+use crate::objects::Svc;
 use ipset::{Entry, IpsetState, SetKind};
 use ipvs_netlink::{Family, Protocol, ServiceKey};
-use k8s_openapi::api::core::v1::Service as KubeService;
 
 use crate::desired::{
     set_proto, Features, HealthCheck, InClusterDest, InClusterPort, IpsetEntry, ServiceDesired,
@@ -102,26 +102,19 @@ fn port(p: i32) -> Option<u16> {
 }
 
 /// The claims of `svc` for `cfg`'s family (see [`Claims`]).
-pub fn claims(svc: &KubeService, cfg: &ProxyConfig) -> Claims {
+pub fn claims(svc: &Svc, cfg: &ProxyConfig) -> Claims {
     let mut c = Claims::default();
-    let Some(spec) = svc.spec.as_ref() else {
+    let Some(spec) = svc.spec.as_deref() else {
         return c;
     };
-    let ingress = svc
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|i| i.ip.as_deref());
+    let ingress = spec.ingress.iter().map(|(ip, _)| &**ip);
     let ips = spec
         .cluster_ips
         .iter()
         .flatten()
-        .map(String::as_str)
+        .map(|s| &**s)
         .chain(spec.cluster_ip.as_deref())
-        .chain(spec.external_ips.iter().flatten().map(String::as_str))
+        .chain(spec.external_ips.iter().flatten().map(|s| &**s))
         .chain(ingress);
     c.vips = ips
         .filter_map(|s| s.parse::<IpAddr>().ok())
@@ -139,9 +132,9 @@ pub fn claims(svc: &KubeService, cfg: &ProxyConfig) -> Claims {
         }
         if let Some(n) = port(p.port) {
             let name = ServicePortName {
-                namespace: svc.metadata.namespace.clone().unwrap_or_default(),
-                name: svc.metadata.name.clone().unwrap_or_default(),
-                port_name: p.name.clone().unwrap_or_default(),
+                namespace: svc.name.namespace.clone(),
+                name: svc.name.name.clone(),
+                port_name: p.name.as_deref().unwrap_or_default().to_string(),
                 protocol: proto,
             };
             c.named_ports.push((name, n, p.node_port.and_then(port)));
@@ -287,7 +280,9 @@ pub fn adopt_service(
                 claims.health_check_node_port == Some(*p)
             }
             _ => false,
-        });
+        })
+        .into_iter()
+        .collect();
     }
     if let Some(table) = kernel.ipvs {
         adopt_in_cluster(claims, table, cfg, node_ips, &free, &mut d);

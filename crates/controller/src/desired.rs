@@ -26,14 +26,14 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use ipset::{Entry, SetKind};
 use ipvs_netlink::{Destination, Family, Protocol, Service, ServiceFlags, ServiceKey};
-use k8s_openapi::api::core::v1::Service as KubeService;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::diff::{diff_virtual_server, IpvsOps, IpvsTable, VirtualServer};
 use crate::model::{
     endpoints, select_endpoints, service_ports, Invalid, NodeInfo, ProxyConfig, ServiceName,
     ServicePortName,
 };
+use crate::objects::{Slice, Svc};
+use crate::sorted::{SortedMap, SortedVec};
 use crate::vip::Vip;
 
 /// One member of one of the kube-proxy sets.
@@ -191,11 +191,11 @@ pub struct InClusterMark {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ServiceDesired {
     /// Virtual servers with their real servers.
-    pub virtual_servers: IpvsTable,
+    pub virtual_servers: SortedMap<ServiceKey, VirtualServer>,
     /// Addresses to bind on kube-ipvs0 (ClusterIPs, LB IPs, externalIPs not already local).
-    pub addresses: BTreeSet<IpAddr>,
+    pub addresses: SortedVec<IpAddr>,
     /// ipset members.
-    pub ipset_entries: BTreeSet<IpsetEntry>,
+    pub ipset_entries: SortedVec<IpsetEntry>,
     /// iptables features used.
     pub features: Features,
     /// Health-check node port, if any.
@@ -243,8 +243,8 @@ pub fn set_family(f: Family) -> ipset::Family {
 /// Derives one Service's desired state from the Service, all of its EndpointSlices, the
 /// configuration and the node. `Err` means the Service itself is invalid (skip it).
 pub fn service_desired(
-    svc: &KubeService,
-    slices: &[&EndpointSlice],
+    svc: &Svc,
+    slices: &[&Slice],
     cfg: &ProxyConfig,
     node: &NodeInfo,
 ) -> Result<Derived, Invalid> {
@@ -255,8 +255,8 @@ pub fn service_desired(
 /// claims another Service wins, see [`crate::vip`]): no virtual server, ipset entry or
 /// address comes from them.
 pub fn service_desired_except(
-    svc: &KubeService,
-    slices: &[&EndpointSlice],
+    svc: &Svc,
+    slices: &[&Slice],
     cfg: &ProxyConfig,
     node: &NodeInfo,
     lost: &BTreeSet<Vip>,
@@ -482,9 +482,9 @@ pub fn service_desired_except(
     for vs in vss {
         // A key listed twice within one service (e.g. an externalIP equal to an LB IP):
         // the first wins (ClusterIP, then externalIPs, LB IPs, NodePorts).
-        d.virtual_servers.entry(vs.service.key).or_insert(vs);
+        d.virtual_servers.or_insert(vs.service.key, vs);
     }
-    d.addresses = addresses;
+    d.addresses = addresses.into_iter().collect();
     d.features = Features(features);
     d.health_check = health_check.map(|h| HealthCheck {
         local_endpoints: health_ips.len(),
@@ -539,7 +539,8 @@ pub struct Desired {
     masquerade_all: bool,
     cluster_cidrs: Vec<IpNet>,
     services: HashMap<ServiceName, ServiceDesired>,
-    claims: HashMap<ServiceKey, BTreeSet<ServiceName>>,
+    /// Claimants of each key, the winner first (nearly always one).
+    claims: HashMap<ServiceKey, SortedVec<ServiceName>>,
     addresses: HashMap<IpAddr, usize>,
     entries: HashMap<IpsetEntry, usize>,
     features: [usize; Features::COUNT],
@@ -648,13 +649,14 @@ impl Desired {
             .map(|n| self.services.get(n).and_then(|s| s.health_check))
             .collect();
 
-        for (name, new) in &batch {
-            if let Some(old) = self.services.remove(name) {
-                self.release(name, &old);
+        let names: Vec<ServiceName> = batch.keys().cloned().collect();
+        for (name, new) in batch {
+            if let Some(old) = self.services.remove(&name) {
+                self.release(&name, &old);
             }
             if let Some(new) = new {
-                self.acquire(name, new);
-                self.services.insert(name.clone(), new.clone());
+                self.acquire(&name, &new);
+                self.services.insert(name, new);
             }
         }
 
@@ -683,16 +685,16 @@ impl Desired {
         delta
             .ipset_del
             .sort_by_key(|e| (e.set != SetKind::IpvsIps, e.clone()));
-        let after_in_cluster: BTreeSet<InClusterMark> = batch
-            .values()
-            .flatten()
+        let after_in_cluster: BTreeSet<InClusterMark> = names
+            .iter()
+            .filter_map(|n| self.services.get(n))
             .flat_map(in_cluster_marks)
             .collect();
         delta.iptables_changed = before_ipt != self.iptables()
             || before_in_cluster
                 .symmetric_difference(&after_in_cluster)
                 .any(|m| before_in_cluster.contains(m) != self.in_cluster.contains_key(m));
-        for ((name, _), before) in batch.iter().zip(before_hc) {
+        for (name, before) in names.iter().zip(before_hc) {
             let after = self.services.get(name).and_then(|s| s.health_check);
             if before != after {
                 delta.health_checks.push((name.clone(), after));

@@ -202,8 +202,8 @@ pub type PortRules = (Vec<DerivedPort>, Vec<(String, Invalid)>);
 /// The iptables-mode input of every port of one Service (`Ok(vec![])` when the proxy does not
 /// handle it), with the EndpointSlices skipped as invalid.
 pub fn service_port_rules(
-    svc: &k8s_openapi::api::core::v1::Service,
-    slices: &[&k8s_openapi::api::discovery::v1::EndpointSlice],
+    svc: &crate::objects::Svc,
+    slices: &[&crate::objects::Slice],
     cfg: &ProxyConfig,
     node: &NodeInfo,
 ) -> Result<PortRules, Invalid> {
@@ -880,13 +880,13 @@ fn saved_target(line: &str) -> Option<&str> {
 /// with their saved rules. The ports' model inputs are only what the object still tells
 /// (name, protocol, VIPs); endpoints are not known, so conntrack cleanup treats them as none.
 fn adopt_saved_rules(
-    svc: &k8s_openapi::api::core::v1::Service,
+    svc: &crate::objects::Svc,
     cfg: &ProxyConfig,
     saved: &BTreeMap<Table, &str>,
 ) -> Vec<PortState> {
-    let name = ServiceName::of(svc);
+    let name = svc.name.clone();
     let claims = crate::adopt::claims(svc, cfg);
-    let Some(spec) = svc.spec.as_ref() else {
+    let Some(spec) = svc.spec.as_deref() else {
         return Vec::new();
     };
     let base = proxy_mode::base_chains();
@@ -921,7 +921,7 @@ fn adopt_saved_rules(
             Some("SCTP") => Protocol::Sctp,
             Some(_) => continue,
         };
-        let port_name = p.name.clone().unwrap_or_default();
+        let port_name = p.name.as_deref().unwrap_or_default().to_string();
         let id = if port_name.is_empty() {
             name.to_string()
         } else {

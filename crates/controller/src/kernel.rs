@@ -336,7 +336,7 @@ impl FakeKernel {
                             old.active_conns,
                             old.inactive_conns,
                             old.persist_conns,
-                            old.stats,
+                            old.stats.take(),
                         );
                         *old = d.clone();
                         old.active_conns = a;

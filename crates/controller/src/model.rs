@@ -25,6 +25,8 @@ use ipvs_netlink::{Family, Protocol};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
+use crate::objects::{AddressType, Slice, Svc};
+
 /// Per-service annotation choosing the IPVS scheduler (overrides the global flag).
 pub const SCHEDULER_ANNOTATION: &str = "kube-ipvs.io/scheduler";
 /// Per-service annotation setting the IPVS scheduler flags (`ipvsadm -b`): a comma-separated
@@ -112,7 +114,7 @@ impl fmt::Display for Invalid {
 }
 
 /// A Service's identity: namespace/name.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServiceName {
     /// Namespace.
     pub namespace: String,
@@ -496,12 +498,12 @@ fn parse_cidr(s: &str) -> Result<IpNet, Invalid> {
 /// Returns `Ok(vec![])` for services the proxy does not handle: headless (`clusterIP: None`),
 /// `ExternalName`, no ClusterIP of this family, or no ports. Returns `Err` for bad input; the
 /// whole Service is then skipped.
-pub fn service_ports(svc: &Service, cfg: &ProxyConfig) -> Result<Vec<ServicePort>, Invalid> {
-    let Some(spec) = svc.spec.as_ref() else {
+pub fn service_ports(svc: &Svc, cfg: &ProxyConfig) -> Result<Vec<ServicePort>, Invalid> {
+    let Some(spec) = svc.spec.as_deref() else {
         return Ok(Vec::new());
     };
-    let svc_name = ServiceName::of(svc);
-    if svc_name.name.is_empty() {
+    let svc_name = &svc.name;
+    if !svc.named {
         return Err(Invalid::new("service without a name"));
     }
     let type_ = spec.type_.as_deref().unwrap_or("ClusterIP");
@@ -514,7 +516,7 @@ pub fn service_ports(svc: &Service, cfg: &ProxyConfig) -> Result<Vec<ServicePort
     let mut ips: Vec<&str> = spec
         .cluster_ips
         .as_ref()
-        .map(|v| v.iter().map(String::as_str).collect())
+        .map(|v| v.iter().map(|s| &**s).collect())
         .unwrap_or_default();
     if ips.is_empty() {
         if let Some(ip) = spec.cluster_ip.as_deref() {
@@ -548,17 +550,11 @@ pub fn service_ports(svc: &Service, cfg: &ProxyConfig) -> Result<Vec<ServicePort
 
     let ext = spec.external_ips.as_deref().unwrap_or_default();
     let ingress: Vec<&str> = if type_ == "LoadBalancer" {
-        svc.status
-            .as_ref()
-            .and_then(|s| s.load_balancer.as_ref())
-            .and_then(|lb| lb.ingress.as_ref())
-            .map(|v| {
-                v.iter()
-                    .filter(|i| is_vip_mode(i))
-                    .filter_map(|i| i.ip.as_deref())
-                    .collect()
-            })
-            .unwrap_or_default()
+        spec.ingress
+            .iter()
+            .filter(|(_, mode)| is_vip_mode(mode.as_deref()))
+            .map(|(ip, _)| &**ip)
+            .collect()
     } else {
         Vec::new()
     };
@@ -619,29 +615,17 @@ pub fn service_ports(svc: &Service, cfg: &ProxyConfig) -> Result<Vec<ServicePort
     };
     let affinity_timeout = match spec.session_affinity.as_deref() {
         None | Some("None") => None,
-        Some("ClientIP") => {
-            let t = spec
-                .session_affinity_config
-                .as_ref()
-                .and_then(|c| c.client_ip.as_ref())
-                .and_then(|c| c.timeout_seconds);
-            match t {
-                None => Some(DEFAULT_AFFINITY_TIMEOUT),
-                Some(t) => match u32::try_from(t) {
-                    Ok(t) if (1..=MAX_AFFINITY_TIMEOUT).contains(&t) => Some(t),
-                    _ => return Err(Invalid::new(format!("affinity timeout {t} out of range"))),
-                },
-            }
-        }
+        Some("ClientIP") => match spec.affinity_timeout {
+            None => Some(DEFAULT_AFFINITY_TIMEOUT),
+            Some(t) => match u32::try_from(t) {
+                Ok(t) if (1..=MAX_AFFINITY_TIMEOUT).contains(&t) => Some(t),
+                _ => return Err(Invalid::new(format!("affinity timeout {t} out of range"))),
+            },
+        },
         Some(o) => return Err(Invalid::new(format!("unknown sessionAffinity {o:?}"))),
     };
-    let scheduler = match svc
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(SCHEDULER_ANNOTATION))
-    {
-        Some(s) if SCHEDULERS.contains(&s.as_str()) => s.clone(),
+    let scheduler = match svc.scheduler.as_deref() {
+        Some(s) if SCHEDULERS.contains(&s) => s.to_string(),
         Some(s) => {
             return Err(Invalid::new(format!(
                 "unknown scheduler {s:?} in annotation {SCHEDULER_ANNOTATION}"
@@ -649,14 +633,7 @@ pub fn service_ports(svc: &Service, cfg: &ProxyConfig) -> Result<Vec<ServicePort
         }
         None => cfg.scheduler.clone(),
     };
-    let scheduler_flags = scheduler_flags(
-        &scheduler,
-        svc.metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(SCHEDULER_FLAGS_ANNOTATION))
-            .map(String::as_str),
-    )?;
+    let scheduler_flags = scheduler_flags(&scheduler, svc.scheduler_flags.as_deref())?;
     let health_check_node_port = match spec.health_check_node_port {
         Some(p) if type_ == "LoadBalancer" && external_local => {
             Some(parse_port("healthCheckNodePort", p)?)
@@ -671,7 +648,7 @@ pub fn service_ports(svc: &Service, cfg: &ProxyConfig) -> Result<Vec<ServicePort
     for p in ports {
         let protocol = parse_protocol(p.protocol.as_deref())?;
         let port = parse_port("port", p.port)?;
-        let port_name = p.name.clone().unwrap_or_default();
+        let port_name = p.name.as_deref().unwrap_or_default().to_string();
         if !seen_port.insert((port, protocol)) {
             return Err(Invalid::new(format!("duplicate port {port}/{protocol:?}")));
         }
@@ -825,31 +802,26 @@ pub struct MergedEndpoints {
 /// Only slices of `port`'s family are used. A slice port matches by name and protocol. An
 /// endpoint present in several slices counts once; the "best" copy wins (ready over serving
 /// over neither), so a slice mid-update never hides a ready endpoint.
-pub fn endpoints(
-    slices: &[&EndpointSlice],
-    port: &ServicePort,
-    node_name: &str,
-) -> MergedEndpoints {
-    let family = Family::of(&port.cluster_ip);
-    let want = match family {
-        Family::Inet => "IPv4",
-        Family::Inet6 => "IPv6",
+pub fn endpoints(slices: &[&Slice], port: &ServicePort, node_name: &str) -> MergedEndpoints {
+    let want = match Family::of(&port.cluster_ip) {
+        Family::Inet => AddressType::V4,
+        Family::Inet6 => AddressType::V6,
     };
-    let mut sorted: Vec<&EndpointSlice> = slices.to_vec();
-    sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let mut sorted: Vec<&Slice> = slices.to_vec();
+    sorted.sort_by(|a, b| a.name.cmp(&b.name));
     let mut merged: BTreeMap<(IpAddr, u16), Endpoint> = BTreeMap::new();
     let mut rejected = Vec::new();
     for slice in sorted {
         if slice.address_type != want {
             continue;
         }
-        let slice_name = slice.metadata.name.clone().unwrap_or_default();
-        if let Err(e) = validate_slice(slice) {
-            rejected.push((slice_name, e));
+        let slice_name = slice.name.to_string();
+        if let Some(e) = &slice.invalid {
+            rejected.push((slice_name, e.clone()));
             continue;
         }
-        let target = slice.ports.as_deref().unwrap_or_default().iter().find(|p| {
-            p.name.as_deref().unwrap_or_default() == port.name.port_name
+        let target = slice.ports.iter().find(|p| {
+            *p.name == port.name.port_name
                 && parse_protocol(p.protocol.as_deref()).ok() == Some(port.name.protocol)
         });
         let Some(target) = target.and_then(|p| p.port) else {
@@ -860,30 +832,20 @@ pub fn endpoints(
         };
         let mut new = Vec::new();
         for ep in &slice.endpoints {
-            let cond = ep.conditions.as_ref();
-            let ready = cond.and_then(|c| c.ready).unwrap_or(true);
-            let serving = cond.and_then(|c| c.serving).unwrap_or(ready);
-            let terminating = cond.and_then(|c| c.terminating).unwrap_or(false);
-            let zone_hints = ep
-                .hints
-                .as_ref()
-                .and_then(|h| h.for_zones.as_ref())
-                .filter(|z| !z.is_empty())
-                .map(|z| z.iter().map(|z| z.name.clone()).collect::<BTreeSet<_>>());
-            let node_hints = ep
-                .hints
-                .as_ref()
-                .and_then(|h| h.for_nodes.as_ref())
-                .filter(|n| !n.is_empty())
-                .map(|n| n.iter().map(|n| n.name.clone()).collect::<BTreeSet<_>>());
-            // Only the first address counts (the API's rule for EndpointSlices).
-            let Some(ip) = ep.addresses.first().and_then(|a| a.parse::<IpAddr>().ok()) else {
-                continue;
-            };
+            let ready = ep.ready.unwrap_or(true);
+            let serving = ep.serving.unwrap_or(ready);
+            let terminating = ep.terminating.unwrap_or(false);
+            let hints = ep.hints.as_deref();
+            let zone_hints = hints
+                .and_then(|h| h.zones.as_ref())
+                .map(|z| z.iter().map(|z| z.to_string()).collect::<BTreeSet<_>>());
+            let node_hints = hints
+                .and_then(|h| h.nodes.as_ref())
+                .map(|n| n.iter().map(|n| n.to_string()).collect::<BTreeSet<_>>());
             new.push(Endpoint {
-                ip,
+                ip: ep.ip,
                 port: tport,
-                node_name: ep.node_name.clone(),
+                node_name: ep.node_name.as_deref().map(str::to_string),
                 zone_hints,
                 node_hints,
                 ready,
@@ -956,8 +918,8 @@ impl SelectedEndpoints {
 /// load balancer delivers traffic to the node itself, so the IP gets no virtual server, no
 /// kube-ipvs0 address and no ipset entry. Upstream: `proxyutil.IsVIPMode`, applied in
 /// `newBaseServiceInfo` (pkg/proxy/serviceport.go), which skips non-VIP ingress IPs.
-fn is_vip_mode(ingress: &k8s_openapi::api::core::v1::LoadBalancerIngress) -> bool {
-    ingress.ip_mode.as_deref().is_none_or(|m| m == "VIP")
+fn is_vip_mode(ip_mode: Option<&str>) -> bool {
+    ip_mode.is_none_or(|m| m == "VIP")
 }
 
 /// Which endpoint hints restrict the cluster endpoints of a service port on this node.

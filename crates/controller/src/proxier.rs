@@ -1268,52 +1268,61 @@ impl Proxier {
 
     /// Turns real-server deletions into drains and re-additions of draining real servers
     /// into weight restores. `actual` is the kernel's table when known (full sync).
-    fn graceful(&mut self, ops: IpvsOps, actual: Option<&IpvsTable>) -> IpvsOps {
+    fn graceful(&mut self, mut ops: IpvsOps, actual: Option<&IpvsTable>) -> IpvsOps {
         let now = Instant::now();
-        let mut out = IpvsOps::default();
-        for op in ops.apply {
-            match op {
-                Op::DelDest(k, a, p) if self.drain.enabled && drains(&k) => {
-                    if self.draining.contains_key(&(k, a, p)) {
-                        continue; // already draining: the drain check deletes it
-                    }
-                    self.draining.insert((k, a, p), now);
-                    let already_zero = actual
-                        .and_then(|t| t.get(&k))
-                        .and_then(|vs| vs.real_servers.get(&(a, p)))
-                        .is_some_and(|d| d.weight == 0);
-                    if !already_zero {
-                        let mut d = Destination::new(a, p);
-                        d.weight = 0;
-                        out.apply.push(Op::SetDest(k, d));
-                    }
+        let enabled = self.drain.enabled;
+        let draining = &mut self.draining;
+        let stats = &mut self.drain_stats;
+        // In place: a full program is ~N x M operations, and a second vector of them would
+        // double the sync's peak memory.
+        ops.apply.retain_mut(|op| match op {
+            Op::DelDest(k, a, p) if enabled && drains(k) => {
+                let key = (*k, *a, *p);
+                if draining.contains_key(&key) {
+                    return false; // already draining: the drain check deletes it
                 }
-                Op::NewDest(k, d) if self.draining.remove(&(k, d.addr, d.port)).is_some() => {
-                    self.drain_stats.restored += 1;
-                    out.apply.push(Op::SetDest(k, d));
+                draining.insert(key, now);
+                let already_zero = actual
+                    .and_then(|t| t.get(&key.0))
+                    .and_then(|vs| vs.real_servers.get(&(key.1, key.2)))
+                    .is_some_and(|d| d.weight == 0);
+                if already_zero {
+                    return false;
                 }
-                Op::SetDest(k, d) => {
-                    // Wanted again (e.g. a weight 0 left by a previous run): no longer draining.
-                    if self.draining.remove(&(k, d.addr, d.port)).is_some() {
-                        self.drain_stats.restored += 1;
-                    }
-                    out.apply.push(Op::SetDest(k, d));
-                }
-                other => out.apply.push(other),
+                let mut d = Destination::new(key.1, key.2);
+                d.weight = 0;
+                *op = Op::SetDest(key.0, d);
+                true
             }
-        }
+            Op::NewDest(k, d) => {
+                if draining.remove(&(*k, d.addr, d.port)).is_some() {
+                    stats.restored += 1;
+                    if let Op::NewDest(k, d) = std::mem::replace(op, Op::Flush) {
+                        *op = Op::SetDest(k, d);
+                    }
+                }
+                true
+            }
+            Op::SetDest(k, d) => {
+                // Wanted again (e.g. a weight 0 left by a previous run): no longer draining.
+                if draining.remove(&(*k, d.addr, d.port)).is_some() {
+                    stats.restored += 1;
+                }
+                true
+            }
+            _ => true,
+        });
         for op in &ops.remove {
             if let Op::DelService(k) = op {
                 self.draining.retain(|(dk, _, _), _| dk != k);
             }
         }
-        out.remove = ops.remove;
         if self.draining.is_empty() {
             self.drain_due = None;
         } else if self.drain_due.is_none() {
             self.drain_due = Some(now + self.drain.interval);
         }
-        out
+        ops
     }
 
     /// Reads only the virtual servers with draining real servers and deletes those whose

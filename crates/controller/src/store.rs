@@ -9,10 +9,11 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::core::v1::Node;
 
-use crate::model::{slice_service, ServiceName, ZONE_LABEL};
+use crate::model::{ServiceName, ZONE_LABEL};
+use crate::objects::{Interner, Slice, Svc};
+use crate::sorted::SortedVec;
 use crate::source::{Kind, Object, SourceEvent};
 
 /// Namespace/name of a stored object.
@@ -56,9 +57,11 @@ impl Changes {
 /// Current objects, as the sources report them.
 #[derive(Debug, Default, Clone)]
 pub struct Store {
-    services: HashMap<ServiceName, Service>,
-    slices: HashMap<ObjKey, EndpointSlice>,
-    by_service: HashMap<ServiceName, BTreeSet<ObjKey>>,
+    services: HashMap<ServiceName, Svc>,
+    slices: HashMap<ObjKey, Slice>,
+    /// Node and zone names of the slices' endpoints.
+    names: Interner,
+    by_service: HashMap<ServiceName, SortedVec<ObjKey>>,
     node: Option<Node>,
     relisting: HashMap<Kind, HashSet<ObjKey>>,
     synced: HashSet<Kind>,
@@ -100,7 +103,7 @@ impl Store {
     }
 
     /// A Service by name.
-    pub fn service(&self, name: &ServiceName) -> Option<&Service> {
+    pub fn service(&self, name: &ServiceName) -> Option<&Svc> {
         self.services.get(name)
     }
 
@@ -114,13 +117,18 @@ impl Store {
         self.services.len()
     }
 
+    /// Distinct node and zone names held by the interner (bounded by those in use).
+    pub fn interned_names(&self) -> usize {
+        self.names.len()
+    }
+
     /// Number of EndpointSlices.
     pub fn slice_count(&self) -> usize {
         self.slices.len()
     }
 
     /// The EndpointSlices of a service (label `kubernetes.io/service-name`, same namespace).
-    pub fn slices_of(&self, name: &ServiceName) -> Vec<&EndpointSlice> {
+    pub fn slices_of(&self, name: &ServiceName) -> Vec<&Slice> {
         self.by_service
             .get(name)
             .map(|keys| keys.iter().filter_map(|k| self.slices.get(k)).collect())
@@ -191,9 +199,10 @@ impl Store {
         let mut ch = Changes::default();
         match obj {
             Object::Service(svc) => {
-                let name = ServiceName::of(&svc);
-                if self.services.get(&name) != Some(&*svc) {
-                    self.services.insert(name.clone(), *svc);
+                let svc = Svc::from_service(&svc);
+                let name = svc.name.clone();
+                if self.services.get(&name) != Some(&svc) {
+                    self.services.insert(name.clone(), svc);
                     ch.services.insert(name.clone());
                     ch.dirty.insert(name);
                 }
@@ -203,12 +212,13 @@ impl Store {
                     slice.metadata.namespace.as_ref(),
                     slice.metadata.name.as_ref(),
                 );
+                let slice = Slice::from_slice(&slice, &mut self.names);
                 let old = self.slices.get(&key);
-                if old == Some(&*slice) {
+                if old == Some(&slice) {
                     return ch;
                 }
-                let old_svc = old.and_then(slice_service);
-                let new_svc = slice_service(&slice);
+                let old_svc = old.and_then(|o| o.service.clone());
+                let new_svc = slice.service.clone();
                 if let Some(o) = &old_svc {
                     if Some(o) != new_svc.as_ref() {
                         self.unlink(o, &key);
@@ -224,7 +234,7 @@ impl Store {
                     ch.endpoints.insert(n.clone());
                     ch.dirty.insert(n.clone());
                 }
-                self.slices.insert(key, *slice);
+                self.slices.insert(key, slice);
             }
             Object::Node(node) => {
                 let before = node_facts(self.node.as_ref());
@@ -257,7 +267,7 @@ impl Store {
             }
             Kind::EndpointSlice => {
                 if let Some(old) = self.slices.remove(key) {
-                    if let Some(svc) = slice_service(&old) {
+                    if let Some(svc) = old.service {
                         self.unlink(&svc, key);
                         ch.endpoints.insert(svc.clone());
                         ch.dirty.insert(svc);

@@ -26,10 +26,11 @@ use std::fmt;
 use std::net::IpAddr;
 
 use ipvs_netlink::Protocol;
-use k8s_openapi::api::core::v1::Service as KubeService;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::model::{service_ports, Invalid, ProxyConfig, ServiceName};
+use crate::objects::Svc;
+use crate::sorted::SortedVec;
 
 /// Every VIP-conflict reason starts with this (the engine maps it to a `VIPConflict` Event).
 pub const CONFLICT_PREFIX: &str = "VIP conflict:";
@@ -76,9 +77,9 @@ pub struct Rank {
 
 /// One Service's claims: every (VIP, rank) of its ClusterIPs, externalIPs and load-balancer
 /// IPs in `cfg`'s family. `Err` when the Service is invalid (its last claims stay).
-pub fn claims_of(svc: &KubeService, cfg: &ProxyConfig) -> Result<Vec<(Vip, Rank)>, Invalid> {
-    let name = ServiceName::of(svc);
-    let created = svc.metadata.creation_timestamp.clone();
+pub fn claims_of(svc: &Svc, cfg: &ProxyConfig) -> Result<Vec<(Vip, Rank)>, Invalid> {
+    let name = svc.name.clone();
+    let created = svc.created.clone();
     let rank = |external: bool| Rank {
         external,
         no_timestamp: created.is_none(),
@@ -99,13 +100,15 @@ pub fn claims_of(svc: &KubeService, cfg: &ProxyConfig) -> Result<Vec<(Vip, Rank)
     }
     out.sort();
     out.dedup();
+    out.shrink_to_fit();
     Ok(out)
 }
 
 /// The claims of every Service of one family, indexed by VIP.
 #[derive(Debug, Default, Clone)]
 pub struct VipClaims {
-    by_vip: HashMap<Vip, BTreeSet<Rank>>,
+    /// Strongest first (nearly always one claimant).
+    by_vip: HashMap<Vip, SortedVec<Rank>>,
     by_service: HashMap<ServiceName, Vec<(Vip, Rank)>>,
 }
 

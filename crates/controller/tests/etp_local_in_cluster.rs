@@ -14,8 +14,7 @@ mod fixtures;
 use std::collections::BTreeSet;
 
 use controller::desired::{
-    is_in_cluster_mark, service_desired, Desired, InClusterDest, ServiceDesired,
-    IN_CLUSTER_MARK_MASK,
+    is_in_cluster_mark, Desired, InClusterDest, ServiceDesired, IN_CLUSTER_MARK_MASK,
 };
 use controller::model::{ProxyConfig, ServiceName};
 use fixtures::*;

@@ -432,10 +432,17 @@ fn iptables_mode_partial_sync_rewrites_only_changed_chains() {
     );
 
     // A deleted service: its chains go.
-    let svc3 = store
+    assert!(store
         .service(&controller::model::ServiceName::new("ns", "svc-3"))
-        .cloned()
-        .unwrap();
+        .is_some());
+    let svc3 = k8s_openapi::api::core::v1::Service {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            namespace: Some("ns".into()),
+            name: Some("svc-3".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
     let ch = store.apply(SourceEvent::Delete(Object::Service(Box::new(svc3))));
     p.note(&ch);
     p.sync(&store, &addrs());

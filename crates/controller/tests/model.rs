@@ -4,10 +4,8 @@
 
 mod fixtures;
 
-use controller::desired::{service_desired, ServiceDesired};
-use controller::model::{
-    endpoints, service_ports, NodeInfo, ProxyConfig, Rejections, MAX_ENDPOINTS_PER_SLICE,
-};
+use controller::desired::ServiceDesired;
+use controller::model::{NodeInfo, ProxyConfig, Rejections, MAX_ENDPOINTS_PER_SLICE};
 use fixtures::*;
 use ipvs_netlink::{Protocol, ServiceFlags, ServiceKey};
 use k8s_openapi::api::core::v1::Service;

@@ -6,9 +6,7 @@ mod fixtures;
 
 use std::collections::BTreeSet;
 
-use controller::desired::{
-    owned_by_proxy, service_desired, Delta, Desired, IpsetEntry, ServiceDesired,
-};
+use controller::desired::{owned_by_proxy, Delta, Desired, IpsetEntry, ServiceDesired};
 use controller::diff::{diff_ipvs, diff_set, IpvsTable};
 use controller::model::{NodeInfo, ProxyConfig, ServiceName};
 use fixtures::*;
@@ -208,14 +206,14 @@ fn as_read_from_kernel(t: &IpvsTable) -> IpvsTable {
     let mut t = t.clone();
     for vs in t.values_mut() {
         vs.service.flags = vs.service.flags.with(ServiceFlags::HASHED);
-        vs.service.stats = Some(Stats {
+        vs.service.stats = Some(Box::new(Stats {
             conns: 7,
             ..Default::default()
-        });
+        }));
         for d in vs.real_servers.values_mut() {
             d.active_conns = 3;
             d.inactive_conns = 1;
-            d.stats = Some(Stats::default());
+            d.stats = Some(Box::default());
         }
     }
     t

@@ -7,7 +7,7 @@
 
 mod fixtures;
 
-use controller::desired::{service_desired, set_family, Desired};
+use controller::desired::{set_family, Desired};
 use controller::model::{ProxyConfig, ServiceName};
 use fixtures::*;
 use ipset::{Ipset, Runner, SetKind};

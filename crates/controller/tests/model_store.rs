@@ -137,3 +137,86 @@ fn model_store_node_changes() {
     assert!(s.apply(SourceEvent::Delete(addr)).node_changed);
     assert!(s.node().is_none());
 }
+
+/// The store keeps compact objects: an update that only touches what the proxy never reads
+/// (resource version, managed fields, labels, unrelated annotations, target references)
+/// dirties nothing, while a field the model reads still does.
+#[test]
+fn model_store_ignores_changes_to_fields_the_proxy_does_not_read() {
+    use k8s_openapi::api::core::v1::ObjectReference;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+    let mut s = Store::new();
+    s.apply(SourceEvent::Apply(svc_obj("a", "10.96.0.1")));
+    s.apply(SourceEvent::Apply(slice_obj("a", "a-1", "10.244.0.1")));
+
+    let mut svc = svc("ns", "a", "10.96.0.1").port("http", 80, "TCP").build();
+    svc.metadata.resource_version = Some("42".into());
+    svc.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default(); 3]);
+    svc.metadata.labels = Some([("app".to_string(), "x".to_string())].into());
+    svc.metadata.annotations = Some(
+        [(
+            "kubectl.kubernetes.io/last-applied-configuration".to_string(),
+            "{}".repeat(500),
+        )]
+        .into(),
+    );
+    svc.spec.as_mut().unwrap().selector = Some([("app".to_string(), "x".to_string())].into());
+    assert!(s
+        .apply(SourceEvent::Apply(Object::Service(Box::new(svc.clone()))))
+        .is_empty());
+
+    let mut sl = slice("ns", "a", "a-1")
+        .port("http", 8080, "TCP")
+        .ep("10.244.0.1", "node-b", C::Ready)
+        .build();
+    sl.metadata.resource_version = Some("43".into());
+    sl.endpoints[0].target_ref = Some(ObjectReference {
+        kind: Some("Pod".into()),
+        name: Some("pod-1".into()),
+        ..Default::default()
+    });
+    sl.endpoints[0].hostname = Some("pod-1".into());
+    assert!(s
+        .apply(SourceEvent::Apply(Object::EndpointSlice(Box::new(
+            sl.clone()
+        ))))
+        .is_empty());
+
+    // What the model reads still counts.
+    svc.spec.as_mut().unwrap().session_affinity = Some("ClientIP".into());
+    assert_eq!(
+        s.apply(SourceEvent::Apply(Object::Service(Box::new(svc))))
+            .services,
+        names(&["a"])
+    );
+    sl.endpoints[0].conditions.as_mut().unwrap().ready = Some(false);
+    assert_eq!(
+        s.apply(SourceEvent::Apply(Object::EndpointSlice(Box::new(sl))))
+            .endpoints,
+        names(&["a"])
+    );
+}
+
+/// Node names are interned and the interner is bounded by what is in use: endpoints moving
+/// across ever new node names do not grow it without bound.
+#[test]
+fn model_store_node_name_interning_is_bounded() {
+    let mut s = Store::new();
+    s.apply(SourceEvent::Apply(svc_obj("a", "10.96.0.1")));
+    for round in 0..20_000 {
+        let node = format!("node-{round}");
+        s.apply(SourceEvent::Apply(Object::EndpointSlice(Box::new(
+            slice("ns", "a", "a-1")
+                .port("http", 8080, "TCP")
+                .ep("10.244.0.1", &node, C::Ready)
+                .build(),
+        ))));
+    }
+    let n = s.interned_names();
+    assert!(n <= 1024, "{n} names interned for 1 in use");
+    let slices = s.slices_of(&ServiceName::new("ns", "a"));
+    assert_eq!(
+        slices[0].endpoints[0].node_name.as_deref(),
+        Some("node-19999")
+    );
+}

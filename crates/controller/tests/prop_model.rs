@@ -11,10 +11,13 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
+mod fixtures;
+
 use controller::model::{
-    endpoints, select_endpoints, service_ports, validate_slice, Invalid, ProxyConfig, Rejections,
+    select_endpoints, validate_slice, Invalid, ProxyConfig, Rejections,
     MAX_ENDPOINTS_PER_SERVICE_PORT,
 };
+use fixtures::{endpoints, service_ports};
 use ipvs_netlink::Family;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;

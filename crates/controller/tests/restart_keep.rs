@@ -625,7 +625,11 @@ fn a_burst_far_beyond_the_channel_capacity_loses_nothing() {
         if i % 10 == 0 {
             assert!(got.is_none(), "s-{i} deleted");
         } else {
-            assert_eq!(got, Some(&service(i, ROUNDS - 1)), "s-{i} latest version");
+            assert_eq!(
+                got,
+                Some(&controller::objects::Svc::from(&service(i, ROUNDS - 1))),
+                "s-{i} latest version"
+            );
         }
     }
     // Syncs ran while the burst was going on (back-pressure, not a stall).

@@ -279,7 +279,7 @@ pub struct Service {
     /// Persistence engine name (`--pe`, e.g. `sip`), if any.
     pub pe_name: Option<String>,
     /// Counters, filled by the kernel on reads; ignored on writes.
-    pub stats: Option<Stats>,
+    pub stats: Option<Box<Stats>>,
 }
 
 impl Service {
@@ -330,7 +330,7 @@ pub struct Destination {
     /// Persistent connection templates (read-only).
     pub persist_conns: u32,
     /// Counters, filled by the kernel on reads; ignored on writes.
-    pub stats: Option<Stats>,
+    pub stats: Option<Box<Stats>>,
 }
 
 impl Destination {

@@ -395,7 +395,7 @@ pub fn decode_service_nest(attrs: AttrIter<'_>) -> Result<Service, Error> {
         timeout,
         netmask,
         pe_name,
-        stats: stats64.or(stats),
+        stats: stats64.or(stats).map(Box::new),
     })
 }
 
@@ -452,7 +452,7 @@ pub fn decode_dest_nest(attrs: AttrIter<'_>, svc_family: Family) -> Result<Desti
     let addr = addr.ok_or_else(|| Error::Malformed("destination without address".into()))?;
     d.addr = decode_addr(&addr, family)?;
     d.port = port.ok_or_else(|| Error::Malformed("destination without port".into()))?;
-    d.stats = stats64.or(stats);
+    d.stats = stats64.or(stats).map(Box::new);
     Ok(d)
 }
 

@@ -1,0 +1,343 @@
+//! Compact objects: what the proxy keeps of a Service and an EndpointSlice. Pure.
+//!
+//! API objects are converted when they enter the [`crate::store::Store`] and the full
+//! `k8s-openapi` objects are dropped at once. Only the fields the model reads are kept — those
+//! upstream's `ServicePortInfo` and `EndpointInfo` keep (pkg/proxy/serviceport.go,
+//! pkg/proxy/endpoint.go), plus the creation time that orders VIP claims — so a Service
+//! costs a few hundred bytes and an endpoint about 48 bytes instead of about 1.4 KB and
+//! 350 bytes. Metadata the proxy never reads (managed fields, labels, most annotations,
+//! resource versions, target references) is not kept, so an update that only touches it
+//! changes nothing here and dirties no service.
+//!
+//! An EndpointSlice is validated once, at conversion ([`crate::model::validate_slice`]); an
+//! invalid slice keeps its reason and no endpoints. Node names are interned: every endpoint on
+//! the same node shares one allocation ([`Interner`], bounded: unused names are dropped).
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::model::{
+    last_change_trigger_time, slice_service, validate_slice, Invalid, ServiceName,
+    SCHEDULER_ANNOTATION, SCHEDULER_FLAGS_ANNOTATION,
+};
+
+/// A compact `v1/Service`: the fields the model reads, with the API's names and optionality
+/// (so validation reports exactly what the object said).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Svc {
+    /// `metadata.namespace`/`metadata.name`.
+    pub name: ServiceName,
+    /// `metadata.name` was set (a nameless Service is invalid).
+    pub named: bool,
+    /// `metadata.creationTimestamp` (orders VIP claims).
+    pub created: Option<Time>,
+    /// The [`SCHEDULER_ANNOTATION`] annotation.
+    pub scheduler: Option<Box<str>>,
+    /// The [`SCHEDULER_FLAGS_ANNOTATION`] annotation.
+    pub scheduler_flags: Option<Box<str>>,
+    /// `spec`, if any.
+    pub spec: Option<Box<SvcSpec>>,
+}
+
+/// The used fields of a `ServiceSpec` and of the Service's `status.loadBalancer`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SvcSpec {
+    /// `spec.type`.
+    pub type_: Option<Box<str>>,
+    /// `spec.clusterIP`.
+    pub cluster_ip: Option<Box<str>>,
+    /// `spec.clusterIPs`.
+    pub cluster_ips: Option<Vec<Box<str>>>,
+    /// `spec.ports`.
+    pub ports: Option<Vec<SvcPort>>,
+    /// `spec.externalIPs`.
+    pub external_ips: Option<Vec<Box<str>>>,
+    /// `spec.loadBalancerSourceRanges`.
+    pub load_balancer_source_ranges: Option<Vec<Box<str>>>,
+    /// `spec.externalTrafficPolicy`.
+    pub external_traffic_policy: Option<Box<str>>,
+    /// `spec.internalTrafficPolicy`.
+    pub internal_traffic_policy: Option<Box<str>>,
+    /// `spec.sessionAffinity`.
+    pub session_affinity: Option<Box<str>>,
+    /// `spec.sessionAffinityConfig.clientIP.timeoutSeconds`.
+    pub affinity_timeout: Option<i32>,
+    /// `spec.healthCheckNodePort`.
+    pub health_check_node_port: Option<i32>,
+    /// `status.loadBalancer.ingress[]`: `(ip, ipMode)` of the entries with an IP.
+    pub ingress: Vec<(Box<str>, Option<Box<str>>)>,
+}
+
+/// One `spec.ports[]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SvcPort {
+    /// `name`.
+    pub name: Option<Box<str>>,
+    /// `protocol`.
+    pub protocol: Option<Box<str>>,
+    /// `port`.
+    pub port: i32,
+    /// `nodePort`.
+    pub node_port: Option<i32>,
+}
+
+fn boxed(s: &Option<String>) -> Option<Box<str>> {
+    s.as_deref().map(Box::from)
+}
+
+fn boxed_all(v: &Option<Vec<String>>) -> Option<Vec<Box<str>>> {
+    v.as_ref()
+        .map(|v| v.iter().map(|s| Box::from(s.as_str())).collect())
+}
+
+impl Svc {
+    /// The compact form of `svc`.
+    pub fn from_service(svc: &Service) -> Svc {
+        let annotation = |k: &str| {
+            svc.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(k))
+                .map(|v| Box::from(v.as_str()))
+        };
+        let spec = svc.spec.as_ref().map(|s| {
+            let ingress = svc
+                .status
+                .as_ref()
+                .and_then(|s| s.load_balancer.as_ref())
+                .and_then(|lb| lb.ingress.as_ref())
+                .into_iter()
+                .flatten()
+                .filter_map(|i| {
+                    let ip = i.ip.as_deref()?;
+                    Some((Box::from(ip), boxed(&i.ip_mode)))
+                })
+                .collect();
+            Box::new(SvcSpec {
+                type_: boxed(&s.type_),
+                cluster_ip: boxed(&s.cluster_ip),
+                cluster_ips: boxed_all(&s.cluster_ips),
+                ports: s.ports.as_ref().map(|ports| {
+                    ports
+                        .iter()
+                        .map(|p| SvcPort {
+                            name: boxed(&p.name),
+                            protocol: boxed(&p.protocol),
+                            port: p.port,
+                            node_port: p.node_port,
+                        })
+                        .collect()
+                }),
+                external_ips: boxed_all(&s.external_ips),
+                load_balancer_source_ranges: boxed_all(&s.load_balancer_source_ranges),
+                external_traffic_policy: boxed(&s.external_traffic_policy),
+                internal_traffic_policy: boxed(&s.internal_traffic_policy),
+                session_affinity: boxed(&s.session_affinity),
+                affinity_timeout: s
+                    .session_affinity_config
+                    .as_ref()
+                    .and_then(|c| c.client_ip.as_ref())
+                    .and_then(|c| c.timeout_seconds),
+                health_check_node_port: s.health_check_node_port,
+                ingress,
+            })
+        });
+        Svc {
+            name: ServiceName::of(svc),
+            named: svc.metadata.name.as_deref().is_some_and(|n| !n.is_empty()),
+            created: svc.metadata.creation_timestamp.clone(),
+            scheduler: annotation(SCHEDULER_ANNOTATION),
+            scheduler_flags: annotation(SCHEDULER_FLAGS_ANNOTATION),
+            spec,
+        }
+    }
+}
+
+impl From<&Service> for Svc {
+    fn from(svc: &Service) -> Svc {
+        Svc::from_service(svc)
+    }
+}
+
+/// A slice's `addressType`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddressType {
+    /// `IPv4`.
+    V4,
+    /// `IPv6`.
+    V6,
+    /// `FQDN` or anything else (ignored by the proxy; an unknown type makes the slice invalid).
+    Other,
+}
+
+/// One `ports[]` entry of a slice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlicePort {
+    /// `name` (empty when unset).
+    pub name: Box<str>,
+    /// `protocol` (raw; matched against the service port's).
+    pub protocol: Option<Box<str>>,
+    /// `port`.
+    pub port: Option<i32>,
+}
+
+/// Topology hints of one endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Hints {
+    /// `hints.forZones[].name` (None when absent or empty).
+    pub zones: Option<Vec<Arc<str>>>,
+    /// `hints.forNodes[].name` (None when absent or empty).
+    pub nodes: Option<Vec<Arc<str>>>,
+}
+
+/// One endpoint of a slice: its first address (the only one that counts), node, hints and
+/// conditions as the API gave them (unset stays unset).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SliceEndpoint {
+    /// The first address, parsed (a slice whose addresses do not parse is invalid as a whole).
+    pub ip: IpAddr,
+    /// `nodeName` (interned).
+    pub node_name: Option<Arc<str>>,
+    /// `hints`, when the endpoint carries any.
+    pub hints: Option<Box<Hints>>,
+    /// `conditions.ready`.
+    pub ready: Option<bool>,
+    /// `conditions.serving`.
+    pub serving: Option<bool>,
+    /// `conditions.terminating`.
+    pub terminating: Option<bool>,
+}
+
+/// A compact `discovery.k8s.io/v1/EndpointSlice`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slice {
+    /// `metadata.name` (empty when unset).
+    pub name: Box<str>,
+    /// The Service it belongs to (namespace + `kubernetes.io/service-name` label).
+    pub service: Option<ServiceName>,
+    /// `addressType`.
+    pub address_type: AddressType,
+    /// `ports`.
+    pub ports: Vec<SlicePort>,
+    /// `endpoints` (empty when the slice is invalid).
+    pub endpoints: Vec<SliceEndpoint>,
+    /// Why the slice is invalid ([`validate_slice`]), if it is.
+    pub invalid: Option<Invalid>,
+    /// The last-change-trigger-time annotation, parsed.
+    pub trigger_time: Option<SystemTime>,
+}
+
+/// Interned strings (node and zone names): one allocation per distinct name however many
+/// endpoints carry it. Bounded by what is in use: [`Interner::prune`] drops names nobody
+/// holds any more, and the store calls it as the table grows.
+#[derive(Debug, Default, Clone)]
+pub struct Interner {
+    names: HashSet<Arc<str>>,
+    /// Size after the last prune.
+    pruned_at: usize,
+}
+
+impl Interner {
+    /// The shared copy of `s`.
+    pub fn intern(&mut self, s: &str) -> Arc<str> {
+        if let Some(a) = self.names.get(s) {
+            return a.clone();
+        }
+        if self.names.len() >= 2 * self.pruned_at.max(512) {
+            self.prune();
+        }
+        let a: Arc<str> = Arc::from(s);
+        self.names.insert(a.clone());
+        a
+    }
+
+    /// Drops the names only the interner holds.
+    pub fn prune(&mut self) {
+        self.names.retain(|a| Arc::strong_count(a) > 1);
+        self.pruned_at = self.names.len();
+    }
+
+    /// Distinct names held.
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// True when no name is held.
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+}
+
+impl Slice {
+    /// The compact form of `slice`, node and zone names interned in `names`.
+    pub fn from_slice(slice: &EndpointSlice, names: &mut Interner) -> Slice {
+        let address_type = match slice.address_type.as_str() {
+            "IPv4" => AddressType::V4,
+            "IPv6" => AddressType::V6,
+            _ => AddressType::Other,
+        };
+        let invalid = validate_slice(slice).err();
+        let endpoints = if invalid.is_some() || address_type == AddressType::Other {
+            Vec::new()
+        } else {
+            let mut eps = Vec::with_capacity(slice.endpoints.len());
+            eps.extend(slice.endpoints.iter().filter_map(|ep| {
+                // Only the first address counts (the API's rule for EndpointSlices).
+                let ip = ep.addresses.first()?.parse::<IpAddr>().ok()?;
+                let cond = ep.conditions.as_ref();
+                let mut hints = Hints::default();
+                if let Some(h) = ep.hints.as_ref() {
+                    hints.zones = h
+                        .for_zones
+                        .as_ref()
+                        .filter(|z| !z.is_empty())
+                        .map(|z| z.iter().map(|z| names.intern(&z.name)).collect());
+                    hints.nodes = h
+                        .for_nodes
+                        .as_ref()
+                        .filter(|n| !n.is_empty())
+                        .map(|n| n.iter().map(|n| names.intern(&n.name)).collect());
+                }
+                Some(SliceEndpoint {
+                    ip,
+                    node_name: ep.node_name.as_deref().map(|n| names.intern(n)),
+                    hints: (hints != Hints::default()).then(|| Box::new(hints)),
+                    ready: cond.and_then(|c| c.ready),
+                    serving: cond.and_then(|c| c.serving),
+                    terminating: cond.and_then(|c| c.terminating),
+                })
+            }));
+            eps
+        };
+        Slice {
+            name: Box::from(slice.metadata.name.as_deref().unwrap_or_default()),
+            service: slice_service(slice),
+            address_type,
+            ports: slice
+                .ports
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .map(|p| SlicePort {
+                    name: Box::from(p.name.as_deref().unwrap_or_default()),
+                    protocol: boxed(&p.protocol),
+                    port: p.port,
+                })
+                .collect(),
+            endpoints,
+            invalid,
+            trigger_time: last_change_trigger_time(slice),
+        }
+    }
+
+    /// The compact form of `slice` with a private interner (tests, one-off conversions).
+    pub fn of(slice: &EndpointSlice) -> Slice {
+        Slice::from_slice(slice, &mut Interner::default())
+    }
+}
