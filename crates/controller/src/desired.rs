@@ -538,7 +538,8 @@ pub struct Desired {
     family: Family,
     masquerade_all: bool,
     cluster_cidrs: Vec<IpNet>,
-    services: HashMap<ServiceName, ServiceDesired>,
+    /// Boxed: an empty hash-table slot then costs a pointer, not a whole ServiceDesired.
+    services: HashMap<ServiceName, Box<ServiceDesired>>,
     /// Claimants of each key, the winner first (nearly always one).
     claims: HashMap<ServiceKey, SortedVec<ServiceName>>,
     addresses: HashMap<IpAddr, usize>,
@@ -590,7 +591,7 @@ impl Desired {
 
     /// One service's desired state.
     pub fn service(&self, name: &ServiceName) -> Option<&ServiceDesired> {
-        self.services.get(name)
+        self.services.get(name).map(|s| &**s)
     }
 
     /// Replaces (`Some`) or removes (`None`) one service; returns the delta.
@@ -615,7 +616,7 @@ impl Desired {
         let mut addrs = BTreeSet::new();
         let mut ents = BTreeSet::new();
         for (name, new) in &batch {
-            for sd in [self.services.get(name), new.as_ref()]
+            for sd in [self.services.get(name).map(|s| &**s), new.as_ref()]
                 .into_iter()
                 .flatten()
             {
@@ -642,7 +643,7 @@ impl Desired {
         let before_in_cluster: BTreeSet<InClusterMark> = batch
             .keys()
             .filter_map(|n| self.services.get(n))
-            .flat_map(in_cluster_marks)
+            .flat_map(|s| in_cluster_marks(s))
             .collect();
         let before_hc: Vec<Option<HealthCheck>> = batch
             .keys()
@@ -656,7 +657,7 @@ impl Desired {
             }
             if let Some(new) = new {
                 self.acquire(&name, &new);
-                self.services.insert(name, new);
+                self.services.insert(name, Box::new(new));
             }
         }
 
@@ -688,7 +689,7 @@ impl Desired {
         let after_in_cluster: BTreeSet<InClusterMark> = names
             .iter()
             .filter_map(|n| self.services.get(n))
-            .flat_map(in_cluster_marks)
+            .flat_map(|s| in_cluster_marks(s))
             .collect();
         delta.iptables_changed = before_ipt != self.iptables()
             || before_in_cluster
@@ -998,12 +999,7 @@ fn fnv1a(p: &ServicePortName) -> u32 {
         Protocol::Udp => "UDP",
         Protocol::Sctp => "SCTP",
     };
-    for part in [
-        p.namespace.as_str(),
-        p.name.as_str(),
-        p.port_name.as_str(),
-        proto,
-    ] {
+    for part in [&p.namespace, &p.name, p.port_name.as_str(), proto] {
         for b in part.bytes().chain(std::iter::once(0)) {
             h ^= u32::from(b);
             h = h.wrapping_mul(0x0100_0193);

@@ -19,6 +19,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use ipvs_netlink::{Family, Protocol};
@@ -113,32 +114,36 @@ impl fmt::Display for Invalid {
     }
 }
 
-/// A Service's identity: namespace/name.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// A Service's identity: namespace/name. The strings are shared: the store, the desired
+/// state and the VIP claims hold copies of every name, and a copy is a reference count.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServiceName {
     /// Namespace.
-    pub namespace: String,
+    pub namespace: Arc<str>,
     /// Name.
-    pub name: String,
+    pub name: Arc<str>,
+}
+
+impl Default for ServiceName {
+    fn default() -> Self {
+        ServiceName::new("", "")
+    }
 }
 
 impl ServiceName {
     /// `namespace/name`.
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> ServiceName {
+    pub fn new(namespace: impl AsRef<str>, name: impl AsRef<str>) -> ServiceName {
         ServiceName {
-            namespace: namespace.into(),
-            name: name.into(),
+            namespace: Arc::from(namespace.as_ref()),
+            name: Arc::from(name.as_ref()),
         }
     }
 
     /// The name of a Service object (`default` namespace when unset).
     pub fn of(svc: &Service) -> ServiceName {
         ServiceName::new(
-            svc.metadata
-                .namespace
-                .clone()
-                .unwrap_or_else(|| "default".to_string()),
-            svc.metadata.name.clone().unwrap_or_default(),
+            svc.metadata.namespace.as_deref().unwrap_or("default"),
+            svc.metadata.name.as_deref().unwrap_or_default(),
         )
     }
 }
@@ -153,9 +158,9 @@ impl fmt::Display for ServiceName {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServicePortName {
     /// Namespace of the Service.
-    pub namespace: String,
+    pub namespace: Arc<str>,
     /// Name of the Service.
-    pub name: String,
+    pub name: Arc<str>,
     /// Name of the port (empty when unnamed).
     pub port_name: String,
     /// Transport protocol.

@@ -8,6 +8,7 @@
 //! every existing object is re-announced; those that are not are deleted at `InitDone`.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 
@@ -17,12 +18,12 @@ use crate::sorted::SortedVec;
 use crate::source::{Kind, Object, SourceEvent};
 
 /// Namespace/name of a stored object.
-type ObjKey = (String, String);
+type ObjKey = (Arc<str>, Arc<str>);
 
 fn obj_key(ns: Option<&String>, name: Option<&String>) -> ObjKey {
     (
-        ns.cloned().unwrap_or_else(|| "default".to_string()),
-        name.cloned().unwrap_or_default(),
+        Arc::from(ns.map_or("default", String::as_str)),
+        Arc::from(name.map_or("", String::as_str)),
     )
 }
 
@@ -57,8 +58,10 @@ impl Changes {
 /// Current objects, as the sources report them.
 #[derive(Debug, Default, Clone)]
 pub struct Store {
-    services: HashMap<ServiceName, Svc>,
-    slices: HashMap<ObjKey, Slice>,
+    // Boxed: a hash table keeps about a third of its slots empty, and an empty slot then
+    // costs a pointer instead of a whole object.
+    services: HashMap<ServiceName, Box<Svc>>,
+    slices: HashMap<ObjKey, Box<Slice>>,
     /// Node and zone names of the slices' endpoints.
     names: Interner,
     by_service: HashMap<ServiceName, SortedVec<ObjKey>>,
@@ -104,7 +107,7 @@ impl Store {
 
     /// A Service by name.
     pub fn service(&self, name: &ServiceName) -> Option<&Svc> {
-        self.services.get(name)
+        self.services.get(name).map(|s| &**s)
     }
 
     /// All service names.
@@ -131,7 +134,11 @@ impl Store {
     pub fn slices_of(&self, name: &ServiceName) -> Vec<&Slice> {
         self.by_service
             .get(name)
-            .map(|keys| keys.iter().filter_map(|k| self.slices.get(k)).collect())
+            .map(|keys| {
+                keys.iter()
+                    .filter_map(|k| self.slices.get(k).map(|s| &**s))
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -179,7 +186,7 @@ impl Store {
                             .collect(),
                         Kind::Node => {
                             if seen.is_empty() && self.node.is_some() {
-                                vec![(String::new(), String::new())]
+                                vec![(Arc::from(""), Arc::from(""))]
                             } else {
                                 Vec::new()
                             }
@@ -201,8 +208,8 @@ impl Store {
             Object::Service(svc) => {
                 let svc = Svc::from_service(&svc);
                 let name = svc.name.clone();
-                if self.services.get(&name) != Some(&svc) {
-                    self.services.insert(name.clone(), svc);
+                if self.services.get(&name).map(|s| &**s) != Some(&svc) {
+                    self.services.insert(name.clone(), Box::new(svc));
                     ch.services.insert(name.clone());
                     ch.dirty.insert(name);
                 }
@@ -213,7 +220,7 @@ impl Store {
                     slice.metadata.name.as_ref(),
                 );
                 let slice = Slice::from_slice(&slice, &mut self.names);
-                let old = self.slices.get(&key);
+                let old = self.slices.get(&key).map(|s| &**s);
                 if old == Some(&slice) {
                     return ch;
                 }
@@ -234,7 +241,7 @@ impl Store {
                     ch.endpoints.insert(n.clone());
                     ch.dirty.insert(n.clone());
                 }
-                self.slices.insert(key, slice);
+                self.slices.insert(key, Box::new(slice));
             }
             Object::Node(node) => {
                 let before = node_facts(self.node.as_ref());
@@ -302,6 +309,6 @@ fn key_of(obj: &Object) -> ObjKey {
             obj_key(s.metadata.namespace.as_ref(), s.metadata.name.as_ref())
         }
         // One node only: its key is fixed.
-        Object::Node(_) => (String::new(), String::new()),
+        Object::Node(_) => (Arc::from(""), Arc::from("")),
     }
 }

@@ -545,7 +545,7 @@ fn iptables_mode_reports_health_checks_and_no_local_endpoints() {
     assert_eq!(hc.len(), 1, "{hc:?}");
     let (name, h) = hc.iter().next().unwrap();
     assert_eq!(
-        (name.name.as_str(), h.node_port, h.local_endpoints),
+        (&*name.name, h.node_port, h.local_endpoints),
         ("lb", 32020, 2)
     );
     // ro: internalTrafficPolicy Local, reachable remotely through its NodePort, no local one.

@@ -627,7 +627,7 @@ impl SyncObserver for Observer {
                 (
                     hc.node_port,
                     HealthCheckService {
-                        service: NamespacedName::new(name.namespace, name.name),
+                        service: NamespacedName::new(&*name.namespace, &*name.name),
                         local_endpoints: hc.local_endpoints,
                     },
                 )
