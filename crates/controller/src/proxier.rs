@@ -813,7 +813,7 @@ impl Proxier {
             .map(|actual| ipset::diff(&self.desired.ipset_state(), actual));
         let ipvs_ops = actual_ipvs.as_ref().map(|actual| {
             let owned = owned_by_proxy(&self.cfg);
-            diff_ipvs(&self.desired.ipvs_table(), actual, &owned)
+            self.desired.diff_ipvs(actual, &owned)
         });
         let ipvs_ops = ipvs_ops.map(|ops| self.graceful(ops, actual_ipvs.as_ref()));
         let (addr_add, addr_del) = match &actual_addrs {

@@ -227,6 +227,7 @@ fn model_desired_resync_without_drift_is_silent() {
     let owned = owned_by_proxy(&cfg);
     let ops = diff_ipvs(&desired, &actual, &owned);
     assert!(ops.is_empty(), "{} ops", ops.len());
+    assert!(d.diff_ipvs(&actual, &owned).is_empty());
     let (add, del) = diff_set(&d.addresses(), &d.addresses(), &|_| true);
     assert!(add.is_empty() && del.is_empty());
 }
@@ -292,6 +293,8 @@ fn model_desired_startup_adopts_and_repairs_drift() {
     }
     let owned = owned_by_proxy(&cfg);
     let ops = diff_ipvs(&desired, &actual, &owned);
+    // The proxier's form, which does not build the desired table, gives the same operations.
+    assert_eq!(d.diff_ipvs(&actual, &owned), ops);
     let mut want_apply = vec![
         Op::SetDest(keys[0], desired[&keys[0]].real_servers[&first].clone()),
         Op::SetService(desired[&keys[1]].service.clone()),
