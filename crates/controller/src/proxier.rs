@@ -258,6 +258,9 @@ impl Retries {
     }
 }
 
+/// IPVS operations sent per [`Kernel::apply_ipvs`] call (see `Proxier::apply_ipvs`).
+pub const IPVS_APPLY_CHUNK: usize = 4096;
+
 /// The proxier of one address family.
 #[derive(Debug)]
 pub struct Proxier {
@@ -1168,7 +1171,42 @@ impl Proxier {
             return;
         }
         report.ipvs_ops += ops.len();
-        let results = kernel.apply_ipvs(ops);
+        // In chunks: a full program is N x M operations, and one result per operation for all
+        // of them at once (~120 bytes each) would be most of the sync's transient memory. The
+        // client pipelines inside each chunk; a chunk that fails as a whole (the kernel does
+        // not answer, the socket is gone) stops the rest, which are repaired later.
+        let mut chunks = ops.chunks(IPVS_APPLY_CHUNK);
+        for chunk in chunks.by_ref() {
+            let results = kernel.apply_ipvs(chunk);
+            let all_failed = results.iter().all(Result::is_err);
+            self.apply_ipvs_results(chunk, results, report);
+            if all_failed {
+                break;
+            }
+        }
+        let skipped: Vec<&Op> = chunks.flatten().collect();
+        if !skipped.is_empty() {
+            report.ipvs_failures += skipped.len();
+            report.fail(
+                Subsystem::Ipvs,
+                format!(
+                    "{} IPVS operations not sent: the previous {IPVS_APPLY_CHUNK} all failed",
+                    skipped.len()
+                ),
+            );
+            self.repair.extend(skipped.into_iter().filter_map(op_key));
+        }
+        if !self.repair.is_empty() && !self.retry.ipvs.failing() {
+            self.retry.ipvs.failed(self.now);
+        }
+    }
+
+    fn apply_ipvs_results(
+        &mut self,
+        ops: &[Op],
+        results: Vec<Result<(), KernelError>>,
+        report: &mut SyncReport,
+    ) {
         for (op, res) in ops.iter().zip(results) {
             if let (
                 Ok(()),
@@ -1203,9 +1241,6 @@ impl Proxier {
                     self.repair.insert(k);
                 }
             }
-        }
-        if !self.repair.is_empty() && !self.retry.ipvs.failing() {
-            self.retry.ipvs.failed(self.now);
         }
     }
 

@@ -387,3 +387,58 @@ fn failed_restore_is_tried_once_per_sync_unless_a_set_became_empty() {
     assert_eq!(h.calls(KernelOp::ApplyIptables) - before, 2);
     assert!(!k.inner.iptables["nat"].contains("KUBE-EXTERNAL-IP"));
 }
+
+/// A full program larger than one chunk of IPVS operations on a kernel that answers nothing:
+/// the first chunk fails as a whole, the rest is not sent (one call, not one per chunk, so a
+/// kernel that times out costs one timeout), every virtual server is marked for repair, and
+/// the retry programs everything once the kernel answers again.
+#[test]
+fn failed_ipvs_chunk_stops_the_rest_and_everything_is_repaired() {
+    use controller::proxier::IPVS_APPLY_CHUNK;
+    const N: usize = 500; // 500 services x 10 endpoints: 5,500 operations, two chunks
+    let svcs = (0..N)
+        .map(|i| {
+            svc(
+                "default",
+                &format!("s{i}"),
+                &format!("10.96.{}.{}", i / 250, i % 250 + 1),
+            )
+            .port("http", 80, "TCP")
+            .build()
+        })
+        .collect();
+    let slices = (0..N)
+        .map(|i| {
+            let mut b =
+                slice("default", &format!("s{i}"), &format!("s{i}-1")).port("http", 8080, "TCP");
+            for e in 0..10 {
+                b = b.ep(
+                    &format!("10.244.{}.{}", i / 25, (i % 25) * 10 + e + 1),
+                    "node-b",
+                    C::Ready,
+                );
+            }
+            b.build()
+        })
+        .collect();
+    let store = synced_store(svcs, slices);
+    let mut p = proxier();
+    let (mut k, h) = FaultKernel::new(FakeKernel::default());
+    h.inject(Fault::errno(KernelOp::ApplyIpvs, EBUSY, Calls::Nth(1)));
+    let t0 = Instant::now();
+    let r = p.sync_at(t0, &store, &node_addrs(), &mut k);
+    const { assert!(N * 11 > IPVS_APPLY_CHUNK, "the program spans two chunks") };
+    assert_eq!(failed(&r), [Subsystem::Ipvs]);
+    assert_eq!(
+        h.calls(KernelOp::ApplyIpvs),
+        1,
+        "the second chunk was not sent"
+    );
+    assert_eq!(r.ipvs_failures, N * 11, "every operation counted as failed");
+    assert!(k.inner.ipvs.is_empty());
+    let due = assert_delay(p.retry_due_of(Subsystem::Ipvs), t0, 1);
+    let r = p.sync_at(due, &store, &node_addrs(), &mut k);
+    assert!(r.healthy(), "{:?}", r.errors);
+    assert_eq!(k.inner.ipvs.len(), N);
+    assert!(k.inner.ipvs.values().all(|vs| vs.real_servers.len() == 10));
+}
