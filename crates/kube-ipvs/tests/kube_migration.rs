@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oracle::{allowed, differences, parse_dump, DUMP_SH};
+use oracle::{allowed, differences, no_classes, parse_dump, DUMP_SH};
 use testkit::control_plane::{run_with_timeout, ControlPlane};
 use testkit::netns::{EchoServer, Pod};
 
@@ -142,7 +142,15 @@ fn kube_migration_from_upstream_kube_proxy_drops_no_connection_and_converges() {
     ];
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.current_dir(repo())
-        .args(["xtask", "vm", "--mem", "2G", "--timeout", "1500", "--net-fwd"])
+        .args([
+            "xtask",
+            "vm",
+            "--mem",
+            "2G",
+            "--timeout",
+            "1500",
+            "--net-fwd",
+        ])
         .arg(cp.port.to_string());
     for (src, dest) in &files {
         cmd.arg("--file").arg(format!("{}:{dest}", src.display()));
@@ -350,8 +358,7 @@ fn guest_half_migration_from_kube_proxy() {
     let kp_log = PathBuf::from("/tmp/kube-proxy.log");
     let mut kp = spawn("/k/kube-proxy", &flags, &kp_log);
     wait_for("kube-proxy's first sync", &mut kp, &kp_log, || {
-        kube_proxy_syncs().is_some_and(|n| n >= 1)
-            && sh("ipvsadm -Sn").contains("10.0.2.15:30080")
+        kube_proxy_syncs().is_some_and(|n| n >= 1) && sh("ipvsadm -Sn").contains("10.0.2.15:30080")
     });
     let t0 = Instant::now();
 
@@ -399,7 +406,12 @@ fn guest_half_migration_from_kube_proxy() {
     // 4. The table converged to what upstream had, modulo the allowed differences.
     let up = parse_dump(&upstream);
     let after = parse_dump(&ours);
-    let (diffs, used) = differences(&up["kube-proxy"], &after["kube-ipvs"], &allowed());
+    let (diffs, used) = differences(
+        &up["kube-proxy"],
+        &after["kube-ipvs"],
+        &allowed(),
+        &no_classes,
+    );
     println!(
         "state after the switch: {} differences, {} allowed-difference rules used\n{upstream}",
         diffs.len(),

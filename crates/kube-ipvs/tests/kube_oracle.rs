@@ -31,7 +31,7 @@ use testkit::control_plane::{run_with_timeout, ControlPlane};
 
 mod oracle;
 
-use oracle::{allowed, differences, parse_allowed, parse_dump, Difference, DUMP_SH};
+use oracle::{allowed, differences, no_classes, parse_allowed, parse_dump, Difference, DUMP_SH};
 
 /// Scenarios per run (`KUBE_IPVS_ORACLE_SCENARIOS` overrides; at most [`MAX_SCENARIOS`]).
 const SCENARIOS: u64 = 60;
@@ -101,6 +101,12 @@ pub struct Scenario {
     pub status: String,
     /// Features it uses (for the coverage test).
     pub features: BTreeSet<&'static str>,
+    /// `VIP:PORT` of the virtual servers of a Local traffic policy with no usable local
+    /// endpoint (external destinations with externalTrafficPolicy=Local: node IP:nodePort,
+    /// externalIP:port, load-balancer VIP:port; ClusterIP:port with internalTrafficPolicy=Local)
+    /// to which upstream IPVS gives the cluster endpoints (k/k#97081); kube-ipvs gives none, like
+    /// upstream's iptables and nftables modes.
+    pub local_policy_fallback: BTreeSet<String>,
 }
 
 fn ns(slot: u8) -> String {
@@ -156,6 +162,7 @@ pub fn scenario(seed: u64, slot: u8) -> Scenario {
     let mut y = format!("---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: {n}}}\n");
     let mut status = String::new();
     let mut f = BTreeSet::new();
+    let mut fallback = BTreeSet::new();
     let mut next_port = 30000 + u16::from(slot) * PORTS_PER_SLOT;
     let mut node_port = || {
         let p = next_port;
@@ -204,8 +211,11 @@ pub fn scenario(seed: u64, slot: u8) -> Scenario {
                 f.insert("timeoutSeconds");
             }
         }
+        // External addresses that get a virtual server (externalIPs, VIP-mode ingress IPs).
+        let mut ext_ips = Vec::new();
         if r.chance(20) {
             let _ = writeln!(y, "  externalIPs: [\"198.18.{slot}.{}\"]", 10 + s);
+            ext_ips.push(format!("198.18.{slot}.{}", 10 + s));
             f.insert("externalIPs");
         }
         let etp_local = external && r.chance(45);
@@ -217,7 +227,8 @@ pub fn scenario(seed: u64, slot: u8) -> Scenario {
                 f.insert("healthCheckNodePort");
             }
         }
-        if r.chance(20) {
+        let itp_local = r.chance(20);
+        if itp_local {
             let _ = writeln!(y, "  internalTrafficPolicy: Local");
             f.insert("internalTrafficPolicy: Local");
         }
@@ -256,11 +267,13 @@ pub fn scenario(seed: u64, slot: u8) -> Scenario {
                 for i in &ingress {
                     if i.contains("Proxy") {
                         f.insert("ipMode: Proxy");
+                        continue;
                     } else if i.contains("VIP") {
                         f.insert("ipMode: VIP");
                     } else {
                         f.insert("ingress ip");
                     }
+                    ext_ips.push(format!("198.19.{slot}.{}", 10 + s));
                 }
                 let _ = write!(
                     status,
@@ -271,16 +284,24 @@ pub fn scenario(seed: u64, slot: u8) -> Scenario {
             }
         }
         let _ = writeln!(y, "  ports:");
+        let (mut ext_dests, mut cluster_dests) = (Vec::new(), Vec::new());
         for (pn, proto, port, target) in &port_list {
             let _ = write!(
                 y,
                 "  - {{name: {pn}, protocol: {proto}, port: {port}, targetPort: {target}"
             );
             if external {
-                let _ = write!(y, ", nodePort: {}", node_port());
+                let np = node_port();
+                let _ = write!(y, ", nodePort: {np}");
+                ext_dests.push(format!("10.0.2.15:{np}"));
             }
             let _ = writeln!(y, "}}");
+            ext_dests.extend(ext_ips.iter().map(|ip| format!("{ip}:{port}")));
+            cluster_dests.push(format!("10.97.{slot}.{}:{port}", 10 + s));
         }
+        // A local endpoint upstream would use for external traffic: ready, else serving and
+        // terminating.
+        let mut local_usable = false;
         // Endpoints, in one slice or two; local (node-1) or remote (node-2); every condition
         // combination kube-proxy distinguishes; zone or node hints on all of them, or none.
         let endpoints = r.below(5);
@@ -319,6 +340,7 @@ pub fn scenario(seed: u64, slot: u8) -> Scenario {
                     _ => "not ready",
                 });
                 let node = if r.chance(50) { "node-1" } else { "node-2" };
+                local_usable |= node == "node-1" && conditions.contains("serving: true");
                 f.insert(if node == "node-1" {
                     "local endpoint"
                 } else {
@@ -342,6 +364,22 @@ pub fn scenario(seed: u64, slot: u8) -> Scenario {
                 let _ = writeln!(y, "}}");
             }
         }
+        // Upstream's fallback (pkg/proxy/ipvs/proxier.go `syncEndpoint`, "Allow access from
+        // local PODs even if no local endpoints exist", k/k#97081): a Local policy with no
+        // local endpoint gets the cluster endpoints whenever those are computed at all
+        // (`CategorizeEndpoints` computes them when `UsesClusterEndpoints`: the internal
+        // policy is Cluster, or the service is externally accessible at all, pkg/proxy/
+        // serviceport.go).
+        let accessible = external || !ext_ips.is_empty();
+        let uses_cluster = !itp_local || accessible;
+        if !local_usable && uses_cluster {
+            if etp_local {
+                fallback.extend(ext_dests);
+            }
+            if itp_local {
+                fallback.extend(cluster_dests);
+            }
+        }
     }
     Scenario {
         seed,
@@ -349,6 +387,7 @@ pub fn scenario(seed: u64, slot: u8) -> Scenario {
         yaml: y,
         status,
         features: f,
+        local_policy_fallback: fallback,
     }
 }
 
@@ -428,6 +467,25 @@ fn stamps(text: &str) -> Vec<(String, f64)> {
             Some((format!("{what} {phase}"), t.parse().ok()?))
         })
         .collect()
+}
+
+/// The computed classes `allowed-differences.txt` may name, for these scenarios:
+/// `@local-policy-fallback` is an upstream real-server line of a virtual server in some scenario's
+/// [`Scenario::local_policy_fallback`].
+fn classes(all: &[Scenario]) -> impl Fn(&str, &str, &str) -> bool + '_ {
+    let fallback: BTreeSet<&str> = all
+        .iter()
+        .flat_map(|s| s.local_policy_fallback.iter().map(String::as_str))
+        .collect();
+    move |class, side, line| match class {
+        "@local-policy-fallback" => {
+            let mut w = line.split_whitespace();
+            side == "upstream"
+                && w.next() == Some("-a")
+                && w.nth(1).is_some_and(|vs| fallback.contains(vs))
+        }
+        _ => panic!("unknown class {class} in allowed-differences.txt"),
+    }
 }
 
 /// Differences grouped by the scenario slot their line names (`None`: names no scenario).
@@ -529,7 +587,7 @@ fn dumps_parse_and_differences_are_attributed_unless_allowed() {
             ("done x".to_string(), 40.0)
         ]
     );
-    let (diffs, used) = differences(&d["kube-proxy"], &d["kube-ipvs"], &[]);
+    let (diffs, used) = differences(&d["kube-proxy"], &d["kube-ipvs"], &[], &no_classes);
     assert!(used.is_empty());
     assert_eq!(diffs.len(), 3, "{diffs:?}");
     let by = attribute(&diffs);
@@ -552,14 +610,41 @@ fn dumps_parse_and_differences_are_attributed_unless_allowed() {
         "{text}"
     );
     let rules = parse_allowed("# c\nipvs\t-A -t 10.97.3.10:80\tscheduler\niptables\t-j X\tx\n");
-    let (rest, used) = differences(&d["kube-proxy"], &d["kube-ipvs"], &rules);
+    let (rest, used) = differences(&d["kube-proxy"], &d["kube-ipvs"], &rules, &no_classes);
     assert!(rest.is_empty(), "{rest:?}");
     assert_eq!(used, BTreeSet::from([0, 1]));
     // Sections are separate: an ipvs rule does not hide an addr line.
     let up = dump_of(&[("addr", &["198.19.1.10/32"])]);
     let ours = dump_of(&[]);
-    let (rest, _) = differences(&up, &ours, &parse_allowed("ipvs\t198.19\tx\n"));
+    let (rest, _) = differences(&up, &ours, &parse_allowed("ipvs\t198.19\tx\n"), &no_classes);
     assert_eq!(rest.len(), 1);
+    // A computed class: upstream's fallback real servers of one ETP=Local virtual server.
+    let mut sc = scenario(1, 0);
+    sc.local_policy_fallback.insert("10.0.2.15:30001".into());
+    let up = dump_of(&[(
+        "ipvs",
+        &[
+            "-a -t 10.0.2.15:30001 -r 10.244.0.7:8000 -m -w 1",
+            "-a -t 10.0.2.15:30002 -r 10.244.0.7:8000 -m -w 1",
+        ],
+    )]);
+    let ours = dump_of(&[(
+        "ipvs",
+        &["-a -t 10.0.2.15:30001 -r 10.244.0.9:8000 -m -w 1"],
+    )]);
+    let rules = parse_allowed("ipvs\t@local-policy-fallback\tk/k#97081\n");
+    let all = [sc];
+    let (rest, used) = differences(&up, &ours, &rules, &classes(&all));
+    assert_eq!(used, BTreeSet::from([0]));
+    let lines: Vec<&str> = rest.iter().map(|d| d.line.as_str()).collect();
+    assert_eq!(
+        lines,
+        [
+            "-a -t 10.0.2.15:30002 -r 10.244.0.7:8000 -m -w 1",
+            "-a -t 10.0.2.15:30001 -r 10.244.0.9:8000 -m -w 1"
+        ],
+        "only upstream's lines of the listed virtual server are allowed"
+    );
     // The shipped file parses (every entry has a section, substring and reason).
     let _ = allowed();
 }
@@ -628,6 +713,10 @@ fn scenarios_are_deterministic_disjoint_and_cover_every_feature() {
             "no scenario of the default run has {want}"
         );
     }
+    assert!(
+        all.iter().any(|s| !s.local_policy_fallback.is_empty()),
+        "no Local traffic policy without a usable local endpoint"
+    );
     // Every address and node port a scenario names is its own.
     for s in &all {
         for line in s.yaml.lines().chain(s.status.lines()) {
@@ -638,14 +727,10 @@ fn scenarios_are_deterministic_disjoint_and_cover_every_feature() {
     }
 }
 
-/// Upstream kube-proxy and kube-ipvs program the same node state for every scenario, and a
-/// changed scheduler is caught.
-#[test]
-#[ignore = "kube"]
-fn kube_oracle_kube_proxy_and_kube_ipvs_program_the_same_state() {
+/// Creates the objects in a fresh control plane and runs the guest script in one VM boot;
+/// the guest's output.
+fn run_oracle_vm(first: u64, n: u64, all: &[Scenario]) -> String {
     let bin = testkit::control_plane::require_upstream();
-    let (first, n) = (first_seed(), scenario_count());
-    let all = scenarios(first, n);
     let cp = ControlPlane::start().unwrap();
     let dir = cp.dir().join("oracle");
     std::fs::create_dir_all(&dir).unwrap();
@@ -654,7 +739,7 @@ fn kube_oracle_kube_proxy_and_kube_ipvs_program_the_same_state() {
     let t0 = Instant::now();
     let mut objects = String::from(NODE);
     let mut status = String::from(NODE_STATUS);
-    for s in &all {
+    for s in all {
         objects.push_str(&s.yaml);
         status.push_str(&s.status);
         std::fs::write(dir.join(format!("seed-{}.yaml", s.seed)), &s.yaml).unwrap();
@@ -698,12 +783,28 @@ fn kube_oracle_kube_proxy_and_kube_ipvs_program_the_same_state() {
         ),
         (script.clone(), script.display().to_string()),
     ];
-    let t1 = Instant::now();
-    let text = run_vm(cp.port, &files, &script);
-    let vm_secs = t1.elapsed().as_secs_f64();
-    // Kept after the run (the control plane's directory is removed with it).
+    run_vm(cp.port, &files, &script)
+}
+
+/// Upstream kube-proxy and kube-ipvs program the same node state for every scenario, and a
+/// changed scheduler is caught.
+#[test]
+#[ignore = "kube"]
+fn kube_oracle_kube_proxy_and_kube_ipvs_program_the_same_state() {
+    let (first, n) = (first_seed(), scenario_count());
+    let all = scenarios(first, n);
+    // The guest output is kept; KUBE_IPVS_ORACLE_REPLAY=FILE compares a kept one again (same
+    // seed and count) without a control plane or VM, e.g. after editing the allowed list.
     let kept = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kube-oracle-guest-output.txt");
-    std::fs::write(&kept, &text).unwrap();
+    let (text, vm_secs) = match std::env::var_os("KUBE_IPVS_ORACLE_REPLAY") {
+        Some(f) => (std::fs::read_to_string(f).unwrap(), 0.0),
+        None => {
+            let t1 = Instant::now();
+            let text = run_oracle_vm(first, n, &all);
+            std::fs::write(&kept, &text).unwrap();
+            (text, t1.elapsed().as_secs_f64())
+        }
+    };
     assert!(!text.contains("@@proxy-failed"), "a proxy failed:\n{text}");
     let dumps = parse_dump(&text);
     for p in PHASES {
@@ -723,10 +824,11 @@ fn kube_oracle_kube_proxy_and_kube_ipvs_program_the_same_state() {
         );
     }
     let allowed = allowed();
-    let (diffs, used) = differences(up, &dumps["kube-ipvs"], &allowed);
+    let classes = classes(&all);
+    let (diffs, used) = differences(up, &dumps["kube-ipvs"], &allowed, &classes);
     // The deliberate deviation: kube-ipvs with `--ipvs-scheduler wrr` must be reported, with
     // the scheduler lines named and attributed to the scenarios.
-    let (wrr, _) = differences(up, &dumps["kube-ipvs-wrr"], &allowed);
+    let (wrr, _) = differences(up, &dumps["kube-ipvs-wrr"], &allowed, &classes);
     let wrr: Vec<Difference> = wrr.into_iter().filter(|d| !diffs.contains(d)).collect();
     let wrr_report = report(&wrr, &all);
     let failing_wrr = attribute(&wrr).keys().filter(|k| k.is_some()).count();

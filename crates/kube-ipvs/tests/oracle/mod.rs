@@ -100,12 +100,23 @@ pub struct Difference {
     pub line: String,
 }
 
-/// The lines only one side has, per section, less the allowed ones; with the allowed-difference
-/// entries that matched anything (each must be used by some run).
+/// Decides whether a line belongs to a computed class (an allowed entry whose substring starts
+/// with `@`): `(class, side, line)`.
+pub type Classes<'a> = &'a dyn Fn(&str, &str, &str) -> bool;
+
+/// No computed classes.
+pub fn no_classes(_: &str, _: &str, _: &str) -> bool {
+    false
+}
+
+/// The lines only one side has, per section, less the allowed ones (a substring entry, or an
+/// `@class` entry whose class `classes` says the line is in); with the indexes of the allowed
+/// entries that matched anything.
 pub fn differences(
     up: &BTreeMap<String, Vec<String>>,
     ours: &BTreeMap<String, Vec<String>>,
     allowed: &[Allowed],
+    classes: Classes<'_>,
 ) -> (Vec<Difference>, BTreeSet<usize>) {
     let mut out = Vec::new();
     let mut used = BTreeSet::new();
@@ -116,9 +127,13 @@ pub fn differences(
             .map(|v| v.iter().collect())
             .unwrap_or_default();
         let mut check = |l: &String, side: &'static str| {
-            let hit = allowed
-                .iter()
-                .position(|x| x.section == sec && l.contains(x.substring.as_str()));
+            let hit = allowed.iter().position(|x| {
+                x.section == sec
+                    && match x.substring.strip_prefix('@') {
+                        Some(_) => classes(&x.substring, side, l),
+                        None => l.contains(x.substring.as_str()),
+                    }
+            });
             match hit {
                 Some(i) => {
                     used.insert(i);
