@@ -402,6 +402,19 @@ fn guest_half_migration_from_kube_proxy() {
     );
     assert!(st.success(), "kube-ipvs exited with {st}");
     assert_eq!(failures, 0, "connections failed during the switch");
+    // kube-ipvs adopted upstream's IPv4 state as it was: no IPVS or address write at all.
+    let log = std::fs::read_to_string(&ki_log).unwrap();
+    let v4: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("sync done") && l.contains("family=Inet "))
+        .collect();
+    assert!(!v4.is_empty(), "{log}");
+    for l in &v4 {
+        assert!(
+            l.contains(" ipvs_ops=0 ") && l.contains(" address_ops=0 ") && l.contains(" errors=0 "),
+            "kube-ipvs rewrote upstream's state: {l}"
+        );
+    }
 
     // 4. The table converged to what upstream had, modulo the allowed differences.
     let up = parse_dump(&upstream);
