@@ -8,9 +8,10 @@
 //! All scenarios share one node: each lives in its own namespace with its own addresses and
 //! node ports (slot `i` owns ClusterIPs 10.97.i.x, externalIPs 198.18.i.x, load-balancer IPs
 //! 198.19.i.x, source ranges 100.64.i.0/24 and 100.65.i.x/32, endpoints 10.244.i.x and node
-//! ports 30000+24i..30000+24i+23), so the host creates every object once with kubectl and one VM
-//! boot runs each proxy once: upstream kube-proxy until its sync counter has moved twice after
-//! every object existed, then kube-ipvs `--once`, each followed by a dump and a wipe. Every
+//! ports 30000+24i..30000+24i+23; IPv6: ClusterIPs fd00:10:96::SSHH with slot SS, the rest
+//! fd00:10:KIND:SLOT::HOST), so the host creates every object once with kubectl and one VM boot
+//! runs each proxy once: upstream kube-proxy until three syncs in a row left the node unchanged,
+//! then kube-ipvs `--once`, each followed by a dump and a wipe. The cluster is dual-stack. Every
 //! differing line is attributed to its scenario by the addresses and ports it names; a failing
 //! scenario is printed with its seed, YAML and lines (a minimal reproducer:
 //! `KUBE_IPVS_ORACLE_SEED=S KUBE_IPVS_ORACLE_SCENARIOS=1`).
@@ -22,12 +23,12 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use testkit::control_plane::{run_with_timeout, ControlPlane};
+use testkit::control_plane::{run_with_timeout, ControlPlane, Options};
 
 mod oracle;
 
@@ -113,6 +114,39 @@ fn ns(slot: u8) -> String {
     format!("o{slot}")
 }
 
+/// node-1's IPv6 address (added to the guest's eth0).
+const NODE_IP6: &str = "fd00:10:0:2::15";
+
+/// `fd00:10:KIND:SLOT::HOST` (KIND 0x244 endpoints, 0x199 load-balancer IPs, 0x64 source
+/// ranges; the digits read like the IPv4 plan's, but are hexadecimal groups).
+fn v6_addr(kind: u16, slot: u8, host: u64) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 0x10, kind, u16::from(slot), 0, 0, 0, host as u16)
+}
+
+/// IPv6 ClusterIPs come from the service CIDR fd00:10:96::/108 (the apiserver allows no larger
+/// one): `fd00:10:96::SSHH` with the slot in the high byte of the last group.
+fn v6_cluster_ip(slot: u8, service: u64) -> Ipv6Addr {
+    Ipv6Addr::new(
+        0xfd00,
+        0x10,
+        0x96,
+        0,
+        0,
+        0,
+        0,
+        (u16::from(slot) << 8) | (10 + service as u16),
+    )
+}
+
+fn slot_of_ip6(ip: Ipv6Addr) -> Option<u8> {
+    let g = ip.segments();
+    match g {
+        [0xfd00, 0x10, 0x96, 0, 0, 0, 0, x] => Some((x >> 8) as u8),
+        [0xfd00, 0x10, 0x244 | 0x199 | 0x64, slot, ..] if slot < 256 => Some(slot as u8),
+        _ => None,
+    }
+}
+
 /// The slot an address belongs to, by the plan in the module doc.
 fn slot_of_ip(ip: Ipv4Addr) -> Option<u8> {
     let o = ip.octets();
@@ -136,6 +170,12 @@ fn slots_of_line(line: &str) -> BTreeSet<u8> {
             out.extend(slot_of_ip(ip));
         } else if let Ok(p) = tok.parse::<u16>() {
             out.extend(slot_of_port(p));
+        }
+    }
+    // IPv6 addresses: `[a:b::c]:port`, `a:b::c,tcp:80`, `a:b::/64`, `a:b::c/128`.
+    for tok in line.split(|c: char| !(c.is_ascii_hexdigit() || c == ':')) {
+        if let Ok(ip) = tok.trim_matches(':').parse::<Ipv6Addr>() {
+            out.extend(slot_of_ip6(ip));
         }
     }
     out
@@ -188,11 +228,36 @@ pub fn scenario(seed: u64, slot: u8) -> Scenario {
             let target = 8000 + p * 10 + r.below(5);
             port_list.push((format!("p{p}"), proto, port, target));
         }
+        // IP families from a stream of their own (the IPv4 content of a seed does not depend
+        // on them): IPv4 only, dual-stack (either policy, IPv4 primary), or IPv6 only.
+        let mut fr = Rng(seed.wrapping_mul(0xd1b5_4a32_d192_ed03) ^ (s + 1) | 1);
+        let (v4, v6, policy) = match fr.below(100) {
+            0..=64 => (true, false, "SingleStack"),
+            65..=79 => (true, true, "PreferDualStack"),
+            80..=89 => (true, true, "RequireDualStack"),
+            _ => (false, true, "SingleStack"),
+        };
+        let cip4 = format!("10.97.{slot}.{}", 10 + s);
+        let cip6 = v6_cluster_ip(slot, s);
+        let mut cips = Vec::new();
+        let mut families = Vec::new();
+        if v4 {
+            cips.push(format!("\"{cip4}\""));
+            families.push("IPv4");
+        }
+        if v6 {
+            cips.push(format!("\"{cip6}\""));
+            families.push("IPv6");
+            f.insert(if v4 { "dual-stack" } else { "IPv6 only" });
+        }
         let _ = write!(
             y,
             "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: {n}}}\nspec:\n  \
-             type: {kind}\n  clusterIP: 10.97.{slot}.{}\n",
-            10 + s
+             type: {kind}\n  ipFamilyPolicy: {policy}\n  ipFamilies: [{}]\n  clusterIP: {}\n  \
+             clusterIPs: [{}]\n",
+            families.join(", "),
+            cips[0],
+            cips.join(", ")
         );
         if r.chance(25) {
             let _ = writeln!(y, "  sessionAffinity: ClientIP");
@@ -213,7 +278,7 @@ pub fn scenario(seed: u64, slot: u8) -> Scenario {
         }
         // External addresses that get a virtual server (externalIPs, VIP-mode ingress IPs).
         let mut ext_ips = Vec::new();
-        if r.chance(20) {
+        if r.chance(20) && v4 {
             let _ = writeln!(y, "  externalIPs: [\"198.18.{slot}.{}\"]", 10 + s);
             ext_ips.push(format!("198.18.{slot}.{}", 10 + s));
             f.insert("externalIPs");
@@ -244,9 +309,14 @@ pub fn scenario(seed: u64, slot: u8) -> Scenario {
         }
         if kind == "LoadBalancer" {
             if r.chance(35) {
+                let v6_range = if v6 {
+                    format!(", \"fd00:10:64:{slot:x}::/64\"")
+                } else {
+                    String::new()
+                };
                 let _ = writeln!(
                     y,
-                    "  loadBalancerSourceRanges: [\"100.64.{slot}.0/24\", \"100.65.{slot}.{}/32\"]",
+                    "  loadBalancerSourceRanges: [\"100.64.{slot}.0/24\", \"100.65.{slot}.{}/32\"{v6_range}]",
                     10 + s
                 );
                 f.insert("loadBalancerSourceRanges");
@@ -263,6 +333,14 @@ pub fn scenario(seed: u64, slot: u8) -> Scenario {
             if r.chance(25) {
                 ingress.push(format!("{{ip: 198.19.{slot}.{}, ipMode: Proxy}}", 110 + s));
             }
+            if !v4 {
+                ingress.clear();
+            }
+            if v6 && fr.chance(80) {
+                let ip = v6_addr(0x199, slot, 10 + s);
+                ingress.push(format!("{{ip: \"{ip}\"}}"));
+                f.insert("IPv6 ingress");
+            }
             if !ingress.is_empty() {
                 for i in &ingress {
                     if i.contains("Proxy") {
@@ -270,6 +348,9 @@ pub fn scenario(seed: u64, slot: u8) -> Scenario {
                         continue;
                     } else if i.contains("VIP") {
                         f.insert("ipMode: VIP");
+                    } else if i.contains("fd00") {
+                        ext_ips.push(format!("[{}]", v6_addr(0x199, slot, 10 + s)));
+                        continue;
                     } else {
                         f.insert("ingress ip");
                     }
@@ -293,11 +374,17 @@ pub fn scenario(seed: u64, slot: u8) -> Scenario {
             if external {
                 let np = node_port();
                 let _ = write!(y, ", nodePort: {np}");
-                ext_dests.push(format!("10.0.2.15:{np}"));
+                // Every node address (the guest's eth0 also has QEMU's SLAAC fec0:: address).
+                ext_dests.push(format!("node:{np}"));
             }
             let _ = writeln!(y, "}}");
             ext_dests.extend(ext_ips.iter().map(|ip| format!("{ip}:{port}")));
-            cluster_dests.push(format!("10.97.{slot}.{}:{port}", 10 + s));
+            if v4 {
+                cluster_dests.push(format!("{cip4}:{port}"));
+            }
+            if v6 {
+                cluster_dests.push(format!("[{cip6}]:{port}"));
+            }
         }
         // A local endpoint upstream would use for external traffic: ready, else serving and
         // terminating.
@@ -307,61 +394,74 @@ pub fn scenario(seed: u64, slot: u8) -> Scenario {
         let endpoints = r.below(5);
         let hints = distribution.is_some() || r.chance(15);
         let slices = if endpoints > 1 && r.chance(20) { 2 } else { 1 };
-        for slice in 0..slices {
-            let _ = write!(
-                y,
-                "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-{slice}\n  \
-                 namespace: {n}\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: IPv4\nports:\n"
-            );
-            for (pn, proto, _, target) in &port_list {
-                let _ = writeln!(y, "- {{name: {pn}, protocol: {proto}, port: {target}}}");
+        // Each endpoint's conditions, node and hints, drawn once and rendered per family.
+        let mut eps: Vec<String> = Vec::new();
+        for _ in 0..endpoints {
+            let conditions = match r.below(100) {
+                0..=59 => "{ready: true, serving: true, terminating: false}",
+                60..=74 => "{ready: false, serving: true, terminating: true}",
+                75..=84 => "{ready: false, serving: false, terminating: true}",
+                _ => "{ready: false, serving: false, terminating: false}",
+            };
+            f.insert(match conditions.as_bytes()[8] {
+                b't' => "ready",
+                _ if conditions.contains("serving: true") => "serving terminating",
+                _ if conditions.contains("terminating: true") => "terminating",
+                _ => "not ready",
+            });
+            let node = if r.chance(50) { "node-1" } else { "node-2" };
+            local_usable |= node == "node-1" && conditions.contains("serving: true");
+            f.insert(if node == "node-1" {
+                "local endpoint"
+            } else {
+                "remote endpoint"
+            });
+            let mut e = format!("conditions: {conditions}, nodeName: {node}");
+            if hints {
+                let zone = if r.chance(60) { "zone-a" } else { "zone-b" };
+                let _ = write!(e, ", hints: {{forZones: [{{name: {zone}}}]");
+                f.insert("zone hints");
+                if r.chance(50) {
+                    let _ = write!(e, ", forNodes: [{{name: {node}}}]");
+                    f.insert("node hints");
+                }
+                let _ = write!(e, "}}");
             }
-            let mine: Vec<u64> = (0..endpoints).filter(|e| e % slices == slice).collect();
-            if mine.is_empty() {
-                let _ = writeln!(y, "endpoints: []");
-                f.insert("endpoints: []");
+            eps.push(e);
+        }
+        for (family, on) in [("IPv4", v4), ("IPv6", v6)] {
+            if !on {
                 continue;
             }
-            if slices > 1 {
-                f.insert("two slices");
-            }
-            let _ = writeln!(y, "endpoints:");
-            for e in mine {
-                let conditions = match r.below(100) {
-                    0..=59 => "{ready: true, serving: true, terminating: false}",
-                    60..=74 => "{ready: false, serving: true, terminating: true}",
-                    75..=84 => "{ready: false, serving: false, terminating: true}",
-                    _ => "{ready: false, serving: false, terminating: false}",
-                };
-                f.insert(match conditions.as_bytes()[8] {
-                    b't' => "ready",
-                    _ if conditions.contains("serving: true") => "serving terminating",
-                    _ if conditions.contains("terminating: true") => "terminating",
-                    _ => "not ready",
-                });
-                let node = if r.chance(50) { "node-1" } else { "node-2" };
-                local_usable |= node == "node-1" && conditions.contains("serving: true");
-                f.insert(if node == "node-1" {
-                    "local endpoint"
-                } else {
-                    "remote endpoint"
-                });
+            let suffix = if family == "IPv6" { "-v6" } else { "" };
+            for slice in 0..slices {
                 let _ = write!(
                     y,
-                    "- {{addresses: [\"10.244.{slot}.{}\"], conditions: {conditions}, nodeName: {node}",
-                    10 * s + e + 1
+                    "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-{slice}{suffix}\n  \
+                     namespace: {n}\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: {family}\nports:\n"
                 );
-                if hints {
-                    let zone = if r.chance(60) { "zone-a" } else { "zone-b" };
-                    let _ = write!(y, ", hints: {{forZones: [{{name: {zone}}}]");
-                    f.insert("zone hints");
-                    if r.chance(50) {
-                        let _ = write!(y, ", forNodes: [{{name: {node}}}]");
-                        f.insert("node hints");
-                    }
-                    let _ = write!(y, "}}");
+                for (pn, proto, _, target) in &port_list {
+                    let _ = writeln!(y, "- {{name: {pn}, protocol: {proto}, port: {target}}}");
                 }
-                let _ = writeln!(y, "}}");
+                let mine: Vec<u64> = (0..endpoints).filter(|e| e % slices == slice).collect();
+                if mine.is_empty() {
+                    let _ = writeln!(y, "endpoints: []");
+                    f.insert("endpoints: []");
+                    continue;
+                }
+                if slices > 1 {
+                    f.insert("two slices");
+                }
+                let _ = writeln!(y, "endpoints:");
+                for e in mine {
+                    let host = (10 * s + e + 1) as u8;
+                    let addr = if family == "IPv4" {
+                        format!("10.244.{slot}.{host}")
+                    } else {
+                        v6_addr(0x244, slot, u64::from(host)).to_string()
+                    };
+                    let _ = writeln!(y, "- {{addresses: [\"{addr}\"], {}}}", eps[e as usize]);
+                }
             }
         }
         // Upstream's fallback (pkg/proxy/ipvs/proxier.go `syncEndpoint`, "Allow access from
@@ -402,8 +502,9 @@ const NODE: &str = "apiVersion: v1\nkind: Node\nmetadata:\n  name: node-1\n  lab
     10.244.0.0/24\n  podCIDRs: [10.244.0.0/24]\n";
 
 /// node-1's address (the guest's eth0), written to the status subresource.
-const NODE_STATUS: &str = "apiVersion: v1\nkind: Node\nmetadata: {name: node-1}\nstatus:\n  \
-    addresses: [{type: InternalIP, address: 10.0.2.15}, {type: Hostname, address: node-1}]\n";
+/// A merge patch of the status subresource: server-side apply refuses two InternalIP entries
+/// (the list's key is the type), which a dual-stack node has.
+const NODE_STATUS: &str = r#"{"status":{"addresses":[{"type":"InternalIP","address":"10.0.2.15"},{"type":"InternalIP","address":"fd00:10:0:2::15"},{"type":"Hostname","address":"node-1"}]}}"#;
 
 /// Flags both proxies get.
 fn proxy_flags(kc: &Path) -> String {
@@ -420,22 +521,33 @@ const PHASES: [&str; 3] = ["kube-proxy", "kube-ipvs", "kube-ipvs-wrr"];
 /// The guest script: each proxy once on a clean node, a dump after each.
 fn guest_script(kc: &Path) -> String {
     let flags = proxy_flags(kc);
-    let mut s = format!("set +e\n{DUMP_SH}up() {{ cut -d. -f1 /proc/uptime; }}\n");
-    // kube-proxy: every object exists before it starts, so the first sync has them all; wait
-    // for a second one (the 10 s periodic resync) so late node labels are in too. The sync
-    // counter has a line per IP family (kube-proxy runs both where the kernel has IPv6): the
-    // smallest counts.
+    let mut s = format!(
+        "set +e\n{DUMP_SH}up() {{ cut -d. -f1 /proc/uptime; }}\n\
+         ip -6 addr add {NODE_IP6}/64 dev eth0 nodad\n"
+    );
+    // kube-proxy: every object exists before it starts, but its IPv4 and IPv6 proxiers sync
+    // on their own (the sync counter does not tell which family moved it, and the IPv6
+    // proxier's first sync, one `ipset` process per entry, can outlast several IPv4 syncs).
+    // So: after each move of the counter the node state is hashed, and kube-proxy is done
+    // once three moves in a row (periodic resyncs, `--ipvs-sync-period 10s`) left it unchanged.
     let _ = write!(
         s,
         "echo \"@@start kube-proxy $(up)\"\n\
-         /k/kube-proxy {flags} --v 0 >/tmp/kp.log 2>&1 &\nP=$!\nend=$(( $(up) + 1200 ))\nc=0\n\
+         /k/kube-proxy {flags} --v 0 >/tmp/kp.log 2>&1 &\nP=$!\nend=$(( $(up) + 1200 ))\n\
+         c=0\nlast=0\nprev=none\nstable=0\n\
          while [ $(up) -lt $end ]; do\n  \
          c=$(timeout 10 busybox wget -q -O - http://127.0.0.1:10249/metrics 2>/dev/null | \
-         awk '/^kubeproxy_sync_proxy_rules_duration_seconds_count/ {{ if (m == \"\" || $2 < m) m = $2 }} \
-         END {{ if (m != \"\") printf \"%d\", m }}')\n  \
-         [ -n \"$c\" ] && [ \"$c\" -ge 2 ] && break\n  kill -0 $P 2>/dev/null || break\n  sleep 1\ndone\n\
-         [ -n \"$c\" ] && [ \"$c\" -ge 2 ] || {{ echo \"@@proxy-failed kube-proxy syncs=$c\"; tail -n 40 /tmp/kp.log; }}\n\
-         dump kube-proxy\nkill $P; wait $P 2>/dev/null\nwipe\n"
+         awk '/^kubeproxy_sync_proxy_rules_duration_seconds_count/ {{ n += $2 }} END {{ printf \"%d\", n }}')\n  \
+         if [ -n \"$c\" ] && [ \"$c\" -gt \"$last\" ]; then\n    \
+         h=$(dump x | grep -v '^@@phase' | sort | md5sum | cut -c1-8)\n    \
+         if [ \"$h\" = \"$prev\" ]; then stable=$((stable+1)); else stable=0; fi\n    \
+         echo \"@@log kube-proxy syncs=$c state=$h unchanged=$stable $(up)\"\n    \
+         prev=$h\n    last=$c\n    [ $stable -ge 3 ] && break\n  fi\n  \
+         kill -0 $P 2>/dev/null || break\n  sleep 1\ndone\n\
+         echo \"@@log kube-proxy syncs=$c unchanged=$stable $(up)\"\n\
+         [ $stable -ge 3 ] || {{ echo \"@@proxy-failed kube-proxy syncs=$c\"; tail -n 40 /tmp/kp.log; }}\n\
+         dump kube-proxy\necho '@@log kube-proxy errors'\ngrep -E '^E' /tmp/kp.log | head -n 40\n\
+         kill $P; wait $P 2>/dev/null\nwipe\n"
     );
     for (phase, extra) in [
         ("kube-ipvs", ""),
@@ -446,7 +558,7 @@ fn guest_script(kc: &Path) -> String {
             "echo \"@@start {phase} $(up)\"\n\
              timeout 600 /k/kube-ipvs {flags}{extra} --once >/tmp/ki.log 2>&1 || \
              {{ echo \"@@proxy-failed {phase} $?\"; tail -n 40 /tmp/ki.log; }}\n\
-             dump {phase}\nwipe\n"
+             dump {phase}\necho '@@log {phase} warnings'\ngrep -E 'WARN|ERROR' /tmp/ki.log | head -n 20\nwipe\n"
         );
     }
     s.push_str("echo \"@@done $(up)\"\n");
@@ -480,9 +592,18 @@ fn classes(all: &[Scenario]) -> impl Fn(&str, &str, &str) -> bool + '_ {
     move |class, side, line| match class {
         "@local-policy-fallback" => {
             let mut w = line.split_whitespace();
+            // A node-port virtual server is named by its port (`node:PORT`: unique to one
+            // service port, on every node address).
+            let node_port = |vs: &str| {
+                let port = vs.rsplit(':').next()?.parse::<u16>().ok()?;
+                slot_of_port(port).map(|_| format!("node:{port}"))
+            };
             side == "upstream"
                 && w.next() == Some("-a")
-                && w.nth(1).is_some_and(|vs| fallback.contains(vs))
+                && w.nth(1).is_some_and(|vs| {
+                    fallback.contains(vs)
+                        || node_port(vs).is_some_and(|n| fallback.contains(n.as_str()))
+                })
         }
         _ => panic!("unknown class {class} in allowed-differences.txt"),
     }
@@ -620,7 +741,7 @@ fn dumps_parse_and_differences_are_attributed_unless_allowed() {
     assert_eq!(rest.len(), 1);
     // A computed class: upstream's fallback real servers of one ETP=Local virtual server.
     let mut sc = scenario(1, 0);
-    sc.local_policy_fallback.insert("10.0.2.15:30001".into());
+    sc.local_policy_fallback.insert("node:30001".into());
     let up = dump_of(&[(
         "ipvs",
         &[
@@ -668,6 +789,26 @@ fn lines_are_attributed_by_address_and_node_port() {
         BTreeSet::from([0])
     );
     assert!(slots_of_line("-A -t 10.96.0.1:443 -s rr").is_empty());
+    assert_eq!(
+        slots_of_line("-a -t [fd00:10:96::50a]:80 -r [fd00:10:244:5::b]:8000 -m -w 1"),
+        BTreeSet::from([5])
+    );
+    assert_eq!(
+        slots_of_line("-A -u [fd00:10:0:2::15]:30050 -s rr"),
+        BTreeSet::from([2])
+    );
+    assert_eq!(
+        slots_of_line(
+            "add KUBE-6-LOAD-BALANCER-SOURCE-CIDR fd00:10:199:7::a,tcp:80,fd00:10:64:7::/64"
+        ),
+        BTreeSet::from([7])
+    );
+    assert_eq!(slots_of_line("fd00:10:96::10a/128"), BTreeSet::from([1]));
+    assert_eq!(v6_cluster_ip(1, 0).to_string(), "fd00:10:96::10a");
+    assert!(slots_of_line(
+        "[6] -A KUBE-SERVICES -m set --match-set KUBE-6-CLUSTER-IP dst,dst -j ACCEPT"
+    )
+    .is_empty());
     assert!(
         slots_of_line("-A KUBE-POSTROUTING -m mark --mark 0x4000/0x4000 -j MASQUERADE").is_empty()
     );
@@ -707,6 +848,9 @@ fn scenarios_are_deterministic_disjoint_and_cover_every_feature() {
         "node hints",
         "endpoints: []",
         "two slices",
+        "dual-stack",
+        "IPv6 only",
+        "IPv6 ingress",
     ] {
         assert!(
             features.contains(want),
@@ -731,14 +875,18 @@ fn scenarios_are_deterministic_disjoint_and_cover_every_feature() {
 /// the guest's output.
 fn run_oracle_vm(first: u64, n: u64, all: &[Scenario]) -> String {
     let bin = testkit::control_plane::require_upstream();
-    let cp = ControlPlane::start().unwrap();
+    // Dual-stack: the apiserver allows an IPv6 service CIDR of at most 20 bits.
+    let cp = ControlPlane::start_with(Options {
+        apiserver_args: vec!["--service-cluster-ip-range=10.96.0.0/12,fd00:10:96::/108".into()],
+    })
+    .unwrap();
     let dir = cp.dir().join("oracle");
     std::fs::create_dir_all(&dir).unwrap();
     // Every object from the host, at native speed: the node, then each scenario's namespace,
     // Services and slices, then the load-balancer status.
     let t0 = Instant::now();
     let mut objects = String::from(NODE);
-    let mut status = String::from(NODE_STATUS);
+    let mut status = String::new();
     for s in all {
         objects.push_str(&s.yaml);
         status.push_str(&s.status);
@@ -746,18 +894,30 @@ fn run_oracle_vm(first: u64, n: u64, all: &[Scenario]) -> String {
     }
     cp.kubectl_stdin(&["create", "-f", "-"], &objects)
         .unwrap_or_else(|e| panic!("creating the objects: {e}"));
-    cp.kubectl_stdin(
-        &[
-            "apply",
-            "--server-side",
-            "--subresource=status",
-            "--field-manager=oracle",
-            "-f",
-            "-",
-        ],
-        &status,
-    )
-    .unwrap_or_else(|e| panic!("writing the status: {e}"));
+    if !status.is_empty() {
+        cp.kubectl_stdin(
+            &[
+                "apply",
+                "--server-side",
+                "--subresource=status",
+                "--field-manager=oracle",
+                "-f",
+                "-",
+            ],
+            &status,
+        )
+        .unwrap_or_else(|e| panic!("writing the status: {e}"));
+    }
+    cp.kubectl(&[
+        "patch",
+        "node",
+        "node-1",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        NODE_STATUS,
+    ])
+    .unwrap_or_else(|e| panic!("writing the node's status: {e}"));
     let services = objects.matches("kind: Service\n").count();
     eprintln!(
         "kube_oracle: seeds {first}..{} ({n} scenarios, {services} Services) created in {:.1} s",

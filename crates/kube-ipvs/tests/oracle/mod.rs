@@ -9,15 +9,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 /// Shell functions for the guest: `dump PHASE` prints the node state in the format
-/// [`parse_dump`] reads (`ipvsadm -Sn`, the IPv4 addresses on kube-ipvs0, `ipset save` members,
+/// [`parse_dump`] reads (`ipvsadm -Sn`, the addresses on kube-ipvs0, `ipset save` members,
 /// `iptables-save` `-A` lines); `wipe` leaves a clean node.
 pub const DUMP_SH: &str = "dump() {\n  echo \"@@phase $1 $(cut -d' ' -f1 /proc/uptime)\"\n  \
     echo '@@ipvs'\n  ipvsadm -Sn\n  echo '@@addr'\n  \
-    ip -4 -o addr show dev kube-ipvs0 2>/dev/null | awk '{print $4}'\n  echo '@@ipset'\n  \
-    ipset save | grep '^add '\n  echo '@@iptables'\n  iptables-save | grep '^-A'\n  echo '@@end'\n}\n\
+    ip -o addr show dev kube-ipvs0 2>/dev/null | awk '$4 !~ /^fe80/ {print $4}'\n  \
+    echo '@@ipset'\n  ipset save | grep '^add '\n  echo '@@iptables'\n  iptables-save | grep '^-A'\n  \
+    ip6tables-save | grep '^-A' | awk '{print \"[6] \" $0}'\n  echo '@@end'\n}\n\
     wipe() {\n  ipvsadm -C\n  ip link del kube-ipvs0 2>/dev/null\n  \
-    for t in filter nat mangle raw; do iptables -t $t -F; iptables -t $t -X; done\n  \
-    ipset destroy 2>/dev/null\n}\n";
+    for t in filter nat mangle raw; do\n    iptables -t $t -F; iptables -t $t -X\n    \
+    ip6tables -t $t -F; ip6tables -t $t -X\n  done\n  ipset destroy 2>/dev/null\n}\n";
 
 /// The sections of a dump, in order.
 pub const SECTIONS: [&str; 4] = ["ipvs", "addr", "ipset", "iptables"];
