@@ -200,14 +200,27 @@ fn http_get(port: u16, path: &str) -> Option<String> {
     Some(body)
 }
 
-/// The smallest of kube-proxy's per-family sync counters, from its /metrics.
+/// kube-proxy's sync counter (its IPv4 and IPv6 proxiers both move it), from its /metrics.
 fn kube_proxy_syncs() -> Option<u64> {
     let text = http_get(10249, "/metrics")?;
-    text.lines()
+    let counts: Vec<u64> = text
+        .lines()
         .filter(|l| l.starts_with("kubeproxy_sync_proxy_rules_duration_seconds_count"))
         .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
         .map(|v| v as u64)
-        .min()
+        .collect();
+    (!counts.is_empty()).then(|| counts.iter().sum())
+}
+
+/// The node state as sorted lines (to see whether a sync changed it).
+fn state() -> Vec<String> {
+    let mut v: Vec<String> = dump("x")
+        .lines()
+        .filter(|l| !l.starts_with("@@phase"))
+        .map(str::to_string)
+        .collect();
+    v.sort();
+    v
 }
 
 fn flags(kc: &str) -> Vec<String> {
@@ -357,8 +370,18 @@ fn guest_half_migration_from_kube_proxy() {
     // 1. Upstream kube-proxy programs the node.
     let kp_log = PathBuf::from("/tmp/kube-proxy.log");
     let mut kp = spawn("/k/kube-proxy", &flags, &kp_log);
-    wait_for("kube-proxy's first sync", &mut kp, &kp_log, || {
-        kube_proxy_syncs().is_some_and(|n| n >= 1) && sh("ipvsadm -Sn").contains("10.0.2.15:30080")
+    // Both families synced: the counter moved twice in a row without changing the node (its
+    // IPv6 proxier's first sync can outlast IPv4 syncs).
+    let (mut last, mut prev, mut unchanged) = (0, Vec::new(), 0);
+    wait_for("kube-proxy's syncs", &mut kp, &kp_log, || {
+        let Some(c) = kube_proxy_syncs().filter(|c| *c > last) else {
+            return false;
+        };
+        last = c;
+        let now = state();
+        unchanged = if now == prev { unchanged + 1 } else { 0 };
+        prev = now;
+        unchanged >= 2 && sh("ipvsadm -Sn").contains("10.0.2.15:30080")
     });
     let t0 = Instant::now();
 
