@@ -456,13 +456,9 @@ fn kube_stage(exes: &[TestExe], elapsed: Duration) -> StageResult {
             .args(names)
             .current_dir(&exe.manifest_dir)
             .env("CARGO_MANIFEST_DIR", &exe.manifest_dir)
-            .env("KUBE_IPVS_KUBE_BIN", &bin)
-            // The differential test's scenario count: 8 fit the CI budget (about 50 s of TCG
-            // time per scenario and proxy); set it to 50 or more for the full run.
-            .env(
-                "KUBE_IPVS_ORACLE_SCENARIOS",
-                std::env::var("KUBE_IPVS_ORACLE_SCENARIOS").unwrap_or_else(|_| "8".into()),
-            );
+            // The differential test's scenario count and first seed are its own defaults
+            // unless KUBE_IPVS_ORACLE_SCENARIOS / KUBE_IPVS_ORACLE_SEED are set (inherited).
+            .env("KUBE_IPVS_KUBE_BIN", &bin);
         let (success, text) = run_tee(&mut cmd);
         let c = parse_results(&text);
         if !success {

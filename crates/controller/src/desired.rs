@@ -450,13 +450,11 @@ pub fn service_desired_except(
             });
         }
 
-        // Hairpin: a local endpoint reaching itself through a VIP must be masqueraded.
-        for e in sel
-            .cluster
-            .iter()
-            .chain(sel.external.iter())
-            .chain(sel.cluster_policy.iter())
-        {
+        // Hairpin: a local endpoint reaching itself through a VIP must be masqueraded. Like
+        // upstream (pkg/proxy/ipvs/proxier.go `syncProxyRules`, "Handle traffic that loops
+        // back to the originator with SNAT": every local endpoint of the port, whatever its
+        // conditions and hints), so the set is the same whichever endpoints are selected.
+        for e in &merged.endpoints {
             if e.is_local {
                 entry(
                     SetKind::LoopBack,
