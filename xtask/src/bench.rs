@@ -548,7 +548,8 @@ pub fn daemon_rows(d: &Value) -> Vec<Row> {
         ));
         v.push(row(
             &format!("D.{src}.processes.one-endpoint"),
-            f(&r["change_processes"]) / r["changes"].as_array().map_or(1, |c| c.len().max(1)) as f64,
+            f(&r["change_processes"])
+                / r["changes"].as_array().map_or(1, |c| c.len().max(1)) as f64,
             "proc",
             None,
             Some(0.0),
@@ -753,10 +754,9 @@ pub fn bench(args: &[String]) -> Result<u8> {
         files.push((b.clone(), bs.clone()));
         files.push((d.clone(), ds.clone()));
     }
-    let dx = daemon_paths.as_ref().map(|(b, d)| DaemonExes {
-        bin: b,
-        driver: d,
-    });
+    let dx = daemon_paths
+        .as_ref()
+        .map(|(b, d)| DaemonExes { bin: b, driver: d });
     let cfg = VmConfig {
         mem_mb: o.mem_mb,
         cpus: 2,
@@ -895,11 +895,7 @@ pub fn bench(args: &[String]) -> Result<u8> {
     if !parsed.daemon_failed.is_empty() {
         println!("daemon steps failed: {}", parsed.daemon_failed.join(", "));
     }
-    if out.code != 0
-        || missing > 0
-        || daemon_missing > 0
-        || (o.wants("p5") && ipset.is_none())
-    {
+    if out.code != 0 || missing > 0 || daemon_missing > 0 || (o.wants("p5") && ipset.is_none()) {
         eprintln!(
             "xtask bench: the driver failed in the VM (exit {})",
             out.code
@@ -996,14 +992,24 @@ mod tests {
             s.contains("/r/daemon-bench prepare /tmp/daemon-bench-1000 1000 10 /r/kube-ipvs"),
             "{s}"
         );
-        assert!(s.contains("daemon api /tmp/daemon-bench-2000 /r/kube-ipvs 3"), "{s}");
-        assert!(s.contains("daemon dir /tmp/daemon-bench-200 /r/kube-ipvs 3"), "{s}");
+        assert!(
+            s.contains("daemon api /tmp/daemon-bench-2000 /r/kube-ipvs 3"),
+            "{s}"
+        );
+        assert!(
+            s.contains("daemon dir /tmp/daemon-bench-200 /r/kube-ipvs 3"),
+            "{s}"
+        );
         // Everything by default.
-        assert_eq!(parse_args(&[]).unwrap().daemon_sizes(), vec![1_000, 5_000, 10_000]);
+        assert_eq!(
+            parse_args(&[]).unwrap().daemon_sizes(),
+            vec![1_000, 5_000, 10_000]
+        );
         // Not asked for.
         assert!(parse_args(&args("p1")).unwrap().daemon_sizes().is_empty());
 
-        let text = "BENCH-JSON {\"kind\":\"prepare\",\"services\":100,\"reals\":10,\"plan_s\":0.1}\n\
+        let text =
+            "BENCH-JSON {\"kind\":\"prepare\",\"services\":100,\"reals\":10,\"plan_s\":0.1}\n\
             BENCH-JSON {\"kind\":\"restore\",\"services\":100,\"reals\":10,\"restore_s\":2.0}\n\
             BENCH-JSON {\"kind\":\"daemon\",\"source\":\"api\",\"services\":100,\"reals\":10,\
               \"converge_s\":0.5,\"change_median_s\":0.01,\"change_requests_max\":2,\

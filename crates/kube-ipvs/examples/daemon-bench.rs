@@ -386,7 +386,11 @@ fn prepare(dir: &Path, n: usize, m: usize, bin: &str) -> Res<Value> {
     write_atomic(&objects, "00-node.yaml", &node_yaml())?;
     for i in 0..n {
         write_atomic(&objects, &format!("svc-{i:05}.yaml"), &service_yaml(i))?;
-        write_atomic(&objects, &slice_file(i), &slice_yaml(i, &endpoints_of(i, m)))?;
+        write_atomic(
+            &objects,
+            &slice_file(i),
+            &slice_yaml(i, &endpoints_of(i, m)),
+        )?;
     }
     std::fs::write(dir.join("size"), format!("{n} {m}\n")).map_err(io("writing size"))?;
     let obj = objects.to_string_lossy().into_owned();

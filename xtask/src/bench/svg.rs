@@ -27,27 +27,123 @@ enum From {
 type Series = (&'static str, &'static str, bool, From, &'static str);
 
 const SERIES: [Series; 12] = [
-    ("ipvsadm --restore", "#d62728", true, From::Runs, "/ipvsadm_restore_s"),
-    ("ipvsadm --restore", "#d62728", true, From::DaemonOnly, "/restore_s"),
-    ("P1 full program (total)", "#1f77b4", false, From::Runs, "/p1/total_s"),
+    (
+        "ipvsadm --restore",
+        "#d62728",
+        true,
+        From::Runs,
+        "/ipvsadm_restore_s",
+    ),
+    (
+        "ipvsadm --restore",
+        "#d62728",
+        true,
+        From::DaemonOnly,
+        "/restore_s",
+    ),
+    (
+        "P1 full program (total)",
+        "#1f77b4",
+        false,
+        From::Runs,
+        "/p1/total_s",
+    ),
     ("P1 IPVS part", "#17becf", false, From::Runs, "/p1/ipvs_s"),
-    ("ipvsadm -Sn", "#ff7f0e", true, From::Runs, "/p4/ipvsadm_save_s"),
-    ("P4 drift check (total)", "#2ca02c", false, From::Runs, "/p4/total_s"),
-    ("P2 add service", "#9467bd", false, From::Runs, "/p2/add-service/wall_s"),
-    ("P2 one endpoint", "#8c564b", false, From::Runs, "/p2/endpoint/wall_s"),
-    ("daemon, API: start→converged", "#e377c2", false, From::Daemon, "/api/converge_s"),
-    ("daemon, dir: start→converged", "#7f7f7f", false, From::Daemon, "/dir/converge_s"),
-    ("daemon, API: one endpoint", "#bcbd22", false, From::Daemon, "/api/change_median_s"),
-    ("daemon, dir: one endpoint", "#000000", false, From::Daemon, "/dir/change_median_s"),
+    (
+        "ipvsadm -Sn",
+        "#ff7f0e",
+        true,
+        From::Runs,
+        "/p4/ipvsadm_save_s",
+    ),
+    (
+        "P4 drift check (total)",
+        "#2ca02c",
+        false,
+        From::Runs,
+        "/p4/total_s",
+    ),
+    (
+        "P2 add service",
+        "#9467bd",
+        false,
+        From::Runs,
+        "/p2/add-service/wall_s",
+    ),
+    (
+        "P2 one endpoint",
+        "#8c564b",
+        false,
+        From::Runs,
+        "/p2/endpoint/wall_s",
+    ),
+    (
+        "daemon, API: start→converged",
+        "#e377c2",
+        false,
+        From::Daemon,
+        "/api/converge_s",
+    ),
+    (
+        "daemon, dir: start→converged",
+        "#7f7f7f",
+        false,
+        From::Daemon,
+        "/dir/converge_s",
+    ),
+    (
+        "daemon, API: one endpoint",
+        "#bcbd22",
+        false,
+        From::Daemon,
+        "/api/change_median_s",
+    ),
+    (
+        "daemon, dir: one endpoint",
+        "#000000",
+        false,
+        From::Daemon,
+        "/dir/change_median_s",
+    ),
 ];
 
 /// (label, colour, dashed, source, pointer, divisor) of the RSS plot (kB → MiB).
 const RSS_SERIES: [Series; 5] = [
-    ("daemon, API: steady", "#e377c2", false, From::Daemon, "/api/rss_steady_kb"),
-    ("daemon, API: peak", "#e377c2", true, From::Daemon, "/api/rss_peak_kb"),
-    ("daemon, dir: steady", "#7f7f7f", false, From::Daemon, "/dir/rss_steady_kb"),
-    ("daemon, dir: peak", "#7f7f7f", true, From::Daemon, "/dir/rss_peak_kb"),
-    ("controller driver: steady", "#1f77b4", false, From::Runs, "/p3/rss_steady_kb"),
+    (
+        "daemon, API: steady",
+        "#e377c2",
+        false,
+        From::Daemon,
+        "/api/rss_steady_kb",
+    ),
+    (
+        "daemon, API: peak",
+        "#e377c2",
+        true,
+        From::Daemon,
+        "/api/rss_peak_kb",
+    ),
+    (
+        "daemon, dir: steady",
+        "#7f7f7f",
+        false,
+        From::Daemon,
+        "/dir/rss_steady_kb",
+    ),
+    (
+        "daemon, dir: peak",
+        "#7f7f7f",
+        true,
+        From::Daemon,
+        "/dir/rss_peak_kb",
+    ),
+    (
+        "controller driver: steady",
+        "#1f77b4",
+        false,
+        From::Runs,
+        "/p3/rss_steady_kb",
+    ),
 ];
 
 fn esc(s: &str) -> String {
@@ -65,7 +161,12 @@ fn points(series: &Series, runs: &[Value], daemon: &[Value], scale: f64) -> Vec<
         From::DaemonOnly => &[],
     };
     list.iter()
-        .filter_map(|r| Some((r["services"].as_f64()?, r.pointer(series.4)?.as_f64()? * scale)))
+        .filter_map(|r| {
+            Some((
+                r["services"].as_f64()?,
+                r.pointer(series.4)?.as_f64()? * scale,
+            ))
+        })
         .filter(|(_, v)| *v > 0.0 && v.is_finite())
         .collect()
 }
