@@ -513,7 +513,7 @@ pub fn daemon_rows(d: &Value) -> Vec<Row> {
         ));
         v.push(row(
             &format!("D.{src}.one-endpoint.requests"),
-            f(&r["change_requests_max"]),
+            f(&r["change_requests_median"]),
             "req",
             None,
             Some(10.0),
@@ -626,7 +626,7 @@ fn daemon_table_lines(d: &Value) -> Vec<String> {
                 restore,
                 c / restore,
                 f(&r["change_median_s"]),
-                fmt_num(f(&r["change_requests_max"])),
+                fmt_num(f(&r["change_requests_median"])),
                 f(&r["rss_steady_kb"]) / 1024.0,
                 f(&r["rss_peak_kb"]) / 1024.0,
                 fmt_num(f(&r["bytes_per_service"])),
@@ -636,13 +636,17 @@ fn daemon_table_lines(d: &Value) -> Vec<String> {
         .collect()
 }
 
-/// The daemon RSS plot's path: `daemon-rss.svg` beside the time plot.
-pub fn rss_svg_path(svg: &std::path::Path) -> PathBuf {
-    svg.with_file_name("daemon-rss.svg")
+/// The daemon plots' paths beside the time plot: `daemon-time.svg`, `daemon-rss.svg`.
+pub fn daemon_svg_paths(svg: &std::path::Path) -> (PathBuf, PathBuf) {
+    (
+        svg.with_file_name("daemon-time.svg"),
+        svg.with_file_name("daemon-rss.svg"),
+    )
 }
 
-/// Writes the time plot (controller runs and daemon entries) and, with daemon entries, the RSS
-/// plot beside it.
+/// Writes the controller's time plot (with more than one run) and, with daemon entries, the
+/// daemon's time and RSS plots beside it (they come from other driver runs, so each plot
+/// shows one boot's figures only).
 fn write_plots(
     svg: &std::path::Path,
     runs: &[Value],
@@ -654,19 +658,27 @@ fn write_plots(
     if let Some(dir) = svg.parent() {
         std::fs::create_dir_all(dir).ctx(|| format!("creating {}", dir.display()))?;
     }
-    let plot = svg::scaling_plot(runs, daemon, reals, kernel, date);
-    std::fs::write(svg, plot).ctx(|| format!("writing {}", svg.display()))?;
-    println!("plot: {}", svg.display());
+    let mut out: Vec<(PathBuf, String)> = Vec::new();
+    if runs.len() > 1 {
+        out.push((
+            svg.to_path_buf(),
+            svg::scaling_plot(runs, &[], reals, kernel, date),
+        ));
+    }
     if !daemon.is_empty() {
-        let rss = rss_svg_path(svg);
-        std::fs::write(&rss, svg::rss_plot(runs, daemon, reals, kernel, date))
-            .ctx(|| format!("writing {}", rss.display()))?;
-        println!("plot: {}", rss.display());
+        let (time, rss) = daemon_svg_paths(svg);
+        out.push((time, svg::scaling_plot(&[], daemon, reals, kernel, date)));
+        out.push((rss, svg::rss_plot(&[], daemon, reals, kernel, date)));
+    }
+    for (path, text) in out {
+        std::fs::write(&path, text).ctx(|| format!("writing {}", path.display()))?;
+        println!("plot: {}", path.display());
     }
     Ok(())
 }
 
-/// `bench --plot-from JSON [--svg FILE]`: re-render the plots of an earlier run.
+/// `bench --plot-from JSON [--svg FILE]`: re-render the plots of an earlier run (the time plot
+/// of its controller runs, the daemon plots of its daemon entries).
 fn plot_from(json: &str, rest: &[String]) -> Result<u8> {
     let o = parse_args(rest)?;
     let text = std::fs::read_to_string(json).ctx(|| format!("reading {json}"))?;
@@ -868,9 +880,7 @@ pub fn bench(args: &[String]) -> Result<u8> {
     std::fs::write(&o.json, pretty + "\n").ctx(|| format!("writing {}", o.json.display()))?;
     println!();
     println!("json: {}", o.json.display());
-    if runs.len() > 1 || parsed.daemon.len() > 1 {
-        write_plots(&o.svg, runs, &parsed.daemon, o.reals, kernel, &today())?;
-    }
+    write_plots(&o.svg, runs, &parsed.daemon, o.reals, kernel, &today())?;
     let missing = o.run_sizes().len() - runs.len().min(o.run_sizes().len());
     println!(
         "host load average: {load_before:.1} before, {load_after:.1} after (TCG timings are only comparable within one run)"
@@ -1012,7 +1022,7 @@ mod tests {
             "BENCH-JSON {\"kind\":\"prepare\",\"services\":100,\"reals\":10,\"plan_s\":0.1}\n\
             BENCH-JSON {\"kind\":\"restore\",\"services\":100,\"reals\":10,\"restore_s\":2.0}\n\
             BENCH-JSON {\"kind\":\"daemon\",\"source\":\"api\",\"services\":100,\"reals\":10,\
-              \"converge_s\":0.5,\"change_median_s\":0.01,\"change_requests_max\":2,\
+              \"converge_s\":0.5,\"change_median_s\":0.01,\"change_requests_median\":2,\
               \"rss_steady_kb\":20480,\"rss_peak_kb\":30720,\"bytes_per_service\":209715,\
               \"start_processes\":12,\"change_processes\":0,\"changes\":[{},{}]}\n\
             @@daemon-failed dir 100\n";
@@ -1033,7 +1043,7 @@ mod tests {
         assert!(rows.iter().all(|r| !r.name.starts_with("D.dir")));
         assert_eq!(daemon_table_lines(&out.daemon[0]).len(), 1);
         assert_eq!(
-            rss_svg_path(std::path::Path::new("docs/benchmarks/scaling.svg")),
+            daemon_svg_paths(std::path::Path::new("docs/benchmarks/scaling.svg")).1,
             PathBuf::from("docs/benchmarks/daemon-rss.svg")
         );
     }

@@ -124,8 +124,8 @@ pub struct Iptables {
     version: Option<(u32, u32, u32)>,
     /// Tables as detection read them (its one `*-save` of this backend; a table it did not
     /// show is empty), standing in for the first [`Iptables::apply`]'s read of each, so a start
-    /// reads every table once. Cleared by [`Iptables::force_resync`]; without a detection (or
-    /// when the backend's save failed) the first apply reads as before.
+    /// reads every table once. Cleared by [`Iptables::force_resync`] once something was applied;
+    /// without a detection (or when the backend's save failed) the first apply reads as before.
     detected_tables: BTreeMap<Table, String>,
 }
 
@@ -398,10 +398,16 @@ impl Iptables {
 
     /// Forget what was applied: the next [`Iptables::apply`] restores every table and re-checks
     /// the jumps (drift repair).
+    ///
+    /// Before the first apply, detection's read of the tables is as fresh as a new one (a
+    /// daemon's first sync is a full one and forces a resync), so it stays in use; after an
+    /// apply the tables are read again.
     pub fn force_resync(&mut self) {
+        if !self.jumps_checked.is_empty() || !self.last.is_empty() {
+            self.detected_tables.clear();
+        }
         self.last.clear();
         self.jumps_checked.clear();
-        self.detected_tables.clear();
     }
 
     /// Apply a rule set: one restore per table whose text changed since the last successful

@@ -31,7 +31,9 @@
 //!   gone or at weight 0. Its cost: the delta of `kube_ipvs_ipvs_requests_total` (after the
 //!   sync's timestamp moved past the change) and the processes it spawned.
 //! - processes: BSD process accounting (`acct(2)`, v3 records carry the parent pid) in a tmpfs
-//!   file: every process whose parent chain leads to the daemon, named by its command.
+//!   file: every process whose parent chain leads to the daemon, named by its command (15
+//!   characters). The start's count is taken once no process has ended for a second after
+//!   convergence (so it includes the handover check after the first sync).
 //! - RSS: `VmRSS` (steady, after the changes and a pause) and `VmHWM` (peak) of the daemon.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -466,7 +468,7 @@ impl Daemon {
         matches!(self.child.try_wait(), Ok(None))
     }
 
-    fn stop(mut self) -> Res<()> {
+    fn stop(&mut self) -> Res<()> {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
         self.child.wait().map_err(io("waiting for the daemon"))?;
@@ -632,7 +634,20 @@ fn daemon_run(source: &str, dir: &Path, bin: &str, changes: usize) -> Res<Value>
         std::thread::sleep(Duration::from_millis(50));
     }
     let first_sync_done = metric(&body, "kubeproxy_sync_proxy_rules_last_timestamp_seconds");
-    std::thread::sleep(Duration::from_millis(1000));
+    // The start's processes include the handover check after the first sync: wait until no
+    // process has ended for a second (at most 30 s).
+    let quiet_from = Instant::now();
+    let mut seen = acct.records().len();
+    let mut quiet = Instant::now();
+    while quiet.elapsed() < Duration::from_secs(1) && quiet_from.elapsed() < Duration::from_secs(30)
+    {
+        std::thread::sleep(Duration::from_millis(250));
+        let now = acct.records().len();
+        if now != seen {
+            seen = now;
+            quiet = Instant::now();
+        }
+    }
     let rss_converged = status_kb(pid, "VmRSS");
     let records = acct.records();
     let (start_procs, start_by_name) = descendants(&records, 0, pid);
@@ -706,9 +721,12 @@ fn daemon_run(source: &str, dir: &Path, bin: &str, changes: usize) -> Res<Value>
             "{source}: change {k} (service {i}): {:.1} ms to the kernel ({polls} reads), {reqs} IPVS requests {by_op}, {procs} processes {procs_by:?}",
             wall.as_secs_f64() * 1000.0
         );
+        // A periodic full resync that ran meanwhile (its dump reads the real servers of every
+        // virtual server) delays the change; such changes are marked.
+        let during_resync = by_op["get_dest"].as_u64().unwrap_or(0) > 2;
         rows.push(json!({
             "service": i, "wall_s": secs(wall), "ipvs_requests": reqs, "ipvs_by_op": by_op,
-            "processes": procs, "processes_by_name": procs_by,
+            "processes": procs, "processes_by_name": procs_by, "during_full_resync": during_resync,
         }));
         let spent = t0.elapsed();
         if spent < Duration::from_millis(1500) {
@@ -725,6 +743,14 @@ fn daemon_run(source: &str, dir: &Path, bin: &str, changes: usize) -> Res<Value>
         .collect();
     let change_procs: u64 = rows.iter().filter_map(|r| r["processes"].as_u64()).sum();
     daemon.stop()?;
+    // The daemon's own account of its start (what took the time), for the reader.
+    for l in std::fs::read_to_string(&daemon.log)
+        .unwrap_or_default()
+        .lines()
+        .take(40)
+    {
+        println!("{source} log: {l}");
+    }
     let final_records = acct.records();
     drop(acct);
     client.flush()?;
@@ -751,6 +777,7 @@ fn daemon_run(source: &str, dir: &Path, bin: &str, changes: usize) -> Res<Value>
         "change_median_s": median(walls.clone()),
         "change_min_s": walls.iter().copied().fold(f64::INFINITY, f64::min),
         "change_max_s": walls.iter().copied().fold(0.0, f64::max),
+        "change_requests_median": median(reqs.clone()),
         "change_requests_max": reqs.iter().copied().fold(0.0, f64::max),
         "change_processes": change_procs,
         "rss_converged_kb": rss_converged,

@@ -18,9 +18,6 @@ enum From {
     Runs,
     /// daemon-bench entries.
     Daemon,
-    /// daemon-bench entries, drawn only when there are no controller runs (the reference the
-    /// runs already draw).
-    DaemonOnly,
 }
 
 /// (label, colour, dashed, source, JSON pointer into an entry).
@@ -33,13 +30,6 @@ const SERIES: [Series; 12] = [
         true,
         From::Runs,
         "/ipvsadm_restore_s",
-    ),
-    (
-        "ipvsadm --restore",
-        "#d62728",
-        true,
-        From::DaemonOnly,
-        "/restore_s",
     ),
     (
         "P1 full program (total)",
@@ -76,6 +66,13 @@ const SERIES: [Series; 12] = [
         false,
         From::Runs,
         "/p2/endpoint/wall_s",
+    ),
+    (
+        "ipvsadm --restore",
+        "#d62728",
+        true,
+        From::Daemon,
+        "/restore_s",
     ),
     (
         "daemon, API: start→converged",
@@ -157,8 +154,6 @@ fn points(series: &Series, runs: &[Value], daemon: &[Value], scale: f64) -> Vec<
     let list = match series.3 {
         From::Runs => runs,
         From::Daemon => daemon,
-        From::DaemonOnly if runs.is_empty() => daemon,
-        From::DaemonOnly => &[],
     };
     list.iter()
         .filter_map(|r| {
@@ -300,7 +295,10 @@ pub fn scaling_plot(
         d += 1.0;
     }
     let mut s = frame(
-        &format!("kube-ipvs: time vs services ({reals} reals each)"),
+        &format!(
+            "kube-ipvs{}: time vs services ({reals} reals each)",
+            if runs.is_empty() { " daemon" } else { "" }
+        ),
         &format!("kernel {kernel}, {date}, QEMU TCG; dashed: reference tools"),
         "seconds (log)",
         &xs,
@@ -436,7 +434,7 @@ mod tests {
                                    "api": src, "dir": src})
             })
             .collect();
-        // No controller runs: the daemon's own restore is the reference line.
+        // The daemon's own restore is its reference line.
         let svg = scaling_plot(&[], &daemon, 10, "6.1.0", "2026-11-25");
         assert_eq!(svg.matches("<polyline").count(), 5, "{svg}");
         assert!(svg.contains("daemon, dir: one endpoint") && svg.contains("ipvsadm --restore"));
