@@ -74,9 +74,32 @@ fn check_daemon(v: &Value, source: &str, n: u64, m: u64, checks: &mut Vec<(Strin
     c("2 changes measured", changes.len() == 2);
     for ch in &changes {
         // One endpoint replaced: one NewDest and one SetDest (the old one drains at weight 0).
-        c("change: 2 IPVS requests", u(ch, "/ipvs_requests") == 2);
+        // The same sync may also delete the previous change's drained real server (one
+        // GetService + GetDest of that virtual server and a DelDest): O(1) all the same.
         c("change: 1 new_dest", u(ch, "/ipvs_by_op/new_dest") == 1);
         c("change: 1 set_dest", u(ch, "/ipvs_by_op/set_dest") == 1);
+        let by_op = ch["ipvs_by_op"].as_object().cloned().unwrap_or_default();
+        c(
+            "change: no other write than new/set/del_dest",
+            by_op.keys().all(|k| {
+                [
+                    "new_dest",
+                    "set_dest",
+                    "del_dest",
+                    "get_service",
+                    "get_dest",
+                ]
+                .contains(&k.as_str())
+            }),
+        );
+        c(
+            "change: at most 10 IPVS requests",
+            u(ch, "/ipvs_requests") <= 10,
+        );
+        c(
+            "change: no full dump",
+            !ch["during_full_resync"].as_bool().unwrap_or(true),
+        );
         c("change: no process", u(ch, "/processes") == 0);
     }
     // Start: iptables detection (one save per backend + `iptables --version`), one restore per
