@@ -5,7 +5,10 @@
 //! (SVG, hand-written) of time vs N.
 //!
 //! Names: `p1` full program, `p2` one change, `p3` memory, `p4` drift check, `p5` ipset and
-//! iptables processes, `scaling` (P1/P2/P4 at 1,000, 5,000 and N). No name: all of them.
+//! iptables processes, `scaling` (P1/P2/P4 at 1,000, 5,000 and N), `daemon` (the release
+//! `kube-ipvs` binary fed by the fake API server and by `--source-dir`, driven by
+//! `crates/kube-ipvs/examples/daemon-bench.rs`, at every size of the series). No name: all of
+//! them.
 
 mod svg;
 
@@ -17,12 +20,12 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const NAMES: [&str; 6] = ["p1", "p2", "p3", "p4", "p5", "scaling"];
+const NAMES: [&str; 7] = ["p1", "p2", "p3", "p4", "p5", "scaling", "daemon"];
 
 const USAGE: &str =
-    "usage: cargo xtask bench [p1|p2|p3|p4|p5|scaling]... [--services N] [--reals M]
-       [--sizes N1,N2,...] [--ipset-entries E] [--ipset-sample S] [--json FILE] [--svg FILE]
-       [--mem M] [--timeout SECS]
+    "usage: cargo xtask bench [p1|p2|p3|p4|p5|scaling|daemon]... [--services N] [--reals M]
+       [--sizes N1,N2,...] [--ipset-entries E] [--ipset-sample S] [--changes K] [--json FILE]
+       [--svg FILE] [--mem M] [--timeout SECS]
        cargo xtask bench --plot-from JSON [--svg FILE]";
 
 /// Parsed command line.
@@ -40,6 +43,8 @@ pub struct Opts {
     pub ipset_entries: usize,
     /// P5 per-entry processes actually timed (extrapolated to `ipset_entries`).
     pub ipset_sample: usize,
+    /// One-endpoint changes per daemon run.
+    pub changes: usize,
     /// JSON output.
     pub json: PathBuf,
     /// SVG plot output.
@@ -71,6 +76,18 @@ impl Opts {
         v.dedup();
         v
     }
+
+    /// Sizes of the daemon benchmark: the whole series (ascending), or none.
+    pub fn daemon_sizes(&self) -> Vec<usize> {
+        if !self.wants("daemon") {
+            return Vec::new();
+        }
+        let mut v = vec![self.services];
+        v.extend(self.sizes.iter().copied().filter(|&s| s <= self.services));
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
 }
 
 fn num(s: &str, what: &str) -> Result<usize> {
@@ -89,6 +106,7 @@ pub fn parse_args(args: &[String]) -> Result<Opts> {
         sizes: vec![1_000, 5_000],
         ipset_entries: 10_000,
         ipset_sample: 2_000,
+        changes: 5,
         json: host::target_dir().join("bench.json"),
         svg: root.join("docs/benchmarks/scaling.svg"),
         mem_mb: 2048,
@@ -110,6 +128,7 @@ pub fn parse_args(args: &[String]) -> Result<Opts> {
             }
             "--ipset-entries" => o.ipset_entries = num(crate::value(&mut it, a)?, a)?,
             "--ipset-sample" => o.ipset_sample = num(crate::value(&mut it, a)?, a)?,
+            "--changes" => o.changes = num(crate::value(&mut it, a)?, a)?,
             "--json" => o.json = PathBuf::from(crate::value(&mut it, a)?),
             "--svg" => o.svg = PathBuf::from(crate::value(&mut it, a)?),
             "--mem" => o.mem_mb = crate::parse_mem(crate::value(&mut it, a)?)?,
@@ -138,16 +157,12 @@ pub fn parse_args(args: &[String]) -> Result<Opts> {
     Ok(o)
 }
 
-fn build_driver() -> Result<PathBuf> {
+/// `cargo build --release -p PKG ARGS...`, then the built file `rel` under the target dir.
+fn build_release(pkg: &str, args: &[&str], rel: &str) -> Result<PathBuf> {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    cmd.current_dir(host::workspace_root()).args([
-        "build",
-        "--release",
-        "-p",
-        "controller",
-        "--example",
-        "controller-bench",
-    ]);
+    cmd.current_dir(host::workspace_root())
+        .args(["build", "--release", "-p", pkg])
+        .args(args);
     eprintln!("xtask: + {}", host::show(&cmd));
     let st = cmd.status().ctx(|| "running cargo build")?;
     if !st.success() {
@@ -156,15 +171,47 @@ fn build_driver() -> Result<PathBuf> {
             detail: format!("{st}"),
         });
     }
-    let exe = host::target_dir().join("release/examples/controller-bench");
+    let exe = host::target_dir().join(rel);
     if !exe.exists() {
         return Err(Error::Parse(format!("{} was not built", exe.display())));
     }
     Ok(exe)
 }
 
-/// The guest script: the kernel version, then one driver run per size, then P5.
-pub fn script(exe: &str, o: &Opts) -> String {
+fn build_driver() -> Result<PathBuf> {
+    build_release(
+        "controller",
+        &["--example", "controller-bench"],
+        "release/examples/controller-bench",
+    )
+}
+
+/// The release daemon and its benchmark driver.
+fn build_daemon() -> Result<(PathBuf, PathBuf)> {
+    let bin = build_release(
+        "kube-ipvs",
+        &["--bin", "kube-ipvs", "--example", "daemon-bench"],
+        "release/kube-ipvs",
+    )?;
+    let driver = host::target_dir().join("release/examples/daemon-bench");
+    if !driver.exists() {
+        return Err(Error::Parse(format!("{} was not built", driver.display())));
+    }
+    Ok((bin, driver))
+}
+
+/// Guest paths of the daemon benchmark's programs.
+pub struct DaemonExes<'a> {
+    /// The release `kube-ipvs`.
+    pub bin: &'a str,
+    /// `daemon-bench`.
+    pub driver: &'a str,
+}
+
+/// The guest script: the kernel version, then one driver run per size, then P5, then the
+/// daemon benchmark per size (prepare, reference restore, API source, directory source; a
+/// failed step is reported and the next size still runs).
+pub fn script(exe: &str, daemon: Option<&DaemonExes<'_>>, o: &Opts) -> String {
     let exe = shell_quote(exe);
     let mut s = String::from("set -e\necho \"@@kernel $(uname -r)\"\n");
     for n in o.run_sizes() {
@@ -177,29 +224,76 @@ pub fn script(exe: &str, o: &Opts) -> String {
             o.ipset_sample.min(o.ipset_entries)
         ));
     }
+    if let Some(d) = daemon {
+        let (bin, drv) = (shell_quote(d.bin), shell_quote(d.driver));
+        s.push_str("set +e\n");
+        for n in o.daemon_sizes() {
+            let dir = format!("/tmp/daemon-bench-{n}");
+            s.push_str(&format!(
+                "if {drv} prepare {dir} {n} {m} {bin}; then\n  \
+                 {drv} restore {dir} || echo \"@@daemon-failed restore {n}\"\n  \
+                 {drv} daemon api {dir} {bin} {k} || echo \"@@daemon-failed api {n}\"\n  \
+                 {drv} daemon dir {dir} {bin} {k} || echo \"@@daemon-failed dir {n}\"\n\
+                 else echo \"@@daemon-failed prepare {n}\"; fi\nrm -rf {dir}\n",
+                m = o.reals,
+                k = o.changes,
+            ));
+        }
+    }
     s
 }
 
-/// (kernel, size runs, ipset run) from the guest's stdout.
-pub fn parse_output(text: &str) -> (String, Vec<Value>, Option<Value>) {
-    let mut kernel = String::new();
-    let mut runs = Vec::new();
-    let mut ipset = None;
+/// What the guest printed.
+#[derive(Debug, Default)]
+pub struct Output {
+    /// The guest kernel.
+    pub kernel: String,
+    /// controller-bench runs, one per size.
+    pub runs: Vec<Value>,
+    /// controller-bench's P5 run.
+    pub ipset: Option<Value>,
+    /// daemon-bench, one per size: `{services, reals, restore_s, api, dir}`.
+    pub daemon: Vec<Value>,
+    /// Daemon steps that failed (`restore 1000`, `api 5000`, ...).
+    pub daemon_failed: Vec<String>,
+}
+
+/// Parses the guest's stdout.
+pub fn parse_output(text: &str) -> Output {
+    let mut o = Output::default();
+    let mut daemon: std::collections::BTreeMap<u64, Value> = Default::default();
     for line in text.lines() {
         if let Some(k) = line.strip_prefix("@@kernel ") {
-            kernel = k.trim().to_string();
+            o.kernel = k.trim().to_string();
+        } else if let Some(f) = line.strip_prefix("@@daemon-failed ") {
+            o.daemon_failed.push(f.trim().to_string());
         } else if let Some(j) = line.strip_prefix("BENCH-JSON ") {
             let Ok(v) = serde_json::from_str::<Value>(j) else {
                 continue;
             };
-            if v.get("entries").is_some() {
-                ipset = Some(v);
+            if let Some(kind) = v["kind"].as_str() {
+                let n = v["services"].as_u64().unwrap_or(0);
+                let e = daemon
+                    .entry(n)
+                    .or_insert_with(|| json!({"services": n, "reals": v["reals"]}));
+                match kind {
+                    "restore" => e["restore_s"] = v["restore_s"].clone(),
+                    "prepare" => e["plan_s"] = v["plan_s"].clone(),
+                    "daemon" => {
+                        let src = v["source"].as_str().unwrap_or("?").to_string();
+                        e[src] = v;
+                    }
+                    _ => {}
+                }
+            } else if v.get("entries").is_some() {
+                o.ipset = Some(v);
             } else {
-                runs.push(v);
+                o.runs.push(v);
             }
         }
     }
-    (kernel, runs, ipset)
+    o.daemon = daemon.into_values().collect();
+    o
 }
 
 /// One output line.
@@ -391,6 +485,79 @@ pub fn rows(o: &Opts, run: Option<&Value>, ipset: Option<&Value>) -> Vec<Row> {
     v
 }
 
+/// The daemon benchmark's lines at one size (issue #18's targets: start to converged <= 0.5x
+/// `ipvsadm --restore`, one change <= 0.01x the converge time with O(1) (<= 10) requests,
+/// RSS <= 55 MiB steady and <= 80 MiB peak at 10,000 services).
+pub fn daemon_rows(d: &Value) -> Vec<Row> {
+    let mut v = Vec::new();
+    let restore = d["restore_s"].as_f64();
+    for src in ["api", "dir"] {
+        let r = &d[src];
+        if r.is_null() {
+            continue;
+        }
+        let converge = f(&r["converge_s"]);
+        v.push(row(
+            &format!("D.{src}.start-to-converged"),
+            converge,
+            "s",
+            restore,
+            Some(0.5),
+        ));
+        v.push(row(
+            &format!("D.{src}.one-endpoint.median"),
+            f(&r["change_median_s"]),
+            "s",
+            Some(converge),
+            Some(0.01),
+        ));
+        v.push(row(
+            &format!("D.{src}.one-endpoint.requests"),
+            f(&r["change_requests_median"]),
+            "req",
+            None,
+            Some(10.0),
+        ));
+        v.push(row(
+            &format!("D.{src}.rss-steady"),
+            f(&r["rss_steady_kb"]) / 1024.0,
+            "MiB",
+            None,
+            Some(55.0),
+        ));
+        v.push(row(
+            &format!("D.{src}.rss-peak"),
+            f(&r["rss_peak_kb"]) / 1024.0,
+            "MiB",
+            None,
+            Some(80.0),
+        ));
+        v.push(row(
+            &format!("D.{src}.bytes-per-service"),
+            f(&r["bytes_per_service"]),
+            "B",
+            None,
+            None,
+        ));
+        v.push(row(
+            &format!("D.{src}.processes.start"),
+            f(&r["start_processes"]),
+            "proc",
+            None,
+            None,
+        ));
+        v.push(row(
+            &format!("D.{src}.processes.one-endpoint"),
+            f(&r["change_processes"])
+                / r["changes"].as_array().map_or(1, |c| c.len().max(1)) as f64,
+            "proc",
+            None,
+            Some(0.0),
+        ));
+    }
+    v
+}
+
 fn fmt_num(x: f64) -> String {
     if !x.is_finite() {
         "-".into()
@@ -424,20 +591,108 @@ pub fn render_row(r: &Row) -> String {
     )
 }
 
-/// `bench --plot-from JSON [--svg FILE]`: re-render the plot of an earlier run.
+/// Column titles of the daemon table.
+fn daemon_table_header() -> String {
+    format!(
+        "{:>7} {:<4} {:>10} {:>10} {:>7} {:>11} {:>5} {:>9} {:>9} {:>7} {:>7}",
+        "N",
+        "src",
+        "converged",
+        "ipvsadm -R",
+        "ratio",
+        "1 endpoint",
+        "req",
+        "RSS",
+        "peak",
+        "B/svc",
+        "procs"
+    )
+}
+
+/// One line per source of a daemon entry.
+fn daemon_table_lines(d: &Value) -> Vec<String> {
+    let restore = f(&d["restore_s"]);
+    ["api", "dir"]
+        .iter()
+        .filter(|s| !d[**s].is_null())
+        .map(|src| {
+            let r = &d[*src];
+            let c = f(&r["converge_s"]);
+            format!(
+                "{:>7} {:<4} {:>10.3} {:>10.3} {:>7.3} {:>11.5} {:>5} {:>9.1} {:>9.1} {:>7} {:>7}",
+                d["services"].as_u64().unwrap_or(0),
+                src,
+                c,
+                restore,
+                c / restore,
+                f(&r["change_median_s"]),
+                fmt_num(f(&r["change_requests_median"])),
+                f(&r["rss_steady_kb"]) / 1024.0,
+                f(&r["rss_peak_kb"]) / 1024.0,
+                fmt_num(f(&r["bytes_per_service"])),
+                fmt_num(f(&r["start_processes"])),
+            )
+        })
+        .collect()
+}
+
+/// The daemon plots' paths beside the time plot: `daemon-time.svg`, `daemon-rss.svg`.
+pub fn daemon_svg_paths(svg: &std::path::Path) -> (PathBuf, PathBuf) {
+    (
+        svg.with_file_name("daemon-time.svg"),
+        svg.with_file_name("daemon-rss.svg"),
+    )
+}
+
+/// Writes the controller's time plot (with more than one run) and, with daemon entries, the
+/// daemon's time and RSS plots beside it (they come from other driver runs, so each plot
+/// shows one boot's figures only).
+fn write_plots(
+    svg: &std::path::Path,
+    runs: &[Value],
+    daemon: &[Value],
+    reals: usize,
+    kernel: &str,
+    date: &str,
+) -> Result<()> {
+    if let Some(dir) = svg.parent() {
+        std::fs::create_dir_all(dir).ctx(|| format!("creating {}", dir.display()))?;
+    }
+    let mut out: Vec<(PathBuf, String)> = Vec::new();
+    if runs.len() > 1 {
+        out.push((
+            svg.to_path_buf(),
+            svg::scaling_plot(runs, &[], reals, kernel, date),
+        ));
+    }
+    if !daemon.is_empty() {
+        let (time, rss) = daemon_svg_paths(svg);
+        out.push((time, svg::scaling_plot(&[], daemon, reals, kernel, date)));
+        out.push((rss, svg::rss_plot(&[], daemon, reals, kernel, date)));
+    }
+    for (path, text) in out {
+        std::fs::write(&path, text).ctx(|| format!("writing {}", path.display()))?;
+        println!("plot: {}", path.display());
+    }
+    Ok(())
+}
+
+/// `bench --plot-from JSON [--svg FILE]`: re-render the plots of an earlier run (the time plot
+/// of its controller runs, the daemon plots of its daemon entries).
 fn plot_from(json: &str, rest: &[String]) -> Result<u8> {
     let o = parse_args(rest)?;
     let text = std::fs::read_to_string(json).ctx(|| format!("reading {json}"))?;
     let v: Value = serde_json::from_str(&text).map_err(|e| Error::Parse(format!("{json}: {e}")))?;
     let runs = v["runs"].as_array().cloned().unwrap_or_default();
-    let plot = svg::scaling_plot(
+    let daemon = v["daemon"].as_array().cloned().unwrap_or_default();
+    write_plots(
+        &o.svg,
         &runs,
+        &daemon,
         v["reals"].as_u64().unwrap_or(0) as usize,
         v["kernel"].as_str().unwrap_or("?"),
         v["date"].as_str().unwrap_or("?"),
-    );
-    std::fs::write(&o.svg, plot).ctx(|| format!("writing {}", o.svg.display()))?;
-    println!("plot: {}", o.svg.display());
+    )?;
     Ok(0)
 }
 
@@ -482,21 +737,51 @@ pub fn bench(args: &[String]) -> Result<u8> {
     }
     let o = parse_args(args)?;
     let started = Instant::now();
-    let exe = build_driver()?;
-    let exe_s = exe.to_string_lossy().into_owned();
+    let controller = !o.run_sizes().is_empty() || o.wants("p5");
+    let exe = if controller {
+        Some(build_driver()?)
+    } else {
+        None
+    };
+    let daemon_exes = if o.daemon_sizes().is_empty() {
+        None
+    } else {
+        Some(build_daemon()?)
+    };
+    let mut files = Vec::new();
+    let exe_s = exe
+        .as_ref()
+        .map(|e| e.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "true".into());
+    if let Some(e) = &exe {
+        files.push((e.clone(), exe_s.clone()));
+    }
+    let daemon_paths = daemon_exes.as_ref().map(|(b, d)| {
+        (
+            b.to_string_lossy().into_owned(),
+            d.to_string_lossy().into_owned(),
+        )
+    });
+    if let (Some((b, d)), Some((bs, ds))) = (&daemon_exes, &daemon_paths) {
+        files.push((b.clone(), bs.clone()));
+        files.push((d.clone(), ds.clone()));
+    }
+    let dx = daemon_paths
+        .as_ref()
+        .map(|(b, d)| DaemonExes { bin: b, driver: d });
     let cfg = VmConfig {
         mem_mb: o.mem_mb,
         cpus: 2,
         timeout: o.timeout,
-        files: vec![(exe.clone(), exe_s.clone())],
+        files,
         net_fwd: None,
         env: Vec::new(),
         cwd: None,
-        script: script(&exe_s, &o),
+        script: script(&exe_s, dx.as_ref(), &o),
         echo: true,
     };
     eprintln!(
-        "xtask bench: sizes {:?} x {} reals{}; one VM boot",
+        "xtask bench: sizes {:?} x {} reals{}{}; one VM boot",
         o.run_sizes(),
         o.reals,
         if o.wants("p5") {
@@ -507,17 +792,34 @@ pub fn bench(args: &[String]) -> Result<u8> {
             )
         } else {
             String::new()
+        },
+        if o.daemon_sizes().is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", daemon at {:?} ({} changes each)",
+                o.daemon_sizes(),
+                o.changes
+            )
         }
     );
     let load_before = loadavg();
     let out = vm::run(&cfg)?;
     let load_after = loadavg();
     let text = String::from_utf8_lossy(&out.stdout);
-    let (kernel, runs, ipset) = parse_output(&text);
+    let parsed = parse_output(&text);
+    let (kernel, runs, ipset) = (&parsed.kernel, &parsed.runs, &parsed.ipset);
     let main = runs
         .iter()
         .find(|r| r["services"].as_u64() == Some(o.services as u64));
-    let rows = rows(&o, main, ipset.as_ref());
+    let mut rows = rows(&o, main, ipset.as_ref());
+    let daemon_main = parsed
+        .daemon
+        .iter()
+        .find(|d| d["services"].as_u64() == Some(o.services as u64));
+    if let Some(d) = daemon_main {
+        rows.extend(daemon_rows(d));
+    }
     println!();
     println!(
         "{:<36} {:>12} {:<4} {:>12} {:>9} {:>7} status",
@@ -533,7 +835,7 @@ pub fn bench(args: &[String]) -> Result<u8> {
             "{:>8} {:>10} {:>10} {:>12} {:>10} {:>12} {:>12}",
             "N", "P1 total", "P1 ipvs", "ipvsadm -R", "P4 total", "ipvsadm -Sn", "P2 endpoint"
         );
-        for r in &runs {
+        for r in runs {
             println!(
                 "{:>8} {:>10.3} {:>10.3} {:>12.3} {:>10.3} {:>12.3} {:>12.5}",
                 r["services"].as_u64().unwrap_or(0),
@@ -544,6 +846,16 @@ pub fn bench(args: &[String]) -> Result<u8> {
                 f(&r["p4"]["ipvsadm_save_s"]),
                 f(&r["p2"]["endpoint"]["wall_s"]),
             );
+        }
+    }
+    if !parsed.daemon.is_empty() {
+        println!();
+        println!("daemon (seconds, MiB):");
+        println!("{}", daemon_table_header());
+        for d in &parsed.daemon {
+            for line in daemon_table_lines(d) {
+                println!("{line}");
+            }
         }
     }
     let report = json!({
@@ -557,6 +869,9 @@ pub fn bench(args: &[String]) -> Result<u8> {
         "rows": rows.iter().map(Row::json).collect::<Vec<_>>(),
         "runs": runs,
         "ipset": ipset,
+        "daemon": parsed.daemon,
+        "daemon_failed": parsed.daemon_failed,
+        "changes": o.changes,
     });
     if let Some(dir) = o.json.parent() {
         std::fs::create_dir_all(dir).ctx(|| format!("creating {}", dir.display()))?;
@@ -565,14 +880,7 @@ pub fn bench(args: &[String]) -> Result<u8> {
     std::fs::write(&o.json, pretty + "\n").ctx(|| format!("writing {}", o.json.display()))?;
     println!();
     println!("json: {}", o.json.display());
-    if runs.len() > 1 {
-        let plot = svg::scaling_plot(&runs, o.reals, &kernel, &today());
-        if let Some(dir) = o.svg.parent() {
-            std::fs::create_dir_all(dir).ctx(|| format!("creating {}", dir.display()))?;
-        }
-        std::fs::write(&o.svg, plot).ctx(|| format!("writing {}", o.svg.display()))?;
-        println!("plot: {}", o.svg.display());
-    }
+    write_plots(&o.svg, runs, &parsed.daemon, o.reals, kernel, &today())?;
     let missing = o.run_sizes().len() - runs.len().min(o.run_sizes().len());
     println!(
         "host load average: {load_before:.1} before, {load_after:.1} after (TCG timings are only comparable within one run)"
@@ -587,7 +895,17 @@ pub fn bench(args: &[String]) -> Result<u8> {
         o.run_sizes().len(),
         started.elapsed().as_secs_f64()
     );
-    if out.code != 0 || missing > 0 || (o.wants("p5") && ipset.is_none()) {
+    let daemon_missing = o.daemon_sizes().len().saturating_sub(
+        parsed
+            .daemon
+            .iter()
+            .filter(|d| !d["api"].is_null() && !d["dir"].is_null() && !d["restore_s"].is_null())
+            .count(),
+    );
+    if !parsed.daemon_failed.is_empty() {
+        println!("daemon steps failed: {}", parsed.daemon_failed.join(", "));
+    }
+    if out.code != 0 || missing > 0 || daemon_missing > 0 || (o.wants("p5") && ipset.is_none()) {
         eprintln!(
             "xtask bench: the driver failed in the VM (exit {})",
             out.code
@@ -609,7 +927,7 @@ mod tests {
     fn defaults_run_the_scaling_series_and_p5() {
         let o = parse_args(&[]).unwrap();
         assert_eq!(o.run_sizes(), vec![1_000, 5_000, 10_000]);
-        let s = script("/x/controller-bench", &o);
+        let s = script("/x/controller-bench", None, &o);
         assert!(s.contains("/x/controller-bench run 1000 10\n"), "{s}");
         assert!(s.contains("/x/controller-bench run 10000 10\n"), "{s}");
         assert!(s.contains("/x/controller-bench ipset 10000 2000\n"), "{s}");
@@ -619,7 +937,7 @@ mod tests {
     fn shrunk_and_filtered_runs() {
         let o = parse_args(&args("p1 --services 2000 --reals 4")).unwrap();
         assert_eq!(o.run_sizes(), vec![2_000]);
-        assert!(!script("/b", &o).contains("ipset"));
+        assert!(!script("/b", None, &o).contains("ipset"));
         let o = parse_args(&args("scaling --services 2_000")).unwrap();
         assert_eq!(o.run_sizes(), vec![200, 1_000, 2_000]);
         let o = parse_args(&args("p5")).unwrap();
@@ -663,10 +981,71 @@ mod tests {
     #[test]
     fn output_is_parsed() {
         let text = "@@kernel 6.1.0-40-cloud-amd64\nnoise\nBENCH-JSON {\"services\":5}\nBENCH-JSON {\"entries\":3}\n";
-        let (k, runs, ipset) = parse_output(text);
-        assert_eq!(k, "6.1.0-40-cloud-amd64");
-        assert_eq!(runs.len(), 1);
-        assert_eq!(ipset.unwrap()["entries"], 3);
+        let o = parse_output(text);
+        assert_eq!(o.kernel, "6.1.0-40-cloud-amd64");
+        assert_eq!(o.runs.len(), 1);
+        assert_eq!(o.ipset.unwrap()["entries"], 3);
+        assert!(o.daemon.is_empty());
+    }
+
+    #[test]
+    fn daemon_sizes_script_and_output() {
+        let o = parse_args(&args("daemon --services 2000 --changes 3")).unwrap();
+        assert!(o.run_sizes().is_empty());
+        assert_eq!(o.daemon_sizes(), vec![200, 1_000, 2_000]);
+        let d = DaemonExes {
+            bin: "/r/kube-ipvs",
+            driver: "/r/daemon-bench",
+        };
+        let s = script("true", Some(&d), &o);
+        assert!(
+            s.contains("/r/daemon-bench prepare /tmp/daemon-bench-1000 1000 10 /r/kube-ipvs"),
+            "{s}"
+        );
+        assert!(
+            s.contains("daemon api /tmp/daemon-bench-2000 /r/kube-ipvs 3"),
+            "{s}"
+        );
+        assert!(
+            s.contains("daemon dir /tmp/daemon-bench-200 /r/kube-ipvs 3"),
+            "{s}"
+        );
+        // Everything by default.
+        assert_eq!(
+            parse_args(&[]).unwrap().daemon_sizes(),
+            vec![1_000, 5_000, 10_000]
+        );
+        // Not asked for.
+        assert!(parse_args(&args("p1")).unwrap().daemon_sizes().is_empty());
+
+        let text =
+            "BENCH-JSON {\"kind\":\"prepare\",\"services\":100,\"reals\":10,\"plan_s\":0.1}\n\
+            BENCH-JSON {\"kind\":\"restore\",\"services\":100,\"reals\":10,\"restore_s\":2.0}\n\
+            BENCH-JSON {\"kind\":\"daemon\",\"source\":\"api\",\"services\":100,\"reals\":10,\
+              \"converge_s\":0.5,\"change_median_s\":0.01,\"change_requests_median\":2,\
+              \"rss_steady_kb\":20480,\"rss_peak_kb\":30720,\"bytes_per_service\":209715,\
+              \"start_processes\":12,\"change_processes\":0,\"changes\":[{},{}]}\n\
+            @@daemon-failed dir 100\n";
+        let out = parse_output(text);
+        assert!(out.runs.is_empty());
+        assert_eq!(out.daemon.len(), 1);
+        assert_eq!(out.daemon_failed, ["dir 100"]);
+        let rows = daemon_rows(&out.daemon[0]);
+        let get = |n: &str| rows.iter().find(|r| r.name == n).unwrap();
+        assert_eq!(get("D.api.start-to-converged").ratio(), Some(0.25));
+        assert_eq!(get("D.api.start-to-converged").status(), "PASS");
+        // 10 ms of a 0.5 s converge = 0.02 > 0.01.
+        assert_eq!(get("D.api.one-endpoint.median").status(), "MISS");
+        assert_eq!(get("D.api.one-endpoint.requests").status(), "PASS");
+        assert_eq!(get("D.api.rss-steady").value, 20.0);
+        assert_eq!(get("D.api.rss-peak").status(), "PASS");
+        assert_eq!(get("D.api.processes.one-endpoint").status(), "PASS");
+        assert!(rows.iter().all(|r| !r.name.starts_with("D.dir")));
+        assert_eq!(daemon_table_lines(&out.daemon[0]).len(), 1);
+        assert_eq!(
+            daemon_svg_paths(std::path::Path::new("docs/benchmarks/scaling.svg")).1,
+            PathBuf::from("docs/benchmarks/daemon-rss.svg")
+        );
     }
 
     #[test]

@@ -119,6 +119,39 @@ pub struct Iptables {
     last: BTreeMap<Table, String>,
     jumps_checked: BTreeSet<Table>,
     spawned: u64,
+    /// The version detection already read from `iptables --version`, when that program is this
+    /// backend (so [`Iptables::version`] does not run it again).
+    version: Option<(u32, u32, u32)>,
+    /// Tables as detection read them (its one `*-save` of this backend; a table it did not
+    /// show is empty), standing in for the first [`Iptables::apply`]'s read of each, so a start
+    /// reads every table once. Cleared by [`Iptables::force_resync`] once something was applied;
+    /// without a detection (or when the backend's save failed) the first apply reads as before.
+    detected_tables: BTreeMap<Table, String>,
+}
+
+/// Splits the output of an `iptables-save` of every table into `*TABLE … COMMIT` sections by
+/// table name (tables other than nat, filter, mangle and raw are left out).
+pub fn split_tables(save: &str) -> BTreeMap<Table, String> {
+    let mut out = BTreeMap::new();
+    let mut current: Option<(Table, String)> = None;
+    for line in save.lines() {
+        if let Some(name) = line.strip_prefix('*') {
+            current = [Table::Nat, Table::Filter, Table::Mangle, Table::Raw]
+                .into_iter()
+                .find(|t| t.as_str() == name.trim())
+                .map(|t| (t, String::new()));
+        }
+        if let Some((_, text)) = current.as_mut() {
+            text.push_str(line);
+            text.push('\n');
+        }
+        if line.trim_end() == "COMMIT" {
+            if let Some((t, text)) = current.take() {
+                out.insert(t, text);
+            }
+        }
+    }
+    out
 }
 
 fn kernel_support_problem(stderr: &str) -> Option<String> {
@@ -178,11 +211,18 @@ impl Iptables {
             last: BTreeMap::new(),
             jumps_checked: BTreeSet::new(),
             spawned: 0,
+            version: None,
+            detected_tables: BTreeMap::new(),
         }
     }
 
     /// Detect the backend like kubelet does (which backend already holds Kubernetes chains,
     /// else what `iptables --version` says) and return an applier for it.
+    ///
+    /// Three processes: one `*-save` of every table per backend (like kubelet's
+    /// iptables-wrapper; it also loads no legacy table module that is not loaded yet) and
+    /// `iptables --version`. What they printed is kept: the version when `iptables` is the
+    /// chosen backend, and the chosen backend's tables for the first [`Iptables::apply`].
     pub fn detect(family: Family, runner: Runner) -> Result<Iptables> {
         let prefix = match family {
             Family::V4 => "iptables",
@@ -190,21 +230,17 @@ impl Iptables {
         };
         let mut spawned = 0;
         let mut save = |b: Backend| -> Option<String> {
-            let mut all = String::new();
-            for t in ["mangle", "nat", "filter"] {
-                spawned += 1;
-                match runner.run(&b.save_program(family), &["-t", t], None) {
-                    Ok((true, out, _, _)) => all.push_str(&out),
-                    _ => return if all.is_empty() { None } else { Some(all) },
-                }
+            spawned += 1;
+            match runner.run(&b.save_program(family), &[], None) {
+                Ok((true, out, _, _)) => Some(out),
+                _ => None,
             }
-            Some(all)
         };
         let legacy = save(Backend::Legacy);
         let nft = save(Backend::Nft);
         spawned += 1;
         let default = match runner.run(prefix, &["--version"], None) {
-            Ok((true, out, _, _)) => parse_version(&out).and_then(|(_, b)| b),
+            Ok((true, out, _, _)) => parse_version(&out),
             _ => None,
         };
         if legacy.is_none() && nft.is_none() {
@@ -220,10 +256,28 @@ impl Iptables {
                 ),
             });
         }
-        let backend = pick_backend(legacy.as_deref(), nft.as_deref(), default);
+        let backend = pick_backend(
+            legacy.as_deref(),
+            nft.as_deref(),
+            default.and_then(|(_, b)| b),
+        );
         tracing::info!(?backend, ?family, "iptables backend selected");
         let mut ipt = Iptables::new(backend, family, runner);
         ipt.spawned = spawned;
+        ipt.version = default.and_then(|(v, b)| (b == Some(backend)).then_some(v));
+        let chosen = match backend {
+            Backend::Legacy => legacy,
+            Backend::Nft => nft,
+        };
+        if let Some(text) = chosen {
+            // A table its save does not show does not exist (nft) or is not loaded (legacy):
+            // reading it alone would show no rule either.
+            let mut tables = split_tables(&text);
+            for t in [Table::Nat, Table::Filter, Table::Mangle, Table::Raw] {
+                tables.entry(t).or_default();
+            }
+            ipt.detected_tables = tables;
+        }
         Ok(ipt)
     }
 
@@ -252,8 +306,12 @@ impl Iptables {
         self.runner.run(prog, args, stdin)
     }
 
-    /// The iptables version of this backend (e.g. (1, 8, 9)).
+    /// The iptables version of this backend (e.g. (1, 8, 9)); no process when detection
+    /// already read it.
     pub fn version(&mut self) -> Result<(u32, u32, u32)> {
+        if let Some(v) = self.version {
+            return Ok(v);
+        }
         let prog = self.backend.program(self.family);
         let (ok, out, err, shown) = self.run(&prog, &["--version"], None)?;
         if !ok {
@@ -262,9 +320,11 @@ impl Iptables {
                 stderr: err,
             });
         }
-        parse_version(&out)
+        let v = parse_version(&out)
             .map(|(v, _)| v)
-            .ok_or_else(|| Error::Parse(format!("{shown}: {out:?}")))
+            .ok_or_else(|| Error::Parse(format!("{shown}: {out:?}")))?;
+        self.version = Some(v);
+        Ok(v)
     }
 
     /// Whether MASQUERADE `--random-fully` is supported (iptables ≥ 1.6.2).
@@ -338,7 +398,14 @@ impl Iptables {
 
     /// Forget what was applied: the next [`Iptables::apply`] restores every table and re-checks
     /// the jumps (drift repair).
+    ///
+    /// Before the first apply, detection's read of the tables is as fresh as a new one (a
+    /// daemon's first sync is a full one and forces a resync), so it stays in use; after an
+    /// apply the tables are read again.
     pub fn force_resync(&mut self) {
+        if !self.jumps_checked.is_empty() || !self.last.is_empty() {
+            self.detected_tables.clear();
+        }
         self.last.clear();
         self.jumps_checked.clear();
     }
@@ -362,7 +429,13 @@ impl Iptables {
             let mut added = 0;
             let mut removed = 0;
             if check_jumps {
-                let saved = self.save(table)?;
+                // The first apply after detection uses what detection just read; a table it
+                // did not see (or any later check) is read now. Someone else's change in
+                // between is repaired by the next full resync, like any later drift.
+                let saved = match self.detected_tables.remove(&table) {
+                    Some(text) => text,
+                    None => self.save(table)?,
+                };
                 let mut extra = String::new();
                 for j in rules.jumps.iter().filter(|j| j.table == table) {
                     let want = j.save_line();
@@ -505,6 +578,26 @@ mod tests {
             "Another app is currently holding the xtables lock. Stopped waiting after 5s."
         ));
         assert!(!lock_held("iptables-restore: line 4 failed"));
+    }
+
+    #[test]
+    fn splits_a_save_of_every_table() {
+        let save = "# Generated by iptables-nft-save v1.8.9\n*mangle\n:PREROUTING ACCEPT [0:0]\n:KUBE-IPTABLES-HINT - [0:0]\nCOMMIT\n# Completed\n\
+                    *nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n\
+                    *security\n:INPUT ACCEPT [0:0]\nCOMMIT\n*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n";
+        let t = split_tables(save);
+        assert_eq!(
+            t.keys().copied().collect::<Vec<_>>(),
+            [Table::Nat, Table::Filter, Table::Mangle]
+        );
+        assert_eq!(
+            t[&Table::Nat],
+            "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n"
+        );
+        assert!(t[&Table::Mangle].contains(":KUBE-IPTABLES-HINT"));
+        assert!(split_tables("").is_empty());
+        // A section cut off before COMMIT is not a table read.
+        assert!(split_tables("*nat\n:PREROUTING ACCEPT [0:0]\n").is_empty());
     }
 
     #[test]

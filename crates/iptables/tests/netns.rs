@@ -328,6 +328,93 @@ fn netns_backend_detection_follows_kubelet_chains() {
     );
 }
 
+/// Issue #18 item 4: detection runs three processes (one save of every table per backend and
+/// `iptables --version`), the version check reuses what `iptables --version` printed, and the
+/// first apply uses detection's read of the tables instead of reading them again; a forced
+/// resync reads them afresh.
+#[test]
+#[ignore = "netns"]
+fn netns_detection_reads_each_table_once() {
+    let ns = Netns::new("detect1").unwrap();
+    let v = ns.sh("iptables --version").unwrap();
+    let (b, backend) = if v.contains("nf_tables") {
+        ("nft", Backend::Nft)
+    } else {
+        ("legacy", Backend::Legacy)
+    };
+    // Someone else's rules in both tables we write (so detection sees both tables).
+    ns.sh(&format!(
+        "iptables-{b} -w -A INPUT -p tcp --dport 22 -j ACCEPT && \
+         iptables-{b} -w -t nat -N OTHER-CHAIN && iptables-{b} -w -t nat -A OTHER-CHAIN -j RETURN"
+    ))
+    .unwrap();
+    let mut ipt = Iptables::detect(Family::V4, Runner::in_netns(ns.name())).unwrap();
+    assert_eq!(ipt.backend(), backend);
+    assert_eq!(
+        ipt.processes_spawned(),
+        3,
+        "one save per backend and iptables --version"
+    );
+    let rf = ipt.supports_random_fully().unwrap();
+    assert_eq!(
+        ipt.processes_spawned(),
+        3,
+        "the version iptables --version printed is reused"
+    );
+    let printed = ns.sh(&format!("iptables-{b} --version")).unwrap();
+    let (version, _) = iptables::parse_version(&printed).unwrap();
+    assert_eq!(rf, iptables::random_fully_supported(version));
+
+    let (_, rs) = full_input(&ns, Family::V4);
+    // A daemon's first sync is a full one: it forces a resync before its first apply, which
+    // still needs no read (detection's is as fresh).
+    ipt.force_resync();
+    let out = ipt.apply(&rs).unwrap();
+    assert_eq!(out.restored, vec![Table::Nat, Table::Filter]);
+    assert_eq!(out.jumps_added, 9);
+    assert_eq!(
+        out.processes, 2,
+        "one restore per table, no table read again"
+    );
+    let save = ns.sh(&format!("iptables-{b}-save")).unwrap();
+    assert!(save.contains("--dport 22 -j ACCEPT"), "{save}");
+    assert_eq!(
+        chain_rules(&save, "OTHER-CHAIN"),
+        ["-A OTHER-CHAIN -j RETURN"]
+    );
+    // Each jump exactly once, as a fresh applier would leave them.
+    for j in &rs.jumps {
+        let n = save
+            .lines()
+            .filter(|l| l.trim_end() == j.save_line())
+            .count();
+        assert_eq!(n, 1, "{}\n{save}", j.save_line());
+    }
+    // A forced resync reads the tables again and finds everything in place.
+    ipt.force_resync();
+    let out = ipt.apply(&rs).unwrap();
+    assert!(out.restored.is_empty(), "{out:?}");
+    assert_eq!(out.processes, 2, "one read per table, no restore");
+
+    // A node whose tables do not exist yet: detection's read shows none, which is what reading
+    // each would show; the first apply restores them without reading.
+    let ns = Netns::new("detect2").unwrap();
+    let mut ipt = Iptables::detect(Family::V4, Runner::in_netns(ns.name())).unwrap();
+    let (_, rs) = full_input(&ns, Family::V4);
+    let out = ipt.apply(&rs).unwrap();
+    assert_eq!(out.restored, vec![Table::Nat, Table::Filter]);
+    assert_eq!(out.jumps_added, 9);
+    assert_eq!(out.processes, 2, "{out:?}");
+    let save = ns.sh(&format!("iptables-{b}-save")).unwrap();
+    for j in &rs.jumps {
+        let n = save
+            .lines()
+            .filter(|l| l.trim_end() == j.save_line())
+            .count();
+        assert_eq!(n, 1, "{}\n{save}", j.save_line());
+    }
+}
+
 #[test]
 #[ignore = "netns"]
 fn netns_random_fully_detected() {
