@@ -394,17 +394,6 @@ fn kube_daemon_relists_after_410_gone_from_compaction() {
         cp.apply(&churn_slice(&["10.244.7.1"])).unwrap();
         let (d, _hz, _m) = start_daemon(&kc);
         wait_rules("10.244.7.1", |t| t.contains("10.244.7.1:8080")).await;
-        let old_rv = cp
-            .kubectl(&[
-                "get",
-                "endpointslice",
-                "c-1",
-                "-n",
-                "churn",
-                "-o",
-                "jsonpath={.metadata.resourceVersion}",
-            ])
-            .unwrap();
 
         let pid = d.0.id().to_string();
         let signal = |sig: &str| {
@@ -416,6 +405,20 @@ fn kube_daemon_relists_after_410_gone_from_compaction() {
         };
         signal("-STOP");
         cp.apply(&churn_slice(&["10.244.7.2"])).unwrap();
+        // A version written after the daemon stopped: newer than any the daemon's watches hold
+        // (their list versions are global and may be newer than the slice's version before
+        // the stop), so once etcd is compacted past it the daemon's resume must get 410.
+        let old_rv = cp
+            .kubectl(&[
+                "get",
+                "endpointslice",
+                "c-1",
+                "-n",
+                "churn",
+                "-o",
+                "jsonpath={.metadata.resourceVersion}",
+            ])
+            .unwrap();
         cp.restart_apiserver().unwrap();
         // Wait until etcd is compacted past the daemon's resourceVersion.
         let uri = format!(
