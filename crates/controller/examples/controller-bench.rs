@@ -21,9 +21,8 @@
 //! namespace and scans that list on every add, and live rate estimators load the CPU).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
 use std::net::IpAddr;
-use std::process::{Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use controller::conntrack::ConntrackFilter;
@@ -280,28 +279,7 @@ fn check(r: &SyncReport, kind: SyncKind, what: &str) -> Res<()> {
 /// Runs a command (in the calling thread's namespace), optionally feeding stdin; returns
 /// (elapsed, stdout).
 fn run_cmd(prog: &str, args: &[&str], stdin: Option<&str>) -> Res<(Duration, String)> {
-    let start = Instant::now();
-    let mut child = Command::new(prog)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(io(prog))?;
-    let mut input = child.stdin.take().ok_or("no stdin")?;
-    let data = stdin.unwrap_or("").to_owned();
-    let feeder = std::thread::spawn(move || input.write_all(data.as_bytes()));
-    let out = child.wait_with_output().map_err(io(prog))?;
-    let _ = feeder.join();
-    let elapsed = start.elapsed();
-    if !out.status.success() {
-        return Err(format!(
-            "{prog} {args:?}: {}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok((elapsed, String::from_utf8_lossy(&out.stdout).into_owned()))
+    testkit::bench::run_cmd(prog, args, stdin).map_err(|e| e.to_string())
 }
 
 struct OneChange {

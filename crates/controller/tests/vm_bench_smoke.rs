@@ -4,51 +4,11 @@
 //! figures. Checks counts and consistency, never timings.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::PathBuf;
-use std::process::Command;
-
 use serde_json::Value;
-
-fn driver() -> PathBuf {
-    // target/<profile>/deps/vm_bench_smoke-HASH -> target/<profile>/examples/controller-bench
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(|d| d.parent()).unwrap();
-    let p = dir.join("examples").join("controller-bench");
-    assert!(
-        p.exists(),
-        "{} missing: build it with `cargo build -p controller --examples`",
-        p.display()
-    );
-    p
-}
+use testkit::bench::{count as u, secs};
 
 fn run(args: &[&str]) -> Value {
-    let out = Command::new(driver()).args(args).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "controller-bench {args:?}: {}\n{stdout}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let line = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("BENCH-JSON "))
-        .expect("a BENCH-JSON line");
-    serde_json::from_str(line).unwrap()
-}
-
-fn u(v: &Value, ptr: &str) -> u64 {
-    v.pointer(ptr)
-        .and_then(Value::as_u64)
-        .unwrap_or_else(|| panic!("{ptr} missing or not a count in {v}"))
-}
-
-fn secs(v: &Value, ptr: &str) -> f64 {
-    v.pointer(ptr)
-        .and_then(Value::as_f64)
-        .unwrap_or_else(|| panic!("{ptr} missing in {v}"))
+    testkit::bench::run("controller-bench", "controller", args)
 }
 
 #[test]

@@ -58,8 +58,8 @@ enum BenchError {
         what: String,
         source: std::io::Error,
     },
-    #[error("{0} failed: {1}")]
-    Command(String, String),
+    #[error(transparent)]
+    Run(#[from] testkit::bench::CommandError),
     #[error("IPVS: {0}")]
     Ipvs(#[from] ipvs_netlink::Error),
     #[error("fake API server: {0}")]
@@ -174,36 +174,7 @@ fn fresh_netns() -> Res<()> {
 
 /// Runs a command, optionally feeding stdin; returns (elapsed, stdout).
 fn run_cmd(prog: &str, args: &[&str], stdin: Option<&str>) -> Res<(Duration, String)> {
-    let start = Instant::now();
-    let mut child = Command::new(prog)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(io(format!("starting {prog}")))?;
-    let mut input = child
-        .stdin
-        .take()
-        .ok_or_else(|| BenchError::Command(prog.into(), "no stdin".into()))?;
-    let data = stdin.unwrap_or("").to_owned();
-    let feeder = std::thread::spawn(move || input.write_all(data.as_bytes()));
-    let out = child
-        .wait_with_output()
-        .map_err(io(format!("waiting for {prog}")))?;
-    let _ = feeder.join();
-    let elapsed = start.elapsed();
-    if !out.status.success() {
-        return Err(BenchError::Command(
-            format!("{prog} {args:?}"),
-            format!(
-                "{}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        ));
-    }
-    Ok((elapsed, String::from_utf8_lossy(&out.stdout).into_owned()))
+    Ok(testkit::bench::run_cmd(prog, args, stdin)?)
 }
 
 fn secs(d: Duration) -> f64 {

@@ -14,6 +14,8 @@
 
 mod common;
 
+use common::sh;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -193,17 +195,6 @@ enum Fixture {
     /// Plus one stale Service (virtual server, VIP, ipset members) deleted while the proxy was
     /// down, and one real server left at weight 0 (upstream's graceful termination).
     Stale,
-}
-
-/// `sh -c CMD` in the current thread's namespace; panics unless it exits 0; stdout.
-fn sh(cmd: &str) -> String {
-    let out = Command::new("sh").args(["-c", cmd]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).to_string()
 }
 
 fn sorted_lines(s: &str) -> Vec<String> {

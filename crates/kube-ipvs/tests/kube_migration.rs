@@ -15,6 +15,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
 mod oracle;
 
 use std::io::{Read, Write};
@@ -25,6 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::sh;
 use oracle::{allowed, differences, no_classes, parse_dump, DUMP_SH};
 use testkit::control_plane::{run_with_timeout, ControlPlane};
 use testkit::netns::{EchoServer, Pod};
@@ -164,17 +166,6 @@ fn kube_migration_from_upstream_kube_proxy_drops_no_connection_and_converges() {
         "guest half failed: {}\n{stdout}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// Runs `sh -c CMD`; stdout (panics unless it exits 0).
-fn sh(cmd: &str) -> String {
-    let out = Command::new("sh").args(["-c", cmd]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The node state in the differential test's dump format.

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod apiserver;
+pub mod bench;
 pub mod control_plane;
 pub mod faults;
 pub mod netns;

@@ -210,6 +210,32 @@ fn frame(title: &str, sub: &str, y_label: &str, xs: &[f64], ticks: &[(f64, Strin
     s
 }
 
+/// Every series that has points, each `scale`d and mapped to the plot by `px`/`py`, with its
+/// legend entry in the next slot.
+fn lines(
+    all: &[Series],
+    runs: &[Value],
+    daemon: &[Value],
+    scale: f64,
+    px: &dyn Fn(f64) -> f64,
+    py: &dyn Fn(f64) -> f64,
+) -> String {
+    let mut out = String::new();
+    let mut slot = 0;
+    for series in all {
+        let pts: Vec<(f64, f64)> = points(series, runs, daemon, scale)
+            .into_iter()
+            .map(|(x, v)| (px(x), py(v)))
+            .collect();
+        if pts.is_empty() {
+            continue;
+        }
+        out.push_str(&line(&pts, series.1, series.2, series.0, slot));
+        slot += 1;
+    }
+    out
+}
+
 /// One polyline with its points and legend entry (`slot`: legend row).
 fn line(pts: &[(f64, f64)], colour: &str, dashed: bool, label: &str, slot: usize) -> String {
     let pw = W - LEFT - RIGHT;
@@ -304,18 +330,7 @@ pub fn scaling_plot(
         &xs,
         &ticks,
     );
-    let mut slot = 0;
-    for series in &SERIES {
-        let pts: Vec<(f64, f64)> = points(series, runs, daemon, 1.0)
-            .into_iter()
-            .map(|(x, v)| (px(x), py(v)))
-            .collect();
-        if pts.is_empty() {
-            continue;
-        }
-        s.push_str(&line(&pts, series.1, series.2, series.0, slot));
-        slot += 1;
-    }
+    s.push_str(&lines(&SERIES, runs, daemon, 1.0, &px, &py));
     s.push_str("</svg>\n");
     s
 }
@@ -363,18 +378,7 @@ pub fn rss_plot(
             y = py(t)
         ));
     }
-    let mut slot = 0;
-    for series in &RSS_SERIES {
-        let pts: Vec<(f64, f64)> = points(series, runs, daemon, mib)
-            .into_iter()
-            .map(|(x, v)| (px(x), py(v)))
-            .collect();
-        if pts.is_empty() {
-            continue;
-        }
-        s.push_str(&line(&pts, series.1, series.2, series.0, slot));
-        slot += 1;
-    }
+    s.push_str(&lines(&RSS_SERIES, runs, daemon, mib, &px, &py));
     s.push_str("</svg>\n");
     s
 }

@@ -93,6 +93,20 @@ where
     .expect("the test body failed inside the namespace (see its panic above)");
 }
 
+/// `sh -c CMD` in the current thread's namespace; panics unless it exits 0; its stdout.
+pub fn sh(cmd: &str) -> String {
+    let out = std::process::Command::new("sh")
+        .args(["-c", cmd])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Feeds `input` to `sh -c CMD` (e.g. `ipvsadm --restore`).
 pub fn sh_stdin(cmd: &str, input: &str) {
     use std::io::Write as _;
