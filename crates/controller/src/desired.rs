@@ -846,18 +846,10 @@ impl Desired {
     pub fn diff_ipvs(&self, actual: &IpvsTable, owned: &dyn Fn(&ServiceKey) -> bool) -> IpvsOps {
         let mut keys: Vec<&ServiceKey> = self.claims.keys().collect();
         keys.sort_unstable();
-        let mut out = IpvsOps::default();
-        for k in keys {
-            if let Some(vs) = self.effective(k) {
-                diff_virtual_server(actual.get(k), Some(vs), &mut out);
-            }
-        }
-        for (k, vs) in actual {
-            if self.effective(k).is_none() && owned(k) {
-                diff_virtual_server(Some(vs), None, &mut out);
-            }
-        }
-        out
+        let entries = keys
+            .into_iter()
+            .filter_map(|k| self.effective(k).map(|vs| (k, vs)));
+        crate::diff::diff_ipvs_by(entries, |k| self.effective(k), actual, owned)
     }
 
     /// Virtual servers and real servers of [`Desired::ipvs_table`], counted without building

@@ -164,12 +164,23 @@ pub fn diff_ipvs(
     actual: &IpvsTable,
     owned: &dyn Fn(&ServiceKey) -> bool,
 ) -> IpvsOps {
+    diff_ipvs_by(desired, |k| desired.get(k), actual, owned)
+}
+
+/// [`diff_ipvs`] of a desired table given as its entries in key order and a lookup (so the
+/// desired state need not be copied into an [`IpvsTable`]).
+pub fn diff_ipvs_by<'a>(
+    desired: impl IntoIterator<Item = (&'a ServiceKey, &'a VirtualServer)>,
+    lookup: impl Fn(&ServiceKey) -> Option<&'a VirtualServer>,
+    actual: &IpvsTable,
+    owned: &dyn Fn(&ServiceKey) -> bool,
+) -> IpvsOps {
     let mut out = IpvsOps::default();
     for (k, vs) in desired {
         diff_virtual_server(actual.get(k), Some(vs), &mut out);
     }
     for (k, vs) in actual {
-        if !desired.contains_key(k) && owned(k) {
+        if lookup(k).is_none() && owned(k) {
             diff_virtual_server(Some(vs), None, &mut out);
         }
     }
