@@ -72,7 +72,7 @@ fn meta(name: &str) -> ObjectMeta {
 
 fn service(i: usize) -> Object {
     let ip = vip(i);
-    Object::Service(Box::new(Service {
+    Object::from(Service {
         metadata: meta(&format!("svc-{i}")),
         spec: Some(ServiceSpec {
             cluster_ip: Some(ip.clone()),
@@ -87,7 +87,7 @@ fn service(i: usize) -> Object {
             ..Default::default()
         }),
         status: None,
-    }))
+    })
 }
 
 /// The slice of service `i` with the given backend indices.
@@ -110,7 +110,7 @@ fn slice(i: usize, backends: impl IntoIterator<Item = usize>) -> Object {
             ..Default::default()
         })
         .collect();
-    Object::EndpointSlice(Box::new(EndpointSlice {
+    Object::from(EndpointSlice {
         address_type: "IPv4".into(),
         endpoints,
         metadata: m,
@@ -120,7 +120,7 @@ fn slice(i: usize, backends: impl IntoIterator<Item = usize>) -> Object {
             protocol: Some("TCP".into()),
             app_protocol: None,
         }]),
-    }))
+    })
 }
 
 fn store_with(n: usize, m: usize) -> Res<Store> {

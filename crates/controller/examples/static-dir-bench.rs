@@ -136,8 +136,8 @@ async fn main() {
                 let hit = match &ev {
                     SourceEvent::Apply(Object::EndpointSlice(s))
                     | SourceEvent::InitApply(Object::EndpointSlice(s)) => {
-                        s.metadata.name.as_deref() == Some(want.as_str())
-                            && s.endpoints.first().map(|e| e.addresses[0].clone())
+                        *s.name == *want
+                            && s.endpoints.first().map(|e| e.ip.to_string())
                                 == Some(format!(
                                     "10.244.{}.{}",
                                     ((i * reals + 1 + round * 3 + k) / 250) % 256,

@@ -753,15 +753,6 @@ pub fn validate_slice(slice: &EndpointSlice) -> Result<(), Invalid> {
 pub const LAST_CHANGE_TRIGGER_TIME_ANNOTATION: &str =
     "endpoints.kubernetes.io/last-change-trigger-time";
 
-/// The address family of a slice's endpoints (`None` for FQDN or unknown types).
-pub fn slice_family(slice: &EndpointSlice) -> Option<Family> {
-    match slice.address_type.as_str() {
-        "IPv4" => Some(Family::Inet),
-        "IPv6" => Some(Family::Inet6),
-        _ => None,
-    }
-}
-
 /// The slice's [`LAST_CHANGE_TRIGGER_TIME_ANNOTATION`] as a time: `None` when absent or not
 /// RFC 3339. Like upstream's `getLastChangeTriggerTime`
 /// (`pkg/proxy/endpointschangetracker.go`), an unparsable value is ignored. The endpoint

@@ -22,6 +22,8 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use ipvs_netlink::Family;
+
 use crate::model::{
     last_change_trigger_time, slice_service, validate_slice, Invalid, ServiceName,
     SCHEDULER_ANNOTATION, SCHEDULER_FLAGS_ANNOTATION,
@@ -217,6 +219,8 @@ pub struct SliceEndpoint {
 /// A compact `discovery.k8s.io/v1/EndpointSlice`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Slice {
+    /// `metadata.namespace` (`default` when unset).
+    pub namespace: Arc<str>,
     /// `metadata.name` (empty when unset).
     pub name: Box<str>,
     /// The Service it belongs to (namespace + `kubernetes.io/service-name` label).
@@ -316,6 +320,7 @@ impl Slice {
             eps
         };
         Slice {
+            namespace: Arc::from(slice.metadata.namespace.as_deref().unwrap_or("default")),
             name: Box::from(slice.metadata.name.as_deref().unwrap_or_default()),
             service: slice_service(slice),
             address_type,
@@ -336,8 +341,33 @@ impl Slice {
         }
     }
 
-    /// The compact form of `slice` with a private interner (tests, one-off conversions).
+    /// The compact form of `slice` with a private interner (sources, tests).
     pub fn of(slice: &EndpointSlice) -> Slice {
         Slice::from_slice(slice, &mut Interner::default())
+    }
+
+    /// The IP family of its endpoints (`None` for FQDN and unknown address types).
+    pub fn family(&self) -> Option<Family> {
+        match self.address_type {
+            AddressType::V4 => Some(Family::Inet),
+            AddressType::V6 => Some(Family::Inet6),
+            AddressType::Other => None,
+        }
+    }
+
+    /// Replaces every node and zone name by its copy in `names`, so that a slice converted by
+    /// a source shares one allocation per name with the rest of the store.
+    pub fn intern(&mut self, names: &mut Interner) {
+        let mut share = |a: &mut Arc<str>| *a = names.intern(a);
+        for ep in &mut self.endpoints {
+            if let Some(n) = ep.node_name.as_mut() {
+                share(n);
+            }
+            if let Some(h) = ep.hints.as_deref_mut() {
+                for n in h.zones.iter_mut().chain(h.nodes.iter_mut()).flatten() {
+                    share(n);
+                }
+            }
+        }
     }
 }

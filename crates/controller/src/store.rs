@@ -20,11 +20,8 @@ use crate::source::{Kind, Object, SourceEvent};
 /// Namespace/name of a stored object.
 type ObjKey = (Arc<str>, Arc<str>);
 
-fn obj_key(ns: Option<&String>, name: Option<&String>) -> ObjKey {
-    (
-        Arc::from(ns.map_or("default", String::as_str)),
-        Arc::from(name.map_or("", String::as_str)),
-    )
+fn slice_key(s: &Slice) -> ObjKey {
+    (s.namespace.clone(), Arc::from(&*s.name))
 }
 
 /// What one event changed.
@@ -206,22 +203,17 @@ impl Store {
         let mut ch = Changes::default();
         match obj {
             Object::Service(svc) => {
-                let svc = Svc::from_service(&svc);
                 let name = svc.name.clone();
                 if self.services.get(&name).map(|s| &**s) != Some(&svc) {
-                    self.services.insert(name.clone(), Box::new(svc));
+                    self.services.insert(name.clone(), svc);
                     ch.services.insert(name.clone());
                     ch.dirty.insert(name);
                 }
             }
-            Object::EndpointSlice(slice) => {
-                let key = obj_key(
-                    slice.metadata.namespace.as_ref(),
-                    slice.metadata.name.as_ref(),
-                );
-                let slice = Slice::from_slice(&slice, &mut self.names);
+            Object::EndpointSlice(mut slice) => {
+                let key = slice_key(&slice);
                 let old = self.slices.get(&key).map(|s| &**s);
-                if old == Some(&slice) {
+                if old == Some(&*slice) {
                     return ch;
                 }
                 let old_svc = old.and_then(|o| o.service.clone());
@@ -241,7 +233,8 @@ impl Store {
                     ch.endpoints.insert(n.clone());
                     ch.dirty.insert(n.clone());
                 }
-                self.slices.insert(key, Box::new(slice));
+                slice.intern(&mut self.names);
+                self.slices.insert(key, slice);
             }
             Object::Node(node) => {
                 let before = node_facts(self.node.as_ref());
@@ -301,13 +294,8 @@ fn kind_of(obj: &Object) -> Kind {
 
 fn key_of(obj: &Object) -> ObjKey {
     match obj {
-        Object::Service(s) => {
-            let n = ServiceName::of(s);
-            (n.namespace, n.name)
-        }
-        Object::EndpointSlice(s) => {
-            obj_key(s.metadata.namespace.as_ref(), s.metadata.name.as_ref())
-        }
+        Object::Service(s) => (s.name.namespace.clone(), s.name.name.clone()),
+        Object::EndpointSlice(s) => slice_key(s),
         // One node only: its key is fixed.
         Object::Node(_) => (Arc::from(""), Arc::from("")),
     }

@@ -208,10 +208,9 @@ impl ProgrammingTriggers {
     pub fn of_event(ev: &SourceEvent) -> Option<(Family, SystemTime)> {
         match ev {
             SourceEvent::Apply(Object::EndpointSlice(s))
-            | SourceEvent::InitApply(Object::EndpointSlice(s)) => Some((
-                crate::model::slice_family(s)?,
-                crate::model::last_change_trigger_time(s)?,
-            )),
+            | SourceEvent::InitApply(Object::EndpointSlice(s)) => {
+                Some((s.family()?, s.trigger_time?))
+            }
             _ => None,
         }
     }
@@ -631,28 +630,28 @@ mod tests {
         let at = "2026-01-02T03:04:05.5Z";
         let want = SystemTime::UNIX_EPOCH + Duration::from_millis(1_767_323_045_500);
         for ev in [
-            SourceEvent::Apply(Object::EndpointSlice(slice_at("IPv4", Some(at)))),
-            SourceEvent::InitApply(Object::EndpointSlice(slice_at("IPv4", Some(at)))),
+            SourceEvent::Apply(Object::from(*slice_at("IPv4", Some(at)))),
+            SourceEvent::InitApply(Object::from(*slice_at("IPv4", Some(at)))),
         ] {
             assert_eq!(
                 ProgrammingTriggers::of_event(&ev),
                 Some((Family::Inet, want))
             );
         }
-        let v6 = SourceEvent::Apply(Object::EndpointSlice(slice_at("IPv6", Some(at))));
+        let v6 = SourceEvent::Apply(Object::from(*slice_at("IPv6", Some(at))));
         assert_eq!(
             ProgrammingTriggers::of_event(&v6),
             Some((Family::Inet6, want))
         );
         // A deletion's annotation dates the slice's last update, not the deletion.
-        let del = SourceEvent::Delete(Object::EndpointSlice(slice_at("IPv4", Some(at))));
+        let del = SourceEvent::Delete(Object::from(*slice_at("IPv4", Some(at))));
         assert_eq!(ProgrammingTriggers::of_event(&del), None);
         for (ty, value) in [
             ("FQDN", Some(at)),
             ("IPv4", None),
             ("IPv4", Some("yesterday")),
         ] {
-            let ev = SourceEvent::Apply(Object::EndpointSlice(slice_at(ty, value)));
+            let ev = SourceEvent::Apply(Object::from(*slice_at(ty, value)));
             assert_eq!(ProgrammingTriggers::of_event(&ev), None, "{ty} {value:?}");
         }
     }

@@ -39,19 +39,19 @@ fn store(pod_cidrs: &[&str]) -> Store {
     )))));
     store.apply(SourceEvent::InitDone(Kind::Node));
     store.apply(SourceEvent::Init(Kind::Service));
-    store.apply(SourceEvent::InitApply(Object::Service(Box::new(
+    store.apply(SourceEvent::InitApply(Object::from(
         svc("default", "web", "10.96.0.10")
             .port("http", 80, "TCP")
             .build(),
-    ))));
+    )));
     store.apply(SourceEvent::InitDone(Kind::Service));
     store.apply(SourceEvent::Init(Kind::EndpointSlice));
-    store.apply(SourceEvent::InitApply(Object::EndpointSlice(Box::new(
+    store.apply(SourceEvent::InitApply(Object::from(
         slice("default", "web", "web-1")
             .port("http", 8080, "TCP")
             .ep("10.244.3.5", NODE, C::Ready)
             .build(),
-    ))));
+    )));
     store.apply(SourceEvent::InitDone(Kind::EndpointSlice));
     store
 }

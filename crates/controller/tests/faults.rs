@@ -161,11 +161,11 @@ fn failed_ipset_apply_is_retried_with_growing_delay_and_reset_after_success() {
     let (mut store, mut p, mut k, h, t0) = programmed();
     h.inject(Fault::errno(KernelOp::ApplyIpsets, EBUSY, Calls::From(1)));
     // A new NodePort service needs set members.
-    let ch = store.apply(SourceEvent::Apply(Object::Service(Box::new(
+    let ch = store.apply(SourceEvent::Apply(Object::from(
         svc("default", "np", "10.96.0.30")
             .node_port("http", 80, "TCP", 30080)
             .build(),
-    ))));
+    )));
     p.note(&ch);
     let t1 = t0 + Duration::from_secs(1);
     let r = p.sync_at(t1, &store, &node_addrs(), &mut k);
@@ -194,11 +194,11 @@ fn failed_ipset_apply_is_retried_with_growing_delay_and_reset_after_success() {
     assert_eq!(np.entries.len(), 1);
     // Reset: the next failure starts again at the first delay.
     h.inject(Fault::errno(KernelOp::ApplyIpsets, EBUSY, Calls::Always));
-    let ch = store.apply(SourceEvent::Delete(Object::Service(Box::new(
+    let ch = store.apply(SourceEvent::Delete(Object::from(
         svc("default", "np", "10.96.0.30")
             .node_port("http", 80, "TCP", 30080)
             .build(),
-    ))));
+    )));
     p.note(&ch);
     let r = p.sync_at(due, &store, &node_addrs(), &mut k);
     assert!(failed(&r).contains(&Subsystem::Ipset));
@@ -210,12 +210,12 @@ fn failed_iptables_restore_is_retried_within_min_sync_period_not_a_whole_sync_pe
     let (mut store, mut p, mut k, h, t0) = programmed();
     h.inject(Fault::errno(KernelOp::ApplyIptables, EBUSY, Calls::Always));
     // An externalIP service changes the rules.
-    let ch = store.apply(SourceEvent::Apply(Object::Service(Box::new(
+    let ch = store.apply(SourceEvent::Apply(Object::from(
         svc("default", "ext", "10.96.0.40")
             .port("http", 80, "TCP")
             .external_ips(&["203.0.113.5"])
             .build(),
-    ))));
+    )));
     p.note(&ch);
     let r = p.sync_at(t0, &store, &node_addrs(), &mut k);
     assert!(r.iptables_restore_failed);
@@ -238,13 +238,13 @@ fn failed_ipvs_operation_and_failed_repair_read_back_off_then_repair() {
     let (mut store, mut p, mut k, h, t0) = programmed();
     h.inject(Fault::errno(KernelOp::ApplyIpvs, EBUSY, Calls::Nth(1)));
     h.inject(Fault::errno(KernelOp::ReadIpvsKeys, EBUSY, Calls::Nth(1)));
-    let ch = store.apply(SourceEvent::Apply(Object::EndpointSlice(Box::new(
+    let ch = store.apply(SourceEvent::Apply(Object::from(
         slice("default", "web", "web-1")
             .port("http", 8080, "TCP")
             .ep("10.244.0.7", "node-b", C::Ready)
             .ep("10.244.0.17", "node-b", C::Ready)
             .build(),
-    ))));
+    )));
     p.note(&ch);
     let r = p.sync_at(t0, &store, &node_addrs(), &mut k);
     assert_eq!(failed(&r), [Subsystem::Ipvs]);
@@ -268,12 +268,12 @@ fn failed_conntrack_cleanup_keeps_its_filters_and_retries() {
         Calls::Nth(1),
     ));
     // One UDP endpoint goes away: its flows must be cleaned.
-    let ch = store.apply(SourceEvent::Apply(Object::EndpointSlice(Box::new(
+    let ch = store.apply(SourceEvent::Apply(Object::from(
         slice("default", "dns", "dns-1")
             .port("dns", 53, "UDP")
             .ep("10.244.0.8", "node-b", C::Ready)
             .build(),
-    ))));
+    )));
     p.note(&ch);
     let r = p.sync_at(t0, &store, &node_addrs(), &mut k);
     assert_eq!(failed(&r), [Subsystem::Conntrack]);
@@ -296,11 +296,11 @@ fn failed_address_change_is_repaired_with_backoff() {
         EBUSY,
         Calls::Range(1, 2),
     ));
-    let ch = store.apply(SourceEvent::Apply(Object::Service(Box::new(
+    let ch = store.apply(SourceEvent::Apply(Object::from(
         svc("default", "new", "10.96.0.60")
             .port("http", 80, "TCP")
             .build(),
-    ))));
+    )));
     p.note(&ch);
     let r = p.sync_at(t0, &store, &node_addrs(), &mut k);
     assert_eq!(failed(&r), [Subsystem::Address]);
@@ -356,12 +356,12 @@ fn failed_restore_is_tried_once_per_sync_unless_a_set_became_empty() {
     let (mut store, mut p, mut k, h, t0) = programmed();
     h.inject(Fault::errno(KernelOp::ApplyIptables, EBUSY, Calls::Always));
     let ext = |ips: &[&str]| {
-        Object::Service(Box::new(
+        Object::from(
             svc("default", "ext", "10.96.0.40")
                 .port("http", 80, "TCP")
                 .external_ips(ips)
                 .build(),
-        ))
+        )
     };
     let before = h.calls(KernelOp::ApplyIptables);
     let ch = store.apply(SourceEvent::Apply(ext(&["203.0.113.5"])));

@@ -398,9 +398,7 @@ fn iptables_mode_partial_sync_rewrites_only_changed_chains() {
         s = s.ep(&format!("10.244.0.{}", k + 1), "node-b", C::Ready);
     }
     s = s.ep("10.244.99.99", "node-b", C::Ready);
-    let ch = store.apply(SourceEvent::Apply(Object::EndpointSlice(Box::new(
-        s.build(),
-    ))));
+    let ch = store.apply(SourceEvent::Apply(Object::from(s.build())));
     p.note(&ch);
     assert!(p.pending(std::time::Instant::now()));
     let r = p.sync(&store, &addrs());
@@ -443,7 +441,7 @@ fn iptables_mode_partial_sync_rewrites_only_changed_chains() {
         },
         ..Default::default()
     };
-    let ch = store.apply(SourceEvent::Delete(Object::Service(Box::new(svc3))));
+    let ch = store.apply(SourceEvent::Delete(Object::from(svc3)));
     p.note(&ch);
     p.sync(&store, &addrs());
     let (written, deleted, _) = p.last_restore();
@@ -490,10 +488,7 @@ fn iptables_mode_failed_restore_retries_as_full_sync() {
     let (mut p, rec) = proxier(cfg4());
     p.sync(&store, &addrs());
     let (svc, sl) = web(2);
-    for o in [
-        Object::Service(Box::new(svc)),
-        Object::EndpointSlice(Box::new(sl)),
-    ] {
+    for o in [Object::from(svc), Object::from(sl)] {
         let ch = store.apply(SourceEvent::Apply(o));
         p.note(&ch);
     }
@@ -561,7 +556,7 @@ fn iptables_mode_records_udp_conntrack_cleanups() {
     p.sync(&store, &addrs());
     assert!(p.take_conntrack_cleanups().is_empty());
     let (_, sl) = web(2);
-    p.note(&store.apply(SourceEvent::Apply(Object::EndpointSlice(Box::new(sl)))));
+    p.note(&store.apply(SourceEvent::Apply(Object::from(sl))));
     p.sync(&store, &addrs());
     let vips = vec![(ip("10.96.0.1"), 80)];
     assert_eq!(
@@ -574,7 +569,7 @@ fn iptables_mode_records_udp_conntrack_cleanups() {
         }]
     );
     let (_, sl) = web(1);
-    p.note(&store.apply(SourceEvent::Apply(Object::EndpointSlice(Box::new(sl)))));
+    p.note(&store.apply(SourceEvent::Apply(Object::from(sl))));
     p.sync(&store, &addrs());
     assert_eq!(
         p.take_conntrack_cleanups(),
@@ -592,7 +587,7 @@ fn iptables_mode_records_udp_conntrack_cleanups() {
     let s = slice("ns", "svc-0", "svc-0-1")
         .port("http", 8080, "TCP")
         .build();
-    p.note(&store.apply(SourceEvent::Apply(Object::EndpointSlice(Box::new(s)))));
+    p.note(&store.apply(SourceEvent::Apply(Object::from(s))));
     p.sync(&store, &addrs());
     assert!(p.take_conntrack_cleanups().is_empty());
 }

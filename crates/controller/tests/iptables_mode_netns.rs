@@ -387,8 +387,10 @@ fn netns_iptables_mode_data_path() {
     assert_eq!(t.by_name.get("pod4"), Some(&3));
 
     // Endpoint removal is reflected within one (partial) sync.
-    let ch = store.apply(SourceEvent::Apply(Object::EndpointSlice(Box::new(
-        slice_of("web", &[0, 1], "node-b"),
+    let ch = store.apply(SourceEvent::Apply(Object::from(slice_of(
+        "web",
+        &[0, 1],
+        "node-b",
     ))));
     p.note(&ch);
     let before = p.processes();
@@ -407,8 +409,10 @@ fn netns_iptables_mode_data_path() {
     assert_eq!(t.by_name.len(), 2);
 
     // All endpoints gone: REJECT (fails fast, not a timeout).
-    let ch = store.apply(SourceEvent::Apply(Object::EndpointSlice(Box::new(
-        slice_of("web", &[], "node-b"),
+    let ch = store.apply(SourceEvent::Apply(Object::from(slice_of(
+        "web",
+        &[],
+        "node-b",
     ))));
     p.note(&ch);
     assert!(p.sync(&store, &node_addrs()).ok());
@@ -566,8 +570,9 @@ fn bench_iptables_mode_sync() {
         // One endpoint change.
         let mut changes = Vec::new();
         for round in 0..5 {
-            let ch = store.apply(SourceEvent::Apply(Object::EndpointSlice(Box::new(
-                bench_slice(round * 7 + 1, 1 + round),
+            let ch = store.apply(SourceEvent::Apply(Object::from(bench_slice(
+                round * 7 + 1,
+                1 + round,
             ))));
             p.note(&ch);
             let t = Instant::now();
@@ -768,10 +773,12 @@ fn netns_iptables_mode_restart_with_an_invalid_service_keeps_its_rules() {
     );
 
     // Fixed, with one endpoint: converges to exactly what it renders.
-    let ch = store.apply(SourceEvent::Apply(Object::Service(Box::new(web(true)))));
+    let ch = store.apply(SourceEvent::Apply(Object::from(web(true))));
     p.note(&ch);
-    let ch = store.apply(SourceEvent::Apply(Object::EndpointSlice(Box::new(
-        slice_of("web", &[1], "node-b"),
+    let ch = store.apply(SourceEvent::Apply(Object::from(slice_of(
+        "web",
+        &[1],
+        "node-b",
     ))));
     p.note(&ch);
     let r = p.sync(&store, &node_addrs());
@@ -786,7 +793,7 @@ fn netns_iptables_mode_restart_with_an_invalid_service_keeps_its_rules() {
     assert_eq!(t.by_name.keys().collect::<Vec<_>>(), vec!["pod2"]);
 
     // Deleted: its rules go.
-    let ch = store.apply(SourceEvent::Delete(Object::Service(Box::new(web(true)))));
+    let ch = store.apply(SourceEvent::Delete(Object::from(web(true))));
     p.note(&ch);
     let r = p.sync(&store, &node_addrs());
     assert!(r.ok(), "{:?}", r.errors);

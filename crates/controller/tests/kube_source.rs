@@ -32,13 +32,13 @@ fn key_of(o: &Object) -> Key {
     match o {
         Object::Service(s) => (
             Kind::Service,
-            s.metadata.namespace.clone().unwrap_or_default(),
-            s.metadata.name.clone().unwrap_or_default(),
+            s.name.namespace.to_string(),
+            s.name.name.to_string(),
         ),
         Object::EndpointSlice(s) => (
             Kind::EndpointSlice,
-            s.metadata.namespace.clone().unwrap_or_default(),
-            s.metadata.name.clone().unwrap_or_default(),
+            s.namespace.to_string(),
+            s.name.to_string(),
         ),
         Object::Node(n) => (
             Kind::Node,
@@ -92,13 +92,13 @@ fn expected(s: &FakeApiServer, node: &str) -> BTreeMap<Key, Object> {
     let mut out = BTreeMap::new();
     for svc in s.list::<Service>() {
         if labels_ok(&svc.metadata) {
-            let o = Object::Service(Box::new(svc));
+            let o = Object::from(svc);
             out.insert(key_of(&o), o);
         }
     }
     for es in s.list::<EndpointSlice>() {
         if labels_ok(&es.metadata) {
-            let o = Object::EndpointSlice(Box::new(es));
+            let o = Object::from(es);
             out.insert(key_of(&o), o);
         }
     }

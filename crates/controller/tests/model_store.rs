@@ -11,18 +11,16 @@ use controller::store::Store;
 use fixtures::*;
 
 fn svc_obj(name: &str, ip: &str) -> Object {
-    Object::Service(Box::new(
-        svc("ns", name, ip).port("http", 80, "TCP").build(),
-    ))
+    Object::from(svc("ns", name, ip).port("http", 80, "TCP").build())
 }
 
 fn slice_obj(svc_name: &str, slice_name: &str, ep: &str) -> Object {
-    Object::EndpointSlice(Box::new(
+    Object::from(
         slice("ns", svc_name, slice_name)
             .port("http", 8080, "TCP")
             .ep(ep, "node-b", C::Ready)
             .build(),
-    ))
+    )
 }
 
 fn names(v: &[&str]) -> BTreeSet<ServiceName> {
@@ -162,7 +160,7 @@ fn model_store_ignores_changes_to_fields_the_proxy_does_not_read() {
     );
     svc.spec.as_mut().unwrap().selector = Some([("app".to_string(), "x".to_string())].into());
     assert!(s
-        .apply(SourceEvent::Apply(Object::Service(Box::new(svc.clone()))))
+        .apply(SourceEvent::Apply(Object::from(svc.clone())))
         .is_empty());
 
     let mut sl = slice("ns", "a", "a-1")
@@ -177,22 +175,18 @@ fn model_store_ignores_changes_to_fields_the_proxy_does_not_read() {
     });
     sl.endpoints[0].hostname = Some("pod-1".into());
     assert!(s
-        .apply(SourceEvent::Apply(Object::EndpointSlice(Box::new(
-            sl.clone()
-        ))))
+        .apply(SourceEvent::Apply(Object::from(sl.clone())))
         .is_empty());
 
     // What the model reads still counts.
     svc.spec.as_mut().unwrap().session_affinity = Some("ClientIP".into());
     assert_eq!(
-        s.apply(SourceEvent::Apply(Object::Service(Box::new(svc))))
-            .services,
+        s.apply(SourceEvent::Apply(Object::from(svc))).services,
         names(&["a"])
     );
     sl.endpoints[0].conditions.as_mut().unwrap().ready = Some(false);
     assert_eq!(
-        s.apply(SourceEvent::Apply(Object::EndpointSlice(Box::new(sl))))
-            .endpoints,
+        s.apply(SourceEvent::Apply(Object::from(sl))).endpoints,
         names(&["a"])
     );
 }
@@ -205,12 +199,12 @@ fn model_store_node_name_interning_is_bounded() {
     s.apply(SourceEvent::Apply(svc_obj("a", "10.96.0.1")));
     for round in 0..20_000 {
         let node = format!("node-{round}");
-        s.apply(SourceEvent::Apply(Object::EndpointSlice(Box::new(
+        s.apply(SourceEvent::Apply(Object::from(
             slice("ns", "a", "a-1")
                 .port("http", 8080, "TCP")
                 .ep("10.244.0.1", &node, C::Ready)
                 .build(),
-        ))));
+        )));
     }
     let n = s.interned_names();
     assert!(n <= 1024, "{n} names interned for 1 in use");

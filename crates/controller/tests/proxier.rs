@@ -16,14 +16,22 @@ use ipvs_netlink::{Protocol, ServiceKey};
 
 fn service_ev(i: usize) -> Object {
     let ip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
-    Object::Service(Box::new(
+    Object::from(
         svc("default", &format!("svc-{i}"), &ip)
             .port("http", 80, "TCP")
             .build(),
-    ))
+    )
 }
 
 fn slice_ev(i: usize, endpoints: usize, offset: usize) -> Object {
+    Object::from(slice_obj(i, endpoints, offset))
+}
+
+fn slice_obj(
+    i: usize,
+    endpoints: usize,
+    offset: usize,
+) -> k8s_openapi::api::discovery::v1::EndpointSlice {
     let mut s =
         slice("default", &format!("svc-{i}"), &format!("svc-{i}-abc")).port("http", 8080, "TCP");
     for e in 0..endpoints {
@@ -34,7 +42,7 @@ fn slice_ev(i: usize, endpoints: usize, offset: usize) -> Object {
             C::Ready,
         );
     }
-    Object::EndpointSlice(Box::new(s.build()))
+    s.build()
 }
 
 fn vip(i: usize) -> IpAddr {
@@ -115,9 +123,7 @@ fn one_endpoint_change_is_a_few_requests_and_no_dump() {
         );
     }
     changed = changed.ep("10.250.0.1", "node-b", C::Ready);
-    let ch = store.apply(SourceEvent::Apply(Object::EndpointSlice(Box::new(
-        changed.build(),
-    ))));
+    let ch = store.apply(SourceEvent::Apply(Object::from(changed.build())));
     p.note(&ch);
     let r = p.sync(&store, &node_addrs(), &mut k);
     assert_eq!(r.kind, SyncKind::Incremental);
@@ -204,18 +210,18 @@ fn draining_real_server_is_deleted_when_its_connections_end_and_restored_if_want
 fn udp_real_servers_are_deleted_at_once() {
     let mut store = Store::new();
     store.apply(SourceEvent::Init(Kind::Service));
-    store.apply(SourceEvent::InitApply(Object::Service(Box::new(
+    store.apply(SourceEvent::InitApply(Object::from(
         svc("kube-system", "dns", "10.96.0.10")
             .port("dns", 53, "UDP")
             .build(),
-    ))));
+    )));
     store.apply(SourceEvent::InitDone(Kind::Service));
     let sl = |eps: &[&str]| {
         let mut s = slice("kube-system", "dns", "dns-1").port("dns", 53, "UDP");
         for e in eps {
             s = s.ep(e, "node-b", C::Ready);
         }
-        Object::EndpointSlice(Box::new(s.build()))
+        Object::from(s.build())
     };
     store.apply(SourceEvent::Init(Kind::EndpointSlice));
     store.apply(SourceEvent::InitApply(sl(&["10.244.1.1", "10.244.1.2"])));
@@ -567,9 +573,7 @@ fn loop_reports_network_programming_triggers_and_ipvs_counts() {
         }
     }
     fn annotated(i: usize, at: Option<SystemTime>) -> Object {
-        let Object::EndpointSlice(mut s) = slice_ev(i, 3, 0) else {
-            unreachable!()
-        };
+        let mut s = slice_obj(i, 3, 0);
         if let Some(at) = at {
             let ts = k8s_openapi::jiff::Timestamp::try_from(at).unwrap();
             s.metadata.annotations = Some(
@@ -580,7 +584,7 @@ fn loop_reports_network_programming_triggers_and_ipvs_counts() {
                 .into(),
             );
         }
-        Object::EndpointSlice(s)
+        Object::from(s)
     }
     let (tx, rx) = std::sync::mpsc::channel();
     tx.send(Input::Source(SourceEvent::Init(Kind::Service)))
@@ -696,7 +700,7 @@ fn pending_changes_in_a_full_sync_are_not_drift() {
     }
     changed = changed.ep("10.250.0.1", "node-b", C::Ready);
     for ev in [
-        SourceEvent::Apply(Object::EndpointSlice(Box::new(changed.build()))),
+        SourceEvent::Apply(Object::from(changed.build())),
         SourceEvent::Apply(service_ev(100)),
         SourceEvent::Apply(slice_ev(100, 10, 0)),
         SourceEvent::Delete(service_ev(7)),
@@ -723,9 +727,7 @@ fn pending_changes_in_a_full_sync_are_not_drift() {
     // The same again with a real drift beside a pending change: only the drift counts.
     let mut changed = slice("default", "svc-60", "svc-60-abc").port("http", 8080, "TCP");
     changed = changed.ep("10.250.0.2", "node-b", C::Ready);
-    let ch = store.apply(SourceEvent::Apply(Object::EndpointSlice(Box::new(
-        changed.build(),
-    ))));
+    let ch = store.apply(SourceEvent::Apply(Object::from(changed.build())));
     p.note(&ch);
     k.addresses.remove(&vip(3));
     p.request_full();

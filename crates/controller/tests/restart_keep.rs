@@ -48,7 +48,7 @@ fn web_slice(eps: &[&str]) -> Object {
     for e in eps {
         s = s.ep(e, NODE, C::Ready);
     }
-    Object::EndpointSlice(Box::new(s.build()))
+    Object::from(s.build())
 }
 
 fn other() -> Service {
@@ -58,12 +58,12 @@ fn other() -> Service {
 }
 
 fn other_slice() -> Object {
-    Object::EndpointSlice(Box::new(
+    Object::from(
         slice("default", "other", "other-1")
             .port("http", 8080, "TCP")
             .ep("10.244.2.1", "node-b", C::Ready)
             .build(),
-    ))
+    )
 }
 
 fn store_of(svcs: Vec<Service>, slices: Vec<Object>, node: bool) -> Store {
@@ -79,7 +79,7 @@ fn store_of(svcs: Vec<Service>, slices: Vec<Object>, node: bool) -> Store {
     }
     store.apply(SourceEvent::Init(Kind::Service));
     for s in svcs {
-        store.apply(SourceEvent::InitApply(Object::Service(Box::new(s))));
+        store.apply(SourceEvent::InitApply(Object::from(s)));
     }
     store.apply(SourceEvent::InitDone(Kind::Service));
     store.apply(SourceEvent::Init(Kind::EndpointSlice));
@@ -186,14 +186,14 @@ fn restart_with_an_invalid_service_keeps_its_state_until_it_is_deleted() {
     let mut store = invalid;
     let mut worse = web(false);
     worse.spec.as_mut().unwrap().type_ = Some("Bogus".into());
-    let ch = store.apply(SourceEvent::Apply(Object::Service(Box::new(worse))));
+    let ch = store.apply(SourceEvent::Apply(Object::from(worse)));
     restarted.note(&ch);
     let r = restarted.sync(&store, &node_addrs(), &mut k);
     assert_eq!(r.kind, SyncKind::Incremental);
     assert_eq!(kernel_state(&k), before);
 
     // Fixed, with one endpoint replaced: converges to exactly what a fresh run programs.
-    let ch = store.apply(SourceEvent::Apply(Object::Service(Box::new(web(true)))));
+    let ch = store.apply(SourceEvent::Apply(Object::from(web(true))));
     restarted.note(&ch);
     let ch = store.apply(SourceEvent::Apply(web_slice(&["10.244.1.5", "10.244.1.7"])));
     restarted.note(&ch);
@@ -216,7 +216,7 @@ fn restart_with_an_invalid_service_keeps_its_state_until_it_is_deleted() {
     assert_eq!(k.addresses, fresh_k.addresses);
 
     // Deleted: everything of it goes, the other service stays.
-    let ch = store.apply(SourceEvent::Delete(Object::Service(Box::new(web(true)))));
+    let ch = store.apply(SourceEvent::Delete(Object::from(web(true))));
     restarted.note(&ch);
     restarted.sync(&store, &node_addrs(), &mut k);
     for vip in ["10.96.0.10", "203.0.113.5", "198.51.100.7"] {
@@ -267,12 +267,12 @@ fn an_invalid_service_never_adopts_a_key_a_valid_service_derives() {
         vec![svc("default", "z-good", "10.96.0.30")
             .port("http", 80, "TCP")
             .build()],
-        vec![Object::EndpointSlice(Box::new(
+        vec![Object::from(
             slice("default", "z-good", "z-1")
                 .port("http", 8080, "TCP")
                 .ep("10.244.9.9", "node-b", C::Ready)
                 .build(),
-        ))],
+        )],
         true,
     );
     full_sync(
@@ -292,12 +292,12 @@ fn an_invalid_service_never_adopts_a_key_a_valid_service_derives() {
                 .port("http", 80, "TCP")
                 .build(),
         ],
-        vec![Object::EndpointSlice(Box::new(
+        vec![Object::from(
             slice("default", "z-good", "z-1")
                 .port("http", 8080, "TCP")
                 .ep("10.244.1.1", "node-b", C::Ready)
                 .build(),
-        ))],
+        )],
         true,
     );
     let mut p = Proxier::new(cfg4(), RulesConfig::default(), NODE);
@@ -337,12 +337,12 @@ fn first_sync_without_the_node_keeps_node_ports_until_the_node_arrives() {
             .build()
     };
     let slices = || {
-        vec![Object::EndpointSlice(Box::new(
+        vec![Object::from(
             slice("default", "np", "np-1")
                 .port("http", 8080, "TCP")
                 .ep("10.244.3.1", "node-b", C::Ready)
                 .build(),
-        ))]
+        )]
     };
     let gone_np = svc("default", "gone", "10.96.0.41")
         .node_port("http", 80, "TCP", 30091)
@@ -413,12 +413,12 @@ fn loop_with_stale_node_port(
         vec![svc("default", "np", "10.96.0.40")
             .node_port("http", 80, "TCP", 30090)
             .build()],
-        vec![Object::EndpointSlice(Box::new(
+        vec![Object::from(
             slice("default", "np", "np-1")
                 .port("http", 8080, "TCP")
                 .ep("10.244.9.9", "node-b", C::Ready)
                 .build(),
-        ))],
+        )],
         true,
     );
     full_sync(
@@ -451,10 +451,10 @@ fn lists_without_node(tx: &std::sync::mpsc::Sender<Input>) {
         .build();
     for ev in [
         SourceEvent::Init(Kind::Service),
-        SourceEvent::InitApply(Object::Service(Box::new(np))),
+        SourceEvent::InitApply(Object::from(np)),
         SourceEvent::InitDone(Kind::Service),
         SourceEvent::Init(Kind::EndpointSlice),
-        SourceEvent::InitApply(Object::EndpointSlice(Box::new(s))),
+        SourceEvent::InitApply(Object::from(s)),
         SourceEvent::InitDone(Kind::EndpointSlice),
     ] {
         tx.send(Input::Source(ev)).unwrap();
@@ -577,28 +577,18 @@ fn a_burst_far_beyond_the_channel_capacity_loses_nothing() {
         send(SourceEvent::InitDone(Kind::EndpointSlice)).await;
         send(SourceEvent::Init(Kind::Service)).await;
         for i in 0..SERVICES {
-            send(SourceEvent::InitApply(Object::Service(Box::new(service(
-                i, 0,
-            )))))
-            .await;
+            send(SourceEvent::InitApply(Object::from(service(i, 0)))).await;
         }
         send(SourceEvent::InitDone(Kind::Service)).await;
         // Every object updated again and again: the last version must win.
         for round in 1..ROUNDS {
             for i in 0..SERVICES {
-                send(SourceEvent::Apply(Object::Service(Box::new(service(
-                    i, round,
-                )))))
-                .await;
+                send(SourceEvent::Apply(Object::from(service(i, round)))).await;
             }
         }
         // Every tenth deleted.
         for i in (0..SERVICES).step_by(10) {
-            send(SourceEvent::Delete(Object::Service(Box::new(service(
-                i,
-                ROUNDS - 1,
-            )))))
-            .await;
+            send(SourceEvent::Delete(Object::from(service(i, ROUNDS - 1)))).await;
         }
         let n = sent;
         assert!(tx.send(Input::Shutdown).await);

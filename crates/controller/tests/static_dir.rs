@@ -53,13 +53,7 @@ fn names_of(snapshot: &static_dir::Snapshot) -> Vec<String> {
     snapshot
         .services
         .iter()
-        .map(|s| {
-            format!(
-                "{}/{}",
-                s.metadata.namespace.as_deref().unwrap_or("?"),
-                s.metadata.name.as_deref().unwrap_or("?")
-            )
-        })
+        .map(|s| format!("{}/{}", s.name.namespace, s.name.name))
         .collect()
 }
 
@@ -98,24 +92,20 @@ items:
 fn parses_multi_document_and_list_files() {
     let objs = static_dir::parse_file(Path::new("mixed.yaml"), MIXED).unwrap();
     assert_eq!(objs.services.len(), 2);
-    assert_eq!(objs.services[0].metadata.namespace.as_deref(), Some("ns1"));
+    assert_eq!(&*objs.services[0].name.namespace, "ns1");
     // No namespace given: "default", like kubectl.
-    assert_eq!(
-        objs.services[1].metadata.namespace.as_deref(),
-        Some("default")
-    );
+    assert_eq!(&*objs.services[1].name.namespace, "default");
     let spec = objs.services[0].spec.as_ref().unwrap();
     assert_eq!(spec.cluster_ip.as_deref(), Some("10.96.0.1"));
     let port = &spec.ports.as_ref().unwrap()[0];
     assert_eq!(port.port, 443);
-    assert_eq!(
-        port.target_port,
-        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(6443))
-    );
+    // targetPort is not kept: the proxy takes target ports from the endpoints.
+    assert_eq!(port.protocol.as_deref(), Some("TCP"));
     assert_eq!(objs.endpoint_slices.len(), 1);
+    assert_eq!(&*objs.endpoint_slices[0].namespace, "default");
     assert_eq!(
-        objs.endpoint_slices[0].endpoints[0].addresses,
-        vec!["10.244.0.5"]
+        objs.endpoint_slices[0].endpoints[0].ip.to_string(),
+        "10.244.0.5"
     );
     // The Deployment is ignored with a warning naming the file and document.
     assert_eq!(objs.warnings.len(), 1, "{:?}", objs.warnings);
@@ -142,7 +132,7 @@ fn large_files_load_beyond_the_parser_default_budget() {
         .join("---\n");
     let objs = static_dir::parse_file(Path::new("big.yaml"), &text).unwrap();
     assert_eq!(objs.services.len(), 1500);
-    assert_eq!(objs.services[1499].metadata.name.as_deref(), Some("s1499"));
+    assert_eq!(&*objs.services[1499].name.name, "s1499");
 }
 
 #[test]
@@ -294,10 +284,10 @@ fn events_are_a_full_relist_per_kind() {
             SourceEvent::Init(k) => format!("Init({k:?})"),
             SourceEvent::InitDone(k) => format!("InitDone({k:?})"),
             SourceEvent::InitApply(Object::Service(s)) => {
-                format!("Svc({})", s.metadata.name.as_deref().unwrap())
+                format!("Svc({})", s.name.name)
             }
             SourceEvent::InitApply(Object::EndpointSlice(s)) => {
-                format!("Eps({})", s.metadata.name.as_deref().unwrap())
+                format!("Eps({})", s.name)
             }
             SourceEvent::InitApply(Object::Node(n)) => {
                 format!("Node({})", n.metadata.name.as_deref().unwrap())
@@ -329,9 +319,7 @@ async fn next_relist(rx: &mut mpsc::Receiver<SourceEvent>) -> Vec<String> {
     loop {
         let ev = next_event(rx).await;
         match ev {
-            SourceEvent::InitApply(Object::Service(s)) => {
-                names.push(s.metadata.name.clone().unwrap_or_default())
-            }
+            SourceEvent::InitApply(Object::Service(s)) => names.push(s.name.name.to_string()),
             SourceEvent::InitDone(Kind::EndpointSlice) => return names,
             _ => {}
         }
@@ -349,16 +337,16 @@ async fn next_event(rx: &mut mpsc::Receiver<SourceEvent>) -> SourceEvent {
 fn shape(ev: &SourceEvent) -> String {
     match ev {
         SourceEvent::Apply(Object::Service(s)) => {
-            format!("apply {}", s.metadata.name.as_deref().unwrap_or("?"))
+            format!("apply {}", s.name.name)
         }
         SourceEvent::Delete(Object::Service(s)) => {
-            format!("delete {}", s.metadata.name.as_deref().unwrap_or("?"))
+            format!("delete {}", s.name.name)
         }
         SourceEvent::Apply(Object::EndpointSlice(s)) => {
-            format!("apply-eps {}", s.metadata.name.as_deref().unwrap_or("?"))
+            format!("apply-eps {}", s.name)
         }
         SourceEvent::Delete(Object::EndpointSlice(s)) => {
-            format!("delete-eps {}", s.metadata.name.as_deref().unwrap_or("?"))
+            format!("delete-eps {}", s.name)
         }
         other => format!("{other:?}"),
     }
@@ -609,13 +597,13 @@ ports: [{port: 80, protocol: TCP}]
     let svcs: Vec<_> = objs
         .services
         .iter()
-        .map(|s| s.metadata.name.clone().unwrap())
+        .map(|s| s.name.name.to_string())
         .collect();
     assert_eq!(svcs, vec!["mine"]);
     let slices: Vec<_> = objs
         .endpoint_slices
         .iter()
-        .map(|s| s.metadata.name.clone().unwrap())
+        .map(|s| s.name.to_string())
         .collect();
     assert_eq!(slices, vec!["mine-1"]);
     assert!(objs.warnings.is_empty(), "{:?}", objs.warnings);

@@ -75,11 +75,11 @@ fn apply_one_by_one(objs: &[Object]) -> (Store, Proxier, FakeKernel, Vec<(String
 }
 
 fn svc_obj(s: Service) -> Object {
-    Object::Service(Box::new(s))
+    Object::from(s)
 }
 
 fn slice_obj(s: k8s_openapi::api::discovery::v1::EndpointSlice) -> Object {
-    Object::EndpointSlice(Box::new(s))
+    Object::from(s)
 }
 
 /// The real servers of one virtual server in the kernel that take new connections (a real

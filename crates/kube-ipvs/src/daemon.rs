@@ -138,11 +138,11 @@ impl Daemon {
         match object {
             Object::Service(s) => {
                 self.metrics.service_changes_total.inc();
-                tracing::debug!(op, namespace = ?s.metadata.namespace, name = ?s.metadata.name, "Service");
+                tracing::debug!(op, namespace = %s.name.namespace, name = %s.name.name, "Service");
             }
             Object::EndpointSlice(s) => {
                 self.metrics.endpoint_changes_total.inc();
-                tracing::debug!(op, namespace = ?s.metadata.namespace, name = ?s.metadata.name, "EndpointSlice");
+                tracing::debug!(op, namespace = %s.namespace, name = %s.name, "EndpointSlice");
             }
             Object::Node(n) => {
                 if op == "apply" {

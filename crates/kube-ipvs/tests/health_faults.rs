@@ -63,10 +63,7 @@ fn objects() -> Vec<Object> {
             "endpoints": [{"addresses": ["10.244.0.7"], "conditions": {"ready": true}}]
         }))
         .unwrap();
-    vec![
-        Object::Service(Box::new(svc)),
-        Object::EndpointSlice(Box::new(slice)),
-    ]
+    vec![Object::from(svc), Object::from(slice)]
 }
 
 fn node_addrs() -> BTreeSet<IpAddr> {

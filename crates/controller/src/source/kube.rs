@@ -191,13 +191,13 @@ where
 }
 
 fn wrap_service(s: Service) -> Object {
-    Object::Service(Box::new(s))
+    Object::from(&s)
 }
 fn wrap_slice(s: EndpointSlice) -> Object {
-    Object::EndpointSlice(Box::new(s))
+    Object::from(&s)
 }
 fn wrap_node(n: Node) -> Object {
-    Object::Node(Box::new(n))
+    Object::from(n)
 }
 
 /// Run the Kubernetes source with default settings for `node_name`. See [`run_with`].

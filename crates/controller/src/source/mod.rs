@@ -9,6 +9,8 @@
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
+use crate::objects::{Slice, Svc};
+
 pub mod kube;
 pub mod static_dir;
 
@@ -51,15 +53,46 @@ pub enum Kind {
     Node,
 }
 
-/// One watched object.
+/// One watched object, in the compact form the proxy keeps ([`crate::objects`]): sources
+/// convert API objects as they arrive, so no full `k8s-openapi` object outlives its event.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Object {
     /// A Service.
-    Service(Box<Service>),
+    Service(Box<Svc>),
     /// An EndpointSlice.
-    EndpointSlice(Box<EndpointSlice>),
-    /// This node's Node object.
+    EndpointSlice(Box<Slice>),
+    /// This node's Node object (one object; kept whole).
     Node(Box<Node>),
+}
+
+impl From<&Service> for Object {
+    fn from(s: &Service) -> Object {
+        Object::Service(Box::new(Svc::from_service(s)))
+    }
+}
+
+impl From<Service> for Object {
+    fn from(s: Service) -> Object {
+        Object::from(&s)
+    }
+}
+
+impl From<&EndpointSlice> for Object {
+    fn from(s: &EndpointSlice) -> Object {
+        Object::EndpointSlice(Box::new(Slice::of(s)))
+    }
+}
+
+impl From<EndpointSlice> for Object {
+    fn from(s: EndpointSlice) -> Object {
+        Object::from(&s)
+    }
+}
+
+impl From<Node> for Object {
+    fn from(n: Node) -> Object {
+        Object::Node(Box::new(n))
+    }
 }
 
 /// A change reported by a source.

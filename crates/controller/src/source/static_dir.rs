@@ -47,6 +47,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::{Kind, Object, SourceEvent};
+use crate::objects::{Interner, Slice, Svc};
 
 /// Default debounce between a directory change and the re-read.
 pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(200);
@@ -115,13 +116,14 @@ pub enum StaticDirError {
     },
 }
 
-/// The objects of one file.
+/// The objects of one file, in the compact form the proxy keeps ([`crate::objects`]): the
+/// parsed `k8s-openapi` objects are dropped as soon as they are converted.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FileObjects {
     /// Services, in document order.
-    pub services: Vec<Service>,
+    pub services: Vec<Svc>,
     /// EndpointSlices, in document order.
-    pub endpoint_slices: Vec<EndpointSlice>,
+    pub endpoint_slices: Vec<Slice>,
     /// Nodes, in document order.
     pub nodes: Vec<Node>,
     /// Warnings (ignored kinds, missing labels), each naming the file and document.
@@ -185,7 +187,7 @@ fn accept_service(mut svc: Service, where_: &dyn Fn() -> String, out: &mut FileO
         tracing::info!(object = %where_(), label, "Service not handled by this proxy");
         return;
     }
-    out.services.push(svc);
+    out.services.push(Svc::from_service(&svc));
 }
 
 fn accept_slice(mut eps: EndpointSlice, where_: &dyn Fn() -> String, out: &mut FileObjects) {
@@ -208,7 +210,7 @@ fn accept_slice(mut eps: EndpointSlice, where_: &dyn Fn() -> String, out: &mut F
             eps.metadata.name.as_deref().unwrap_or_default()
         ));
     }
-    out.endpoint_slices.push(eps);
+    out.endpoint_slices.push(Slice::of(&eps));
 }
 
 /// Parses one file's text. `path` is only used in messages.
@@ -341,9 +343,9 @@ fn add_object(
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
     /// Services, by file name order then document order, duplicates resolved.
-    pub services: Vec<Service>,
+    pub services: Vec<Svc>,
     /// EndpointSlices, likewise.
-    pub endpoint_slices: Vec<EndpointSlice>,
+    pub endpoint_slices: Vec<Slice>,
     /// This node's Node object (read or synthesized).
     pub node: Node,
     /// True if `node` was synthesized because the directory has no matching Node.
@@ -391,11 +393,12 @@ impl Snapshot {
 /// Namespace/name of an object.
 type ObjKey = (String, String);
 
-fn obj_key(m: &ObjectMeta) -> ObjKey {
-    (
-        m.namespace.clone().unwrap_or_default(),
-        m.name.clone().unwrap_or_default(),
-    )
+fn service_key(s: &Svc) -> ObjKey {
+    (s.name.namespace.to_string(), s.name.name.to_string())
+}
+
+fn slice_key(s: &Slice) -> ObjKey {
+    (s.namespace.to_string(), s.name.to_string())
 }
 
 /// A file's identity and change stamp from `stat` (following symlinks), used by the polling
@@ -441,18 +444,23 @@ struct FileEntry {
 }
 
 impl FileEntry {
-    fn set_objects(&mut self, objects: FileObjects) {
+    /// Keeps `objects` as the file's last good version, node and zone names shared through
+    /// `names` with the rest of the directory.
+    fn set_objects(&mut self, mut objects: FileObjects, names: &mut Interner) {
+        for s in &mut objects.endpoint_slices {
+            s.intern(names);
+        }
         self.service_at = objects
             .services
             .iter()
             .enumerate()
-            .map(|(i, s)| (obj_key(&s.metadata), i))
+            .map(|(i, s)| (service_key(s), i))
             .collect();
         self.slice_at = objects
             .endpoint_slices
             .iter()
             .enumerate()
-            .map(|(i, s)| (obj_key(&s.metadata), i))
+            .map(|(i, s)| (slice_key(s), i))
             .collect();
         self.objects = objects;
     }
@@ -522,6 +530,8 @@ pub struct DirState {
     slice_defs: HashMap<ObjKey, BTreeSet<PathBuf>>,
     /// The Node last chosen (see [`Snapshot::node_name`]).
     node: Option<Node>,
+    /// Node and zone names of all files' slices.
+    names: Interner,
     stats: Arc<SourceStats>,
 }
 
@@ -554,10 +564,12 @@ fn hash_text(text: &str) -> u64 {
     h.finish()
 }
 
-/// Parses `(path, text)` pairs, on several threads when there are many.
-fn parse_all(
-    texts: Vec<(PathBuf, String)>,
-) -> Vec<(PathBuf, String, Result<FileObjects, StaticDirError>)> {
+/// A file read and due to be parsed: its path, the hash of its text, and the text.
+type ToParse = (PathBuf, u64, String);
+
+/// Parses files, on several threads when there are many. Each text is dropped as soon as it
+/// is parsed, so the whole directory's text is never held next to all of its objects.
+fn parse_all(texts: Vec<ToParse>) -> Vec<(PathBuf, u64, Result<FileObjects, StaticDirError>)> {
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
@@ -566,9 +578,9 @@ fn parse_all(
     if threads == 1 {
         return texts
             .into_iter()
-            .map(|(p, t)| {
+            .map(|(p, h, t)| {
                 let r = parse_file(&p, &t);
-                (p, t, r)
+                (p, h, r)
             })
             .collect();
     }
@@ -585,9 +597,9 @@ fn parse_all(
             .map(|c| {
                 scope.spawn(move || {
                     c.into_iter()
-                        .map(|(p, t)| {
+                        .map(|(p, h, t)| {
                             let r = parse_file(&p, &t);
-                            (p, t, r)
+                            (p, h, r)
                         })
                         .collect::<Vec<_>>()
                 })
@@ -615,6 +627,7 @@ impl DirState {
             service_defs: HashMap::new(),
             slice_defs: HashMap::new(),
             node: None,
+            names: Interner::default(),
             stats: Arc::default(),
         }
     }
@@ -629,7 +642,7 @@ impl DirState {
     /// a path whose `stat` is unchanged is not even read (the polling fallback).
     pub fn read_paths(&mut self, paths: &BTreeSet<PathBuf>, stamps: bool) -> Batch {
         let mut updates: Vec<(PathBuf, Update)> = Vec::new();
-        let mut to_parse: Vec<(PathBuf, String)> = Vec::new();
+        let mut to_parse: Vec<ToParse> = Vec::new();
         let mut stamps_of: HashMap<PathBuf, Option<Stamp>> = HashMap::new();
         for path in paths {
             let meta = std::fs::metadata(path);
@@ -663,7 +676,7 @@ impl DirState {
                         ));
                     } else {
                         stamps_of.insert(path.clone(), stamp);
-                        to_parse.push((path.clone(), text));
+                        to_parse.push((path.clone(), hash, text));
                     }
                 }
                 Err(source) => {
@@ -686,12 +699,12 @@ impl DirState {
         self.stats
             .files_parsed
             .fetch_add(to_parse.len() as u64, Ordering::Relaxed);
-        for (path, text, parsed) in parse_all(to_parse) {
+        for (path, hash, parsed) in parse_all(to_parse) {
             let stamp = stamps_of.remove(&path).flatten();
             updates.push((
                 path,
                 Update::Read {
-                    hash: hash_text(&text),
+                    hash,
                     stamp,
                     parsed: Some(parsed),
                 },
@@ -721,14 +734,14 @@ impl DirState {
     }
 
     /// The effective Service `key` (the last definition in name order).
-    fn service(&self, key: &ObjKey) -> Option<&Service> {
+    fn service(&self, key: &ObjKey) -> Option<&Svc> {
         let path = self.service_defs.get(key)?.last()?;
         let e = self.files.get(path)?;
         e.objects.services.get(*e.service_at.get(key)?)
     }
 
     /// The effective EndpointSlice `key`.
-    fn slice(&self, key: &ObjKey) -> Option<&EndpointSlice> {
+    fn slice(&self, key: &ObjKey) -> Option<&Slice> {
         let path = self.slice_defs.get(key)?.last()?;
         let e = self.files.get(path)?;
         e.objects.endpoint_slices.get(*e.slice_at.get(key)?)
@@ -778,18 +791,18 @@ impl DirState {
     fn apply(&mut self, updates: Vec<(PathBuf, Update)>) -> Batch {
         let mut batch = Batch::default();
         // The objects the batch may change, with their effective version before it.
-        let mut services: BTreeMap<ObjKey, Option<Service>> = BTreeMap::new();
-        let mut slices: BTreeMap<ObjKey, Option<EndpointSlice>> = BTreeMap::new();
+        let mut services: BTreeMap<ObjKey, Option<Svc>> = BTreeMap::new();
+        let mut slices: BTreeMap<ObjKey, Option<Slice>> = BTreeMap::new();
         let mut note = |this: &DirState, objs: &FileObjects| {
             for s in &objs.services {
-                let k = obj_key(&s.metadata);
+                let k = service_key(s);
                 if let std::collections::btree_map::Entry::Vacant(v) = services.entry(k) {
                     let before = this.service(v.key()).cloned();
                     v.insert(before);
                 }
             }
             for s in &objs.endpoint_slices {
-                let k = obj_key(&s.metadata);
+                let k = slice_key(s);
                 if let std::collections::btree_map::Entry::Vacant(v) = slices.entry(k) {
                     let before = this.slice(v.key()).cloned();
                     v.insert(before);
@@ -863,7 +876,7 @@ impl DirState {
                     e.stamp = stamp;
                     e.bad = false;
                     e.has_good = true;
-                    e.set_objects(objs);
+                    e.set_objects(objs, &mut self.names);
                     self.index(&path);
                     changed_files.push(path);
                 }
@@ -968,8 +981,8 @@ impl DirState {
     /// Everything the state holds, in file name then document order.
     pub fn snapshot(&self) -> Snapshot {
         let mut warnings = Vec::new();
-        let mut services: BTreeMap<ObjKey, (usize, Service)> = BTreeMap::new();
-        let mut slices: BTreeMap<ObjKey, (usize, EndpointSlice)> = BTreeMap::new();
+        let mut services: BTreeMap<ObjKey, (usize, Svc)> = BTreeMap::new();
+        let mut slices: BTreeMap<ObjKey, (usize, Slice)> = BTreeMap::new();
         let mut nodes: BTreeMap<String, Node> = BTreeMap::new();
         let mut seq = 0usize;
         let mut files = Vec::new();
@@ -988,7 +1001,7 @@ impl DirState {
             warnings.extend(objs.warnings.iter().cloned());
             for s in &objs.services {
                 seq += 1;
-                let k = obj_key(&s.metadata);
+                let k = service_key(s);
                 if services.insert(k.clone(), (seq, s.clone())).is_some() {
                     warnings.push(format!(
                         "{}: Service {}/{} redefined; this later definition wins",
@@ -1000,7 +1013,7 @@ impl DirState {
             }
             for s in &objs.endpoint_slices {
                 seq += 1;
-                let k = obj_key(&s.metadata);
+                let k = slice_key(s);
                 if slices.insert(k.clone(), (seq, s.clone())).is_some() {
                     warnings.push(format!(
                         "{}: EndpointSlice {}/{} redefined; this later definition wins",
