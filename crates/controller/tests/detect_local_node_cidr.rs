@@ -12,7 +12,6 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use controller::iptables_mode::{IptablesProxier, RecordingRunner};
-use controller::kernel::FakeKernel;
 use controller::model::{NodeInfo, ProxyConfig};
 use controller::proxier::{Proxier, RulesConfig};
 use controller::source::{Kind, Object, SourceEvent};
@@ -20,6 +19,7 @@ use controller::store::Store;
 use fixtures::*;
 use ipvs_netlink::Family;
 use k8s_openapi::api::core::v1::{Node, NodeSpec};
+use testkit::fake_kernel::FakeKernel;
 
 fn node_with(pod_cidrs: &[&str]) -> Node {
     let mut n = node_obj(NODE, "zone-a", "192.168.0.10");

@@ -12,7 +12,6 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use controller::iptables_mode::{IptablesProxier, RecordingRunner};
-use controller::kernel::FakeKernel;
 use controller::proxier::{Proxier, RulesConfig, SyncReport};
 use controller::retry::{RetryPolicy, Subsystem};
 use controller::source::{Object, SourceEvent};
@@ -20,6 +19,7 @@ use controller::store::Store;
 use controller::sync_loop::Backend;
 use fixtures::*;
 use ipvs_netlink::{Protocol, Service, ServiceKey};
+use testkit::fake_kernel::FakeKernel;
 use testkit::faults::{Calls, Fault, FaultHandle, FaultKernel, FaultRunner, KernelOp, EBUSY};
 
 const MIN: Duration = Duration::from_secs(1);

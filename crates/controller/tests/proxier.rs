@@ -7,12 +7,13 @@ mod fixtures;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use controller::kernel::{FakeKernel, Kernel};
+use controller::kernel::Kernel;
 use controller::proxier::{Proxier, RulesConfig, SyncKind};
 use controller::source::{Kind, Object, SourceEvent};
 use controller::store::Store;
 use fixtures::*;
 use ipvs_netlink::{Protocol, ServiceKey};
+use testkit::fake_kernel::FakeKernel;
 
 fn service_ev(i: usize) -> Object {
     let ip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
@@ -449,7 +450,7 @@ fn once_loop() -> (
     let families: Vec<Box<dyn controller::sync_loop::Backend + Send>> =
         vec![Box::new(FamilyProxier {
             proxier: Proxier::new(cfg4(), RulesConfig::default(), NODE),
-            kernel: Box::new(controller::kernel::SharedFakeKernel::default()),
+            kernel: Box::new(testkit::fake_kernel::SharedFakeKernel::default()),
         })];
     let cfg = LoopConfig {
         min_sync_period: Duration::from_millis(10),

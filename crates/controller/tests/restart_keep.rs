@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use controller::adopt::unresolved_node_ports;
-use controller::kernel::{FakeKernel, SharedFakeKernel};
 use controller::model::{ProxyConfig, ServiceName};
 use controller::proxier::{Proxier, RulesConfig, SyncKind};
 use controller::source::{Kind, Object, SourceEvent};
@@ -21,6 +20,7 @@ use controller::sync_loop::{self, Backend, Exit, FamilyProxier, Input, LoopConfi
 use fixtures::*;
 use ipvs_netlink::{Protocol, ServiceKey};
 use k8s_openapi::api::core::v1::Service;
+use testkit::fake_kernel::{FakeKernel, SharedFakeKernel};
 
 fn node_addrs() -> BTreeSet<IpAddr> {
     [ip("192.168.0.10"), ip("10.0.0.10")].into_iter().collect()

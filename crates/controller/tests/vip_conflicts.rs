@@ -10,7 +10,7 @@ mod fixtures;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use controller::kernel::{FakeKernel, Kernel};
+use controller::kernel::Kernel;
 use controller::proxier::{Proxier, RulesConfig, SyncKind, SyncReport};
 use controller::source::{Object, SourceEvent};
 use controller::store::Store;
@@ -18,6 +18,7 @@ use fixtures::*;
 use ipvs_netlink::{Protocol, ServiceKey};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use testkit::fake_kernel::FakeKernel;
 
 const VIP: &str = "203.0.113.10";
 

@@ -10,7 +10,6 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use controller::kernel::FakeKernel;
 use controller::model::ProxyConfig;
 use controller::proxier::{Proxier, RulesConfig};
 use controller::retry::RetryPolicy;
@@ -22,6 +21,7 @@ use kube_ipvs::engine::Observer;
 use kube_ipvs::health::ProxyHealth;
 use kube_ipvs::metrics::Metrics;
 use kube_ipvs::service_health::ServiceHealthServer;
+use testkit::fake_kernel::FakeKernel;
 use testkit::faults::{Calls, Fault, FaultKernel, KernelOp, EBUSY};
 
 const WINDOW: Duration = Duration::from_secs(60);

@@ -1,6 +1,6 @@
 //! Fault injection for the controller's kernel boundary.
 //!
-//! [`FaultKernel`] wraps any [`controller::kernel::Kernel`] (the in-memory `FakeKernel`, or a
+//! [`FaultKernel`] wraps any [`controller::kernel::Kernel`] (the in-memory [`crate::fake_kernel::FakeKernel`], or a
 //! real `NodeKernel`) and [`FaultRunner`] wraps any iptables-mode
 //! [`controller::iptables_mode::RestoreRunner`]. A shared [`FaultHandle`] says which operation
 //! (or every operation of a subsystem) misbehaves, how, and on which calls:
@@ -427,7 +427,7 @@ impl<R: RestoreRunner> RestoreRunner for FaultRunner<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use controller::kernel::FakeKernel;
+    use crate::fake_kernel::FakeKernel;
 
     #[test]
     fn nth_from_range_and_clear() {

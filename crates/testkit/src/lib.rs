@@ -5,5 +5,6 @@
 pub mod apiserver;
 pub mod bench;
 pub mod control_plane;
+pub mod fake_kernel;
 pub mod faults;
 pub mod netns;
