@@ -83,7 +83,7 @@ winkernel:
   sourceVip: ""
 "#;
 
-fn host() -> Result<String, String> {
+fn host() -> Result<String, Error> {
     Ok("Node-A.example\n".into())
 }
 
@@ -526,7 +526,10 @@ fn node_name_comes_from_the_host_unless_overridden() {
     let args = cli::parse(["kube-ipvs"]).unwrap();
     let c = config::from_sources(None, &args.flags, || Ok("  MyHost \n".into())).unwrap();
     assert_eq!(c.config.node_name, "myhost");
-    let err = config::from_sources(None, &args.flags, || Err("no hostname".into())).unwrap_err();
+    let err = config::from_sources(None, &args.flags, || {
+        Err(Error::HostnameRead(std::io::Error::other("no hostname")))
+    })
+    .unwrap_err();
     assert!(matches!(err, Error::NodeName(_)), "{err}");
     // The real kernel host name works too.
     let real = config::system_hostname().unwrap();
