@@ -22,10 +22,10 @@ use crate::settings::{self, Setting, Support, SETTINGS};
 pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
 /// The config file's kind.
 pub const KIND: &str = "KubeProxyConfiguration";
-/// IPVS schedulers accepted by `ipvs.scheduler`.
-pub const SCHEDULERS: &[&str] = &[
-    "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh",
-];
+/// IPVS schedulers accepted by `ipvs.scheduler`: the kernel's, the same table as the
+/// `kube-ipvs.io/scheduler` annotation's (see [`ipvs_netlink::SCHEDULERS`] for why `fo` and
+/// `ovf` are accepted too).
+pub use ipvs_netlink::SCHEDULERS;
 /// Default port of the healthz server.
 pub const HEALTHZ_PORT: u16 = 10256;
 /// Default port of the metrics server.

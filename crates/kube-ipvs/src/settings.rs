@@ -153,7 +153,7 @@ pub const SETTINGS: &[Setting] = &[
     s(Some("ipvs.minSyncPeriod"), Some("ipvs-min-sync-period"), Ty::Duration, "0s", false,
       Support::Yes, "IPVS mode: minimum time between syncs (0: sync every change at once)"),
     s(Some("ipvs.scheduler"), Some("ipvs-scheduler"), Ty::Str, "rr", true, Support::Yes,
-      "IPVS scheduler: rr wrr lc wlc lblc lblcr sh dh sed nq mh"),
+      "IPVS scheduler: rr wrr lc wlc lblc lblcr sh dh sed nq mh fo ovf"),
     s(Some("ipvs.excludeCIDRs"), Some("ipvs-exclude-cidrs"), Ty::List, "", false, Support::Yes,
       "CIDRs whose IPVS services kube-ipvs never deletes"),
     s(Some("ipvs.strictARP"), Some("ipvs-strict-arp"), Ty::Bool, "false", false, Support::Yes,
@@ -369,6 +369,19 @@ pub fn render_defaults() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The `--ipvs-scheduler` help names exactly the accepted schedulers.
+    #[test]
+    fn scheduler_help_lists_the_scheduler_table() {
+        let st = by_flag("ipvs-scheduler").unwrap();
+        let listed: Vec<&str> = st
+            .help
+            .strip_prefix("IPVS scheduler: ")
+            .unwrap()
+            .split(' ')
+            .collect();
+        assert_eq!(listed, ipvs_netlink::SCHEDULERS);
+    }
 
     #[test]
     fn table_is_consistent() {

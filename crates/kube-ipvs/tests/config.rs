@@ -733,3 +733,38 @@ fn localhost_node_ports_follow_the_setting_and_node_port_addresses() {
     .unwrap();
     assert!(!l.config.iptables.localhost_node_ports);
 }
+
+/// The accepted `ipvs.scheduler` / `--ipvs-scheduler` values are exactly the kernel's
+/// schedulers ([`ipvs_netlink::SCHEDULERS`], the table the `kube-ipvs.io/scheduler` annotation
+/// is checked against too): upstream accepts any name since Kubernetes 1.27
+/// (kubernetes/kubernetes#114878 removed `validateIPVSSchedulerMethod`), so `mh`, `fo` and `ovf`
+/// are accepted; a name the kernel does not ship is rejected with the list; empty means `rr`.
+#[test]
+fn ipvs_scheduler_accepts_exactly_the_kernel_schedulers() {
+    const KERNEL: [&str; 13] = [
+        "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh", "fo", "ovf",
+    ];
+    assert_eq!(config::SCHEDULERS, KERNEL);
+    for s in KERNEL {
+        let flag = format!("--ipvs-scheduler={s}");
+        let c = load(Some(KUBEADM), &[&flag]).unwrap().config;
+        assert_eq!(c.ipvs.scheduler, s, "{flag}");
+        let c = load(Some(&kubeadm_with("ipvs.scheduler", s)), &[])
+            .unwrap()
+            .config;
+        assert_eq!(c.ipvs.scheduler, s, "ipvs.scheduler: {s}");
+    }
+    let c = load(Some(KUBEADM), &["--ipvs-scheduler="]).unwrap().config;
+    assert_eq!(c.ipvs.scheduler, "rr");
+    for bad in ["fastest", "RR", "ip_vs_rr", "twos"] {
+        let flag = format!("--ipvs-scheduler={bad}");
+        let err = load(Some(KUBEADM), &[&flag]).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!(
+                "unknown IPVS scheduler {bad:?} (one of rr, wrr, lc, wlc, lblc, lblcr, sh, dh, \
+                 sed, nq, mh, fo, ovf)"
+            )),
+            "{err}"
+        );
+    }
+}
