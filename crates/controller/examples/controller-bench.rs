@@ -40,10 +40,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{json, Value};
 use testkit::netns::Netns;
 
-type Res<T> = Result<T, String>;
+/// A benchmark failure: the message is printed and the driver exits non-zero.
+type BenchError = Box<dyn std::error::Error + Send + Sync>;
+type Res<T> = Result<T, BenchError>;
 
-fn io<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
-    move |e| format!("{what}: {e}")
+fn io<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> BenchError + '_ {
+    move |e| format!("{what}: {e}").into()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -265,13 +267,10 @@ fn requests(a: KernelCounters, b: KernelCounters) -> (u64, u64, Value) {
 
 fn check(r: &SyncReport, kind: SyncKind, what: &str) -> Res<()> {
     if r.kind != kind {
-        return Err(format!(
-            "{what}: expected a {kind:?} sync, got {:?}",
-            r.kind
-        ));
+        return Err(format!("{what}: expected a {kind:?} sync, got {:?}", r.kind).into());
     }
     if !r.ok() {
-        return Err(format!("{what}: sync errors: {:?}", r.errors));
+        return Err(format!("{what}: sync errors: {:?}", r.errors).into());
     }
     Ok(())
 }
@@ -279,7 +278,7 @@ fn check(r: &SyncReport, kind: SyncKind, what: &str) -> Res<()> {
 /// Runs a command (in the calling thread's namespace), optionally feeding stdin; returns
 /// (elapsed, stdout).
 fn run_cmd(prog: &str, args: &[&str], stdin: Option<&str>) -> Res<(Duration, String)> {
-    testkit::bench::run_cmd(prog, args, stdin).map_err(|e| e.to_string())
+    Ok(testkit::bench::run_cmd(prog, args, stdin)?)
 }
 
 struct OneChange {
@@ -383,10 +382,7 @@ fn ours(n: usize, m: usize) -> Res<(Value, String)> {
         return Err("ipvsadm -Sn after the first sync differs from the desired table".into());
     }
     if lines != n * (m + 1) {
-        return Err(format!(
-            "expected {} ipvsadm -Sn lines, got {lines}",
-            n * (m + 1)
-        ));
+        return Err(format!("expected {} ipvsadm -Sn lines, got {lines}", n * (m + 1)).into());
     }
 
     // P4: periodic resync with no drift.
@@ -396,15 +392,15 @@ fn ours(n: usize, m: usize) -> Res<(Value, String)> {
     let r = p.sync(&store, &addrs, &mut k);
     check(&r, SyncKind::Full, "resync")?;
     if !r.drift.is_empty() {
-        return Err(format!("resync found drift: {:?}", r.drift));
+        return Err(format!("resync found drift: {:?}", r.drift).into());
     }
     let p4_total = r.duration;
     let p4_ipvs = k.spent.ipvs - spent0.ipvs;
     let (p4_netlink, p4_procs, p4_detail) = requests(c0, k.counters());
     if p4_detail["ipvs_writes"] != 0 || p4_detail["ipvs_reads"] != 1 {
-        return Err(format!(
-            "resync without drift did not read once / write nothing: {p4_detail}"
-        ));
+        return Err(
+            format!("resync without drift did not read once / write nothing: {p4_detail}").into(),
+        );
     }
 
     // P2: one endpoint change (service n/2: its last backend replaced by a new one).
@@ -631,9 +627,7 @@ fn ipset_bench(entries: u32, sample: u32) -> Res<Value> {
                 .filter(|l| !l.trim().is_empty())
                 .count();
             if members != sample as usize {
-                return Err(format!(
-                    "per-entry set has {members} members, want {sample}"
-                ));
+                return Err(format!("per-entry set has {members} members, want {sample}").into());
             }
             run_cmd("ipset", &["destroy"], None)?;
             Ok(json!({

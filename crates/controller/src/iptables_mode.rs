@@ -564,7 +564,7 @@ impl IptablesProxier {
         &mut self,
         store: &Store,
         node_addresses: &BTreeSet<IpAddr>,
-    ) -> Result<String, String> {
+    ) -> iptables::Result<String> {
         self.refresh_pod_cidrs(store);
         let node = self.node_info(store, node_addresses);
         let mode = self.mode_config(&node);
@@ -581,7 +581,6 @@ impl IptablesProxier {
             delete: &BTreeSet::new(),
             jump_fixes: &BTreeMap::new(),
         })
-        .map_err(|e| e.to_string())
     }
 
     fn ports(&self) -> impl Iterator<Item = &RenderedServicePort> {

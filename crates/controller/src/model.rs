@@ -87,10 +87,8 @@ pub const MAX_ENDPOINTS_PER_SLICE: usize = 1_000;
 /// Most endpoints of one service port after merging slices; slices (in name order) that would
 /// push the count beyond it are rejected.
 pub const MAX_ENDPOINTS_PER_SERVICE_PORT: usize = 20_000;
-/// IPVS schedulers the kernel ships.
-pub const SCHEDULERS: &[&str] = &[
-    "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh", "fo", "ovf",
-];
+/// IPVS schedulers the kernel ships: the one table, shared with `ipvs.scheduler`.
+pub use ipvs_netlink::SCHEDULERS;
 
 /// Why an object was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

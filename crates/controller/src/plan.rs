@@ -100,7 +100,7 @@ impl Proxier {
             .into_values()
             .map(|vs| (vs.service, vs.real_servers.into_values().collect()))
             .collect();
-        let rules = self.rules(None)?;
+        let rules = self.rules(None).map_err(|e| e.to_string())?;
         Ok(Plan {
             family: self.family(),
             ipvs: ipvs_netlink::savefmt::render(&table),

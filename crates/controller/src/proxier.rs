@@ -1064,7 +1064,7 @@ impl Proxier {
 
     /// The iptables rules for the current desired state; `sets` overrides which sets count
     /// as non-empty.
-    pub fn rules(&self, sets: Option<BTreeSet<SetKind>>) -> Result<iptables::RuleSet, String> {
+    pub fn rules(&self, sets: Option<BTreeSet<SetKind>>) -> iptables::Result<iptables::RuleSet> {
         let inputs = self.desired.iptables();
         let mut input = iptables::IpvsModeInput::new(set_family(self.cfg.family));
         input.masquerade_bit = self.rules.masquerade_bit;
@@ -1087,7 +1087,7 @@ impl Proxier {
             })
             .collect();
         input.in_cluster_mask = crate::desired::IN_CLUSTER_MARK_MASK;
-        iptables::render_ipvs_mode(&input).map_err(|e| e.to_string())
+        iptables::render_ipvs_mode(&input)
     }
 
     /// Load-balancer IPs whose source ranges do not admit this node: IPVS takes the node's own

@@ -1389,6 +1389,46 @@ fn model_lb_ingress_ip_mode_proxy_is_not_programmed() {
     assert!(!render_sets(&sd).iter().any(|e| e.contains("1.2.3.9")));
 }
 
+/// The `kube-ipvs.io/scheduler` annotation accepts exactly the kernel's schedulers
+/// ([`ipvs_netlink::SCHEDULERS`], the table `ipvs.scheduler` is checked against too; upstream
+/// has no such annotation); any other name makes the Service invalid, naming the annotation.
+#[test]
+fn model_scheduler_annotation_accepts_exactly_the_kernel_schedulers() {
+    use controller::model::SCHEDULER_ANNOTATION;
+    const KERNEL: [&str; 13] = [
+        "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh", "fo", "ovf",
+    ];
+    assert_eq!(ipvs_netlink::SCHEDULERS, KERNEL);
+    assert_eq!(controller::model::SCHEDULERS, KERNEL);
+    let scheduler_of = |sched: &str| {
+        let svc = svc("ns", "sched", "10.96.0.12")
+            .port("http", 80, "TCP")
+            .annotate(SCHEDULER_ANNOTATION, sched)
+            .build();
+        let eps = slice("ns", "sched", "sched-1")
+            .port("http", 8080, "TCP")
+            .ep("10.244.1.1", NODE, C::Ready)
+            .build();
+        service_desired(&svc, &[&eps], &cfg4(), &node())
+            .map(|d| {
+                let sd = d.desired.unwrap();
+                let vs = sd.virtual_servers.values().next().unwrap();
+                vs.service.scheduler.clone()
+            })
+            .map_err(|e| e.reason)
+    };
+    for s in KERNEL {
+        assert_eq!(scheduler_of(s), Ok(s.to_string()), "{s}");
+    }
+    for bad in ["fastest", "RR", "ip_vs_rr", ""] {
+        let err = scheduler_of(bad).unwrap_err();
+        assert_eq!(
+            err,
+            format!("unknown scheduler {bad:?} in annotation {SCHEDULER_ANNOTATION}")
+        );
+    }
+}
+
 /// IPVS scheduler flags: upstream sets `mh-port` (`FlagSourceHash`) whenever the scheduler is
 /// `mh` (`syncProxyRules`, pkg/proxy/ipvs/proxier.go) and nothing for other schedulers; the
 /// `kube-ipvs.io/scheduler-flags` annotation chooses the flags per Service, checked against its

@@ -32,12 +32,15 @@ fn table(services: u32, reals: u32) -> String {
     out
 }
 
+/// A benchmark failure: the message is printed and the driver exits non-zero.
+type BenchError = Box<dyn std::error::Error + Send + Sync>;
+
 struct Run {
     elapsed: Duration,
     stdout: Vec<u8>,
 }
 
-fn timed(cmd: &mut Command, stdin: Option<&str>) -> Result<Run, String> {
+fn timed(cmd: &mut Command, stdin: Option<&str>) -> Result<Run, BenchError> {
     let start = Instant::now();
     let mut child = cmd
         .stdin(Stdio::piped())
@@ -60,7 +63,8 @@ fn timed(cmd: &mut Command, stdin: Option<&str>) -> Result<Run, String> {
             "{cmd:?}: {}: {}",
             out.status,
             String::from_utf8_lossy(&out.stderr)
-        ));
+        )
+        .into());
     }
     Ok(Run {
         elapsed,
@@ -68,13 +72,13 @@ fn timed(cmd: &mut Command, stdin: Option<&str>) -> Result<Run, String> {
     })
 }
 
-fn sibling(name: &str) -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+fn sibling(name: &str) -> Result<PathBuf, BenchError> {
+    let exe = std::env::current_exe()?;
     let p = exe.with_file_name(name);
     if p.exists() {
         Ok(p)
     } else {
-        Err(format!("{} is missing (build the examples)", p.display()))
+        Err(format!("{} is missing (build the examples)", p.display()).into())
     }
 }
 
@@ -88,7 +92,7 @@ fn in_ns(ns: &str, prog: impl AsRef<std::ffi::OsStr>) -> Command {
 
 struct Netns(&'static str);
 impl Netns {
-    fn new(name: &'static str) -> Result<Netns, String> {
+    fn new(name: &'static str) -> Result<Netns, BenchError> {
         let _ = Command::new("ip").args(["netns", "del", name]).status();
         timed(Command::new("ip").args(["netns", "add", name]), None)?;
         let ns = Netns(name);
@@ -106,7 +110,7 @@ impl Drop for Netns {
     }
 }
 
-fn run(services: u32, reals: u32) -> Result<(), String> {
+fn run(services: u32, reals: u32) -> Result<(), BenchError> {
     let text = table(services, reals);
     let restore = sibling("ipvs-restore")?;
     let save = sibling("ipvs-save")?;
@@ -130,10 +134,7 @@ fn run(services: u32, reals: u32) -> Result<(), String> {
     }
     let lines = a_save.stdout.iter().filter(|&&b| b == b'\n').count();
     if lines != (services * (reals + 1)) as usize {
-        return Err(format!(
-            "expected {} lines, got {lines}",
-            services * (reals + 1)
-        ));
+        return Err(format!("expected {} lines, got {lines}", services * (reals + 1)).into());
     }
     timed(in_ns(b.0, "ipvsadm").arg("-C"), None)?;
     let s = |d: Duration| d.as_secs_f64();

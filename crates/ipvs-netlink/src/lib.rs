@@ -17,5 +17,5 @@ pub use client::Client;
 pub use error::{Error, OpKind, ParseError};
 pub use types::{
     tunnel_flags, Counters, Destination, Family, ForwardMethod, Info, Op, OpCounts, Protocol,
-    Service, ServiceFlags, ServiceKey, Stats, Timeouts, TunnelType,
+    Service, ServiceFlags, ServiceKey, Stats, Timeouts, TunnelType, SCHEDULERS,
 };

@@ -109,6 +109,24 @@ impl ServiceKey {
     }
 }
 
+/// Every IPVS scheduler the Linux kernel ships (module `ip_vs_NAME`), named as `ipvsadm -s` and
+/// the netlink attribute name them: the one list kube-ipvs checks a scheduler name against, for
+/// `ipvs.scheduler` / `--ipvs-scheduler` and for the `kube-ipvs.io/scheduler` annotation alike.
+///
+/// Why all of them, for the flag too: upstream kube-proxy once checked `ipvs.scheduler` against
+/// ten names (`validateIPVSSchedulerMethod` in pkg/proxy/apis/config/validation: rr wrr lc wlc
+/// lblc lblcr sh dh sed nq; no mh, fo, ovf), but Kubernetes 1.27 removed that function
+/// (kubernetes/kubernetes#114878): any name is accepted and the scheduler is tried at start by
+/// creating a virtual server with it (#114669). So every kernel scheduler works with the
+/// kube-proxy versions kube-ipvs replaces, `mh` (which upstream's `syncProxyRules` gives
+/// `mh-port`), `fo` and `ovf` included. kube-ipvs still rejects a name outside this list when
+/// the configuration is loaded (so a typo is reported with the list), and tries the configured
+/// scheduler at start like upstream (`kube_ipvs::probe`). Upstream has no per-Service
+/// scheduler annotation.
+pub const SCHEDULERS: &[&str] = &[
+    "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh", "fo", "ovf",
+];
+
 /// Virtual-server flags (`IP_VS_SVC_F_*`). Scheduler flags 1 and 2 mean
 /// sh-fallback/sh-port for `sh` and mh-fallback/mh-port for `mh`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]

@@ -22,10 +22,10 @@ use crate::settings::{self, Setting, Support, SETTINGS};
 pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
 /// The config file's kind.
 pub const KIND: &str = "KubeProxyConfiguration";
-/// IPVS schedulers accepted by `ipvs.scheduler`.
-pub const SCHEDULERS: &[&str] = &[
-    "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh",
-];
+/// IPVS schedulers accepted by `ipvs.scheduler`: the kernel's, the same table as the
+/// `kube-ipvs.io/scheduler` annotation's (see [`ipvs_netlink::SCHEDULERS`] for why `fo` and
+/// `ovf` are accepted too).
+pub use ipvs_netlink::SCHEDULERS;
 /// Default port of the healthz server.
 pub const HEALTHZ_PORT: u16 = 10256;
 /// Default port of the metrics server.
@@ -258,9 +258,8 @@ fn key(st: &Setting) -> &'static str {
 }
 
 /// The host name, from the kernel.
-pub fn system_hostname() -> std::result::Result<String, String> {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map_err(|e| format!("reading /proc/sys/kernel/hostname: {e}"))
+pub fn system_hostname() -> Result<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map_err(Error::HostnameRead)
 }
 
 /// Loads the config for a parsed command line: reads `--config` if given, uses the kernel's
@@ -285,11 +284,12 @@ pub fn load(args: &Args) -> Result<Loaded> {
 }
 
 /// Builds the config from an optional file `(path, text)`, the command-line flags, and a host
-/// name lookup (called only if no `hostnameOverride` is given).
+/// name lookup (called only if no `hostnameOverride` is given; its error becomes
+/// [`Error::NodeName`]).
 pub fn from_sources(
     file: Option<(&Path, &str)>,
     flags: &[(&'static Setting, String)],
-    hostname: impl FnOnce() -> std::result::Result<String, String>,
+    hostname: impl FnOnce() -> Result<String>,
 ) -> Result<Loaded> {
     let mut values: BTreeMap<&'static str, (Value, Origin)> = BTreeMap::new();
     let mut warnings = Vec::new();
@@ -337,9 +337,9 @@ pub fn from_sources(
                 }
                 values.insert(key(st), (v, Origin::Flag(flag)));
             }
-            Err(message) => errors.push(FieldError {
+            Err(e) => errors.push(FieldError {
                 field: format!("--{flag}"),
-                message,
+                message: e.to_string(),
             }),
         }
     }
@@ -492,7 +492,7 @@ impl Ctx {
             Value::String(s) => match crate::duration::parse(&s) {
                 Ok(d) => d,
                 Err(e) => {
-                    self.err(key, e);
+                    self.err(key, e.to_string());
                     Duration::ZERO
                 }
             },
@@ -567,10 +567,7 @@ impl Ctx {
     }
 }
 
-fn build(
-    cx: &mut Ctx,
-    hostname: impl FnOnce() -> std::result::Result<String, String>,
-) -> Result<Config> {
+fn build(cx: &mut Ctx, hostname: impl FnOnce() -> Result<String>) -> Result<Config> {
     // Mode.
     let mode_text = cx.string("mode");
     let mode = match mode_text.as_str() {
@@ -861,13 +858,13 @@ fn build(
 
     let host_override = cx.string("hostnameOverride");
     let raw_name = if host_override.trim().is_empty() {
-        hostname().map_err(Error::NodeName)?
+        hostname().map_err(|e| Error::NodeName(Box::new(e)))?
     } else {
         host_override
     };
     let node_name = raw_name.trim().to_lowercase();
     if node_name.is_empty() {
-        return Err(Error::NodeName("the host name is empty".into()));
+        return Err(Error::NodeName(Box::new(Error::HostnameEmpty)));
     }
 
     Ok(Config {

@@ -2,12 +2,14 @@
 
 use std::time::Duration;
 
-/// Parses a Go duration string. Negative durations are returned as `Err` with a message, so the
-/// caller can name the field; "0" alone is allowed like in Go.
-pub fn parse(s: &str) -> Result<Duration, String> {
+use crate::error::ValueError;
+
+/// Parses a Go duration string. Negative durations are returned as `Err`, so the caller can
+/// name the field; "0" alone is allowed like in Go.
+pub fn parse(s: &str) -> Result<Duration, ValueError> {
     let t = s.trim();
     if t.is_empty() {
-        return Err(format!("invalid duration {s:?}"));
+        return Err(ValueError::Duration(s.into()));
     }
     let (neg, mut rest) = match t.as_bytes()[0] {
         b'-' => (true, &t[1..]),
@@ -18,7 +20,7 @@ pub fn parse(s: &str) -> Result<Duration, String> {
         return Ok(Duration::ZERO);
     }
     if rest.is_empty() {
-        return Err(format!("invalid duration {s:?}"));
+        return Err(ValueError::Duration(s.into()));
     }
     let mut total_ns: f64 = 0.0;
     while !rest.is_empty() {
@@ -27,9 +29,9 @@ pub fn parse(s: &str) -> Result<Duration, String> {
             .unwrap_or(rest.len());
         let num = &rest[..num_len];
         if num.is_empty() || num == "." || num.matches('.').count() > 1 {
-            return Err(format!("invalid duration {s:?}"));
+            return Err(ValueError::Duration(s.into()));
         }
-        let value: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+        let value: f64 = num.parse().map_err(|_| ValueError::Duration(s.into()))?;
         rest = &rest[num_len..];
         let unit_len = rest
             .find(|c: char| c.is_ascii_digit() || c == '.')
@@ -43,16 +45,21 @@ pub fn parse(s: &str) -> Result<Duration, String> {
             "s" => 1e9,
             "m" => 60e9,
             "h" => 3600e9,
-            "" => return Err(format!("invalid duration {s:?}: missing unit")),
-            u => return Err(format!("invalid duration {s:?}: unknown unit {u:?}")),
+            "" => return Err(ValueError::DurationMissingUnit(s.into())),
+            u => {
+                return Err(ValueError::DurationUnknownUnit {
+                    text: s.into(),
+                    unit: u.into(),
+                })
+            }
         };
         total_ns += value * scale;
     }
     if !total_ns.is_finite() || total_ns > u64::MAX as f64 {
-        return Err(format!("invalid duration {s:?}: out of range"));
+        return Err(ValueError::DurationOutOfRange(s.into()));
     }
     if neg && total_ns > 0.0 {
-        return Err(format!("invalid duration {s:?}: must not be negative"));
+        return Err(ValueError::NegativeDuration(s.into()));
     }
     Ok(Duration::from_nanos(total_ns.round() as u64))
 }
@@ -121,8 +128,11 @@ mod tests {
         for s in ["", "3x", "30", "s", "1..5s", "-5s", "5 s", "1h-5m", "abc"] {
             assert!(parse(s).is_err(), "{s:?} should fail");
         }
-        assert!(parse("-5s").unwrap_err().contains("negative"));
-        assert!(parse("3x").unwrap_err().contains("unknown unit \"x\""));
+        assert!(parse("-5s").unwrap_err().to_string().contains("negative"));
+        assert!(parse("3x")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown unit \"x\""));
     }
 
     #[test]

@@ -16,6 +16,7 @@ use controller::sync_loop::{self, Backend, Exit, FamilyProxier, Input, LoopConfi
 use ipvs_netlink::{Family, Op};
 
 use crate::config::{Config, DetectLocal, NodePortAddress, ProxyMode};
+use crate::error::Error;
 use crate::health::{IpFamily, ProxyHealth};
 use crate::metrics::Metrics;
 use crate::service_health::{HealthCheckService, NamespacedName, ServiceHealthServer};
@@ -217,18 +218,14 @@ fn detect_iptables(config: &Config, family: ipset::Family) -> iptables::Result<i
 pub async fn ipvs_kernel_parts(
     config: &Config,
     family: Family,
-) -> Result<(controller::kernel::NodeKernel, bool), String> {
-    let ipvs = ipvs_netlink::Client::new().map_err(|e| format!("IPVS: {e}"))?;
-    let netif = netif::Netif::new()
-        .await
-        .map_err(|e| format!("kube-ipvs0: {e}"))?;
+) -> crate::error::Result<(controller::kernel::NodeKernel, bool)> {
+    let ipvs = ipvs_netlink::Client::new().map_err(Error::Ipvs)?;
+    let netif = netif::Netif::new().await.map_err(Error::Netif)?;
     let set_family = controller::desired::set_family(family);
     let ipset = ipset::Ipset::new(ipset_runner(config));
-    ipset
-        .version()
-        .map_err(|e| format!("ipset: {e} (kube-ipvs needs the ipset tool)"))?;
+    ipset.version().map_err(Error::IpsetTool)?;
     let mut tables =
-        detect_iptables(config, set_family).map_err(|e| format!("iptables ({family:?}): {e}"))?;
+        detect_iptables(config, set_family).map_err(|source| Error::Iptables { family, source })?;
     let random_fully = tables.supports_random_fully().unwrap_or(false);
     tracing::info!(family = ?family, backend = ?tables.backend(), random_fully, "iptables");
     let kernel = controller::kernel::NodeKernel::new(
@@ -241,20 +238,27 @@ pub async fn ipvs_kernel_parts(
     Ok((kernel, random_fully))
 }
 
-/// The node's kernel for one family (for `plan --diff`).
+/// The node's kernel for one family (for `plan --diff`). The error is [`Error`]'s text until
+/// the daemon's callers take [`Error`] itself.
 pub async fn ipvs_kernel(
     config: &Config,
     family: Family,
 ) -> Result<controller::kernel::NodeKernel, String> {
-    Ok(ipvs_kernel_parts(config, family).await?.0)
+    Ok(ipvs_kernel_parts(config, family)
+        .await
+        .map_err(|e| e.to_string())?
+        .0)
 }
 
-/// Builds the IPVS-mode backend of one family.
+/// Builds the IPVS-mode backend of one family. The error is [`Error`]'s text until the
+/// daemon's callers take [`Error`] itself.
 pub async fn ipvs_backend(
     config: &Config,
     family: Family,
 ) -> Result<Box<dyn Backend + Send>, String> {
-    let (kernel, random_fully) = ipvs_kernel_parts(config, family).await?;
+    let (kernel, random_fully) = ipvs_kernel_parts(config, family)
+        .await
+        .map_err(|e| e.to_string())?;
     let proxier = Proxier::new(
         proxy_config(config, family),
         rules_config(config, random_fully),
@@ -900,18 +904,20 @@ impl std::fmt::Debug for IptablesBackend {
     }
 }
 
-/// Builds the iptables-mode backend of one family.
+/// Builds the iptables-mode backend of one family. The error is [`Error`]'s text until the
+/// daemon's callers take [`Error`] itself.
 pub fn iptables_backend(
     config: &Config,
     family: Family,
 ) -> Result<Box<dyn Backend + Send>, String> {
     let set_family = controller::desired::set_family(family);
-    let mut tables =
-        detect_iptables(config, set_family).map_err(|e| format!("iptables ({family:?}): {e}"))?;
+    let mut tables = detect_iptables(config, set_family)
+        .map_err(|source| Error::Iptables { family, source }.to_string())?;
     let random_fully = tables.supports_random_fully().unwrap_or(false);
     tracing::info!(family = ?family, backend = ?tables.backend(), random_fully, "iptables");
     if proxy_config(config, family).localhost_node_ports() {
-        crate::localhost::enable_route_localnet(&config.sysctl_root).map_err(|e| e.to_string())?;
+        crate::localhost::enable_route_localnet(&config.sysctl_root)
+            .map_err(|e| Error::RouteLocalnet(e).to_string())?;
     }
     let policy = retry_policy(config, ProxyMode::Iptables);
     let inner = controller::iptables_mode::IptablesProxier::new(

@@ -17,6 +17,57 @@ impl std::fmt::Display for FieldError {
     }
 }
 
+/// Why a text value (a flag's text, a Go duration) could not be read. Its text is the
+/// [`FieldError::message`] of the field that held the value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValueError {
+    /// Not a Go duration (empty, a number without digits, or garbage).
+    #[error("invalid duration {0:?}")]
+    Duration(String),
+    /// A Go duration with a number and no unit.
+    #[error("invalid duration {0:?}: missing unit")]
+    DurationMissingUnit(String),
+    /// A Go duration with a unit other than ns, us (µs, μs), ms, s, m and h.
+    #[error("invalid duration {text:?}: unknown unit {unit:?}")]
+    DurationUnknownUnit {
+        /// The whole text.
+        text: String,
+        /// The unit.
+        unit: String,
+    },
+    /// A Go duration beyond what a `Duration` of nanoseconds holds.
+    #[error("invalid duration {0:?}: out of range")]
+    DurationOutOfRange(String),
+    /// A negative Go duration (only "-0" forms are allowed).
+    #[error("invalid duration {0:?}: must not be negative")]
+    NegativeDuration(String),
+    /// Not one of Go's `strconv.ParseBool` words.
+    #[error("invalid boolean {0:?}")]
+    Bool(String),
+    /// Not a 64-bit integer.
+    #[error("invalid integer {text:?}")]
+    Int {
+        /// The text.
+        text: String,
+        /// The parse error.
+        #[source]
+        source: std::num::ParseIntError,
+    },
+    /// Not a finite number.
+    #[error("invalid number {text:?}")]
+    Number {
+        /// The text.
+        text: String,
+        /// The parse error; `None` when it parsed but is not finite (JSON has no NaN or
+        /// infinity).
+        #[source]
+        source: Option<std::num::ParseFloatError>,
+    },
+    /// An entry of a `key=bool,...` map without `=`.
+    #[error("invalid key=bool pair {0:?}")]
+    BoolPair(String),
+}
+
 /// Errors of the kube-ipvs binary.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -42,9 +93,16 @@ pub enum Error {
     /// One or more configuration values are invalid; each names its field.
     #[error("invalid configuration:\n  {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n  "))]
     InvalidConfig(Vec<FieldError>),
-    /// The node name could not be determined.
+    /// The node name could not be determined ([`Error::HostnameRead`], [`Error::HostnameEmpty`]
+    /// or what the host name lookup given to [`crate::config::from_sources`] failed with).
     #[error("cannot determine the node name: {0} (use --hostname-override)")]
-    NodeName(String),
+    NodeName(#[source] Box<Error>),
+    /// The kernel's host name could not be read.
+    #[error("reading /proc/sys/kernel/hostname: {0}")]
+    HostnameRead(#[source] std::io::Error),
+    /// The host name (or `hostnameOverride`) is empty.
+    #[error("the host name is empty")]
+    HostnameEmpty,
     /// IPVS cannot be used and `--ipvs-fallback=false` forbids falling back to iptables mode.
     #[error("IPVS proxy mode is not usable on this node ({reason}) and --ipvs-fallback=false forbids falling back to iptables mode")]
     IpvsUnavailable {
@@ -85,6 +143,27 @@ pub enum Error {
     /// in the same case).
     #[error("could not set conntrack parameters from the configuration: {0}")]
     Conntrack(String),
+    /// The IPVS generic netlink socket could not be opened.
+    #[error("IPVS: {0}")]
+    Ipvs(#[source] ipvs_netlink::Error),
+    /// The rtnetlink socket for `kube-ipvs0` could not be opened.
+    #[error("kube-ipvs0: {0}")]
+    Netif(#[source] netif::Error),
+    /// The `ipset` tool is missing or does not work.
+    #[error("ipset: {0} (kube-ipvs needs the ipset tool)")]
+    IpsetTool(#[source] ipset::Error),
+    /// No working iptables backend was found for a family.
+    #[error("iptables ({family:?}): {source}")]
+    Iptables {
+        /// The family.
+        family: ipvs_netlink::Family,
+        /// What detection failed with.
+        #[source]
+        source: iptables::Error,
+    },
+    /// `route_localnet` could not be enabled for localhost node ports.
+    #[error(transparent)]
+    RouteLocalnet(#[from] crate::localhost::RouteLocalnetError),
     /// The sync engine could not start or finished with errors (IPVS, kube-ipvs0, ipset,
     /// iptables, or a `--once` sync that failed).
     #[error("{0}")]

@@ -5,6 +5,8 @@
 
 use serde_json::Value;
 
+use crate::error::ValueError;
+
 /// The value type of a setting, used to convert flag text and defaults into values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ty {
@@ -151,7 +153,7 @@ pub const SETTINGS: &[Setting] = &[
     s(Some("ipvs.minSyncPeriod"), Some("ipvs-min-sync-period"), Ty::Duration, "0s", false,
       Support::Yes, "IPVS mode: minimum time between syncs (0: sync every change at once)"),
     s(Some("ipvs.scheduler"), Some("ipvs-scheduler"), Ty::Str, "rr", true, Support::Yes,
-      "IPVS scheduler: rr wrr lc wlc lblc lblcr sh dh sed nq mh"),
+      "IPVS scheduler: rr wrr lc wlc lblc lblcr sh dh sed nq mh fo ovf"),
     s(Some("ipvs.excludeCIDRs"), Some("ipvs-exclude-cidrs"), Ty::List, "", false, Support::Yes,
       "CIDRs whose IPVS services kube-ipvs never deletes"),
     s(Some("ipvs.strictARP"), Some("ipvs-strict-arp"), Ty::Bool, "false", false, Support::Yes,
@@ -243,12 +245,12 @@ pub fn by_flag(flag: &str) -> Option<&'static Setting> {
 }
 
 /// Converts command-line text (or a default) into a value of type `ty`.
-pub fn parse_text(ty: Ty, text: &str) -> Result<Value, String> {
+pub fn parse_text(ty: Ty, text: &str) -> Result<Value, ValueError> {
     match ty {
         Ty::Bool => match text {
             "true" | "t" | "T" | "TRUE" | "True" | "1" => Ok(Value::Bool(true)),
             "false" | "f" | "F" | "FALSE" | "False" | "0" => Ok(Value::Bool(false)),
-            _ => Err(format!("invalid boolean {text:?}")),
+            _ => Err(ValueError::Bool(text.into())),
         },
         Ty::Int => {
             if text.is_empty() {
@@ -257,16 +259,22 @@ pub fn parse_text(ty: Ty, text: &str) -> Result<Value, String> {
             text.trim()
                 .parse::<i64>()
                 .map(Value::from)
-                .map_err(|_| format!("invalid integer {text:?}"))
+                .map_err(|source| ValueError::Int {
+                    text: text.into(),
+                    source,
+                })
         }
         Ty::Float => {
-            let f: f64 = text
-                .trim()
-                .parse()
-                .map_err(|_| format!("invalid number {text:?}"))?;
+            let f: f64 = text.trim().parse().map_err(|source| ValueError::Number {
+                text: text.into(),
+                source: Some(source),
+            })?;
             serde_json::Number::from_f64(f)
                 .map(Value::Number)
-                .ok_or_else(|| format!("invalid number {text:?}"))
+                .ok_or_else(|| ValueError::Number {
+                    text: text.into(),
+                    source: None,
+                })
         }
         Ty::Duration if text.is_empty() => Ok(Value::Null),
         Ty::Str | Ty::Duration | Ty::Opaque => Ok(Value::String(text.to_string())),
@@ -282,7 +290,7 @@ pub fn parse_text(ty: Ty, text: &str) -> Result<Value, String> {
             for pair in text.split(',').map(str::trim).filter(|x| !x.is_empty()) {
                 let (k, v) = pair
                     .split_once('=')
-                    .ok_or_else(|| format!("invalid key=bool pair {pair:?}"))?;
+                    .ok_or_else(|| ValueError::BoolPair(pair.into()))?;
                 let b = parse_text(Ty::Bool, v.trim())?;
                 map.insert(k.trim().to_string(), b);
             }
@@ -361,6 +369,19 @@ pub fn render_defaults() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The `--ipvs-scheduler` help names exactly the accepted schedulers.
+    #[test]
+    fn scheduler_help_lists_the_scheduler_table() {
+        let st = by_flag("ipvs-scheduler").unwrap();
+        let listed: Vec<&str> = st
+            .help
+            .strip_prefix("IPVS scheduler: ")
+            .unwrap()
+            .split(' ')
+            .collect();
+        assert_eq!(listed, ipvs_netlink::SCHEDULERS);
+    }
 
     #[test]
     fn table_is_consistent() {

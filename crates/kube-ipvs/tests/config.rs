@@ -83,7 +83,7 @@ winkernel:
   sourceVip: ""
 "#;
 
-fn host() -> Result<String, String> {
+fn host() -> Result<String, Error> {
     Ok("Node-A.example\n".into())
 }
 
@@ -526,7 +526,10 @@ fn node_name_comes_from_the_host_unless_overridden() {
     let args = cli::parse(["kube-ipvs"]).unwrap();
     let c = config::from_sources(None, &args.flags, || Ok("  MyHost \n".into())).unwrap();
     assert_eq!(c.config.node_name, "myhost");
-    let err = config::from_sources(None, &args.flags, || Err("no hostname".into())).unwrap_err();
+    let err = config::from_sources(None, &args.flags, || {
+        Err(Error::HostnameRead(std::io::Error::other("no hostname")))
+    })
+    .unwrap_err();
     assert!(matches!(err, Error::NodeName(_)), "{err}");
     // The real kernel host name works too.
     let real = config::system_hostname().unwrap();
@@ -729,4 +732,39 @@ fn localhost_node_ports_follow_the_setting_and_node_port_addresses() {
     )
     .unwrap();
     assert!(!l.config.iptables.localhost_node_ports);
+}
+
+/// The accepted `ipvs.scheduler` / `--ipvs-scheduler` values are exactly the kernel's
+/// schedulers ([`ipvs_netlink::SCHEDULERS`], the table the `kube-ipvs.io/scheduler` annotation
+/// is checked against too): upstream accepts any name since Kubernetes 1.27
+/// (kubernetes/kubernetes#114878 removed `validateIPVSSchedulerMethod`), so `mh`, `fo` and `ovf`
+/// are accepted; a name the kernel does not ship is rejected with the list; empty means `rr`.
+#[test]
+fn ipvs_scheduler_accepts_exactly_the_kernel_schedulers() {
+    const KERNEL: [&str; 13] = [
+        "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh", "fo", "ovf",
+    ];
+    assert_eq!(config::SCHEDULERS, KERNEL);
+    for s in KERNEL {
+        let flag = format!("--ipvs-scheduler={s}");
+        let c = load(Some(KUBEADM), &[&flag]).unwrap().config;
+        assert_eq!(c.ipvs.scheduler, s, "{flag}");
+        let c = load(Some(&kubeadm_with("ipvs.scheduler", s)), &[])
+            .unwrap()
+            .config;
+        assert_eq!(c.ipvs.scheduler, s, "ipvs.scheduler: {s}");
+    }
+    let c = load(Some(KUBEADM), &["--ipvs-scheduler="]).unwrap().config;
+    assert_eq!(c.ipvs.scheduler, "rr");
+    for bad in ["fastest", "RR", "ip_vs_rr", "twos"] {
+        let flag = format!("--ipvs-scheduler={bad}");
+        let err = load(Some(KUBEADM), &[&flag]).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!(
+                "unknown IPVS scheduler {bad:?} (one of rr, wrr, lc, wlc, lblc, lblcr, sh, dh, \
+                 sed, nq, mh, fo, ovf)"
+            )),
+            "{err}"
+        );
+    }
 }

@@ -548,7 +548,39 @@ struct Attempt {
     at: Instant,
     port: u16,
     latency: Duration,
-    result: Result<String, String>,
+    result: Result<String, AttemptError>,
+}
+
+/// Why one client connection attempt failed. Compared in assertions (`Attempt::result`), so
+/// it is `PartialEq`: an IO failure keeps the errno and the text, not the `io::Error`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum AttemptError {
+    /// A socket call failed.
+    #[error("{step}: {text}")]
+    Io {
+        /// The call: `socket`, `SO_REUSEADDR`, `bind PORT`, `connect` or `read`.
+        step: String,
+        /// The errno, when the kernel gave one.
+        errno: Option<i32>,
+        /// The error's text.
+        text: String,
+    },
+    /// The backend answered something other than its name.
+    #[error("bad reply {0:?}")]
+    BadReply(String),
+    /// The connection did not complete within 10 s.
+    #[error("timed out after 10 s")]
+    TimedOut,
+}
+
+/// Maps an IO error of `step` to [`AttemptError::Io`].
+fn io_failure(step: impl Into<String>) -> impl FnOnce(std::io::Error) -> AttemptError {
+    let step = step.into();
+    move |e| AttemptError::Io {
+        step,
+        errno: e.raw_os_error(),
+        text: e.to_string(),
+    }
 }
 
 /// Opens a new connection to `vip` every `period` (a rate of 1/period per second), one at a
@@ -590,34 +622,29 @@ fn tcp_client(
         .unwrap()
 }
 
-async fn one_connection(ip: Ipv4Addr, port: u16, vip: SocketAddr) -> Result<String, String> {
+async fn one_connection(ip: Ipv4Addr, port: u16, vip: SocketAddr) -> Result<String, AttemptError> {
     use tokio::io::AsyncReadExt;
-    let sock = tokio::net::TcpSocket::new_v4().map_err(|e| format!("socket: {e}"))?;
+    let sock = tokio::net::TcpSocket::new_v4().map_err(io_failure("socket"))?;
     sock.set_reuseaddr(true)
-        .map_err(|e| format!("SO_REUSEADDR: {e}"))?;
+        .map_err(io_failure("SO_REUSEADDR"))?;
     sock.bind(SocketAddr::from((ip, port)))
-        .map_err(|e| format!("bind {port}: {e}"))?;
+        .map_err(io_failure(format!("bind {port}")))?;
     let body = async {
-        let mut s = sock
-            .connect(vip)
-            .await
-            .map_err(|e| format!("connect: {e}"))?;
+        let mut s = sock.connect(vip).await.map_err(io_failure("connect"))?;
         let mut buf = Vec::new();
-        s.read_to_end(&mut buf)
-            .await
-            .map_err(|e| format!("read: {e}"))?;
+        s.read_to_end(&mut buf).await.map_err(io_failure("read"))?;
         let text = String::from_utf8_lossy(&buf).trim().to_string();
         if text.starts_with("pod-") {
             Ok(text)
         } else {
-            Err(format!("bad reply {text:?}"))
+            Err(AttemptError::BadReply(text))
         }
     };
     // Generous: a SYN dropped once is retransmitted after 1 s; that still counts as success
     // (and is reported as a stall), only a connection that never completes fails.
     match tokio::time::timeout(Duration::from_secs(10), body).await {
         Ok(r) => r,
-        Err(_) => Err("timed out after 10 s".into()),
+        Err(_) => Err(AttemptError::TimedOut),
     }
 }
 

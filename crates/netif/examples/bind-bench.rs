@@ -16,22 +16,19 @@ fn vip(i: u32) -> IpAddr {
     ))
 }
 
-fn ip_batch(script: &str) -> Result<(), String> {
+fn ip_batch(script: &str) -> std::io::Result<()> {
     let mut child = Command::new("ip")
         .args(["-batch", "-"])
         .stdin(Stdio::piped())
-        .spawn()
-        .map_err(|e| e.to_string())?;
+        .spawn()?;
     if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(script.as_bytes())
-            .map_err(|e| e.to_string())?;
+        stdin.write_all(script.as_bytes())?;
     }
-    let st = child.wait().map_err(|e| e.to_string())?;
+    let st = child.wait()?;
     if st.success() {
         Ok(())
     } else {
-        Err(format!("ip -batch exited with {st}"))
+        Err(std::io::Error::other(format!("ip -batch exited with {st}")))
     }
 }
 

@@ -122,7 +122,8 @@ impl BatchSocket {
                         break;
                     }
                 };
-                if let Err(detail) = parse_acks(&data, &mut pending, &mut answers) {
+                if let Err(e) = parse_acks(&data, &mut pending, &mut answers) {
+                    let detail = e.to_string();
                     for idx in pending.drain().map(|(_, v)| v) {
                         answers[idx] = Some(Answer::Failed(detail.clone()));
                     }
@@ -141,18 +142,18 @@ fn parse_acks(
     data: &[u8],
     pending: &mut HashMap<u32, usize>,
     answers: &mut [Option<Answer>],
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let mut off = 0;
     while off < data.len() {
         let rest = &data[off..];
         let len = NetlinkBuffer::new_checked(rest)
-            .map_err(|e| format!("malformed netlink reply: {e}"))?
+            .map_err(Error::MalformedReply)?
             .length() as usize;
         if len < 16 || len > rest.len() {
-            return Err(format!("netlink reply length {len} out of bounds"));
+            return Err(Error::ReplyLength(len));
         }
         let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&rest[..len])
-            .map_err(|e| format!("malformed netlink reply: {e}"))?;
+            .map_err(Error::MalformedReply)?;
         if let NetlinkPayload::Error(err) = msg.payload {
             if let Some(idx) = pending.remove(&msg.header.sequence_number) {
                 answers[idx] = Some(if err.code.is_none() {

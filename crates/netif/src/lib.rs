@@ -82,6 +82,13 @@ pub enum Error {
     /// A `nodePortAddresses` entry is neither a CIDR nor the word `primary`.
     #[error("invalid nodePortAddresses entry {0:?}: expected a CIDR or \"primary\"")]
     InvalidNodePortAddress(String),
+    /// A datagram of replies to pipelined requests could not be decoded.
+    #[error("malformed netlink reply: {0}")]
+    MalformedReply(#[source] rtnetlink::packet_core::DecodeError),
+    /// A reply in a datagram of replies to pipelined requests claims a length shorter than a
+    /// netlink header or longer than what is left of the datagram.
+    #[error("netlink reply length {0} out of bounds")]
+    ReplyLength(usize),
     /// The rtnetlink connection task ended, so no request can be answered.
     #[error("rtnetlink connection closed")]
     Closed,

@@ -15,7 +15,7 @@ pub mod raw;
 mod selector;
 mod store;
 
-pub use selector::{FieldSelector, LabelSelector};
+pub use selector::{FieldSelector, LabelSelector, SelectorError};
 pub use store::{RequestRecord, Resource, StatusError};
 
 use axum::Router;
@@ -59,13 +59,21 @@ pub enum ApiServerError {
         source: std::io::Error,
     },
     /// A fixture file is not valid YAML/JSON or not a served kind.
-    #[error("fixture {path}: {message}")]
+    #[error("fixture {path}: {source}")]
     Fixture {
         /// The file.
         path: String,
-        /// What is wrong.
-        message: String,
+        /// What is wrong ([`ApiServerError::Parse`], [`ApiServerError::UnsupportedKind`] or
+        /// the [`ApiServerError::Status`] the store refused an object with).
+        #[source]
+        source: Box<ApiServerError>,
     },
+    /// A text of objects is not valid YAML or JSON.
+    #[error("{0}")]
+    Parse(#[source] serde_saphyr::Error),
+    /// An object's kind is not one the server serves.
+    #[error("unsupported kind {0:?}")]
+    UnsupportedKind(String),
     /// No tokio runtime is running (the server needs one).
     #[error("no tokio runtime: {0}")]
     NoRuntime(#[from] tokio::runtime::TryCurrentError),
@@ -431,19 +439,17 @@ impl FakeApiServer {
                 path: path.display().to_string(),
                 source,
             })?;
-            n += self
-                .load_str(&text)
-                .map_err(|message| ApiServerError::Fixture {
-                    path: path.display().to_string(),
-                    message,
-                })?;
+            n += self.load_str(&text).map_err(|e| ApiServerError::Fixture {
+                path: path.display().to_string(),
+                source: Box::new(e),
+            })?;
         }
         Ok(n)
     }
 
     /// Create every object in a YAML (multi-document) or JSON text. Returns how many.
-    pub fn load_str(&self, text: &str) -> Result<usize, String> {
-        let docs: Vec<Value> = serde_saphyr::from_multiple(text).map_err(|e| e.to_string())?;
+    pub fn load_str(&self, text: &str) -> Result<usize, ApiServerError> {
+        let docs: Vec<Value> = serde_saphyr::from_multiple(text).map_err(ApiServerError::Parse)?;
         let mut n = 0;
         for doc in docs {
             let items = match doc.get("items").and_then(Value::as_array) {
@@ -465,13 +471,13 @@ impl FakeApiServer {
                 let res = Resource::ALL
                     .into_iter()
                     .find(|r| r.kind() == kind)
-                    .ok_or_else(|| format!("unsupported kind {kind:?}"))?;
+                    .ok_or_else(|| ApiServerError::UnsupportedKind(kind.to_string()))?;
                 let mut store = self.shared.lock();
                 let key = key_of(res, &item);
                 if store.get(&key).is_some() {
-                    store.update(res, item).map_err(|e| e.to_string())?;
+                    store.update(res, item)?;
                 } else {
-                    store.create(res, item).map_err(|e| e.to_string())?;
+                    store.create(res, item)?;
                 }
                 n += 1;
             }

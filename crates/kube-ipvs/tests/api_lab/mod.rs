@@ -143,21 +143,18 @@ pub async fn wait_ipvs(
 }
 
 /// One request to the echo server behind `to`: send a line, half-close, read it all back.
-pub fn echo_once(to: SocketAddr, n: u64) -> Result<(), String> {
+pub fn echo_once(to: SocketAddr, n: u64) -> std::io::Result<()> {
     let payload = format!("request {n}\n").into_bytes();
-    let mut s = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5))
-        .map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())?;
-    s.write_all(&payload).map_err(|e| e.to_string())?;
-    s.shutdown(std::net::Shutdown::Write)
-        .map_err(|e| e.to_string())?;
+    let mut s = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.write_all(&payload)?;
+    s.shutdown(std::net::Shutdown::Write)?;
     let mut back = Vec::new();
-    s.read_to_end(&mut back).map_err(|e| e.to_string())?;
+    s.read_to_end(&mut back)?;
     if back == payload {
         Ok(())
     } else {
-        Err(format!("echo mismatch: {back:?}"))
+        Err(std::io::Error::other(format!("echo mismatch: {back:?}")))
     }
 }
 

@@ -63,8 +63,8 @@ impl NetNs {
 
 impl Ns {
     /// Run `ip -n NS ARGS`, returning stdout or the error (with stderr).
-    pub fn try_ip(&self, args: &[&str]) -> Result<String, String> {
-        self.0.ip(args).map_err(|e| e.to_string())
+    pub fn try_ip(&self, args: &[&str]) -> std::io::Result<String> {
+        self.0.ip(args)
     }
 
     /// Run `ip -n NS ARGS` and insist on success.

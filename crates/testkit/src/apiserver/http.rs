@@ -160,9 +160,9 @@ fn filter_from(q: &HashMap<String, String>, ns: Option<String>) -> Result<Filter
     Ok(Filter {
         namespace: ns,
         labels: LabelSelector::parse(q.get("labelSelector").map_or("", String::as_str))
-            .map_err(StatusError::bad_request)?,
+            .map_err(|e| StatusError::bad_request(e.to_string()))?,
         fields: FieldSelector::parse(q.get("fieldSelector").map_or("", String::as_str))
-            .map_err(StatusError::bad_request)?,
+            .map_err(|e| StatusError::bad_request(e.to_string()))?,
     })
 }
 

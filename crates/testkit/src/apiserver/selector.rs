@@ -3,6 +3,49 @@
 use serde_json::Value;
 use std::collections::BTreeSet;
 
+/// Why a label or field selector could not be parsed (the message of the 400 the server
+/// answers with).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectorError {
+    /// A `)` closes no `(`.
+    #[error("unbalanced ')' in selector {0:?}")]
+    UnbalancedClose(String),
+    /// A `(` is never closed.
+    #[error("unbalanced '(' in selector {0:?}")]
+    UnbalancedOpen(String),
+    /// A set-based requirement's values are not in parentheses.
+    #[error("expected '(values)' in requirement {0:?}")]
+    ExpectedValues(String),
+    /// A value of a set-based requirement is not a valid label value.
+    #[error("invalid label value {value:?} in {requirement:?}")]
+    InvalidSetValue {
+        /// The value.
+        value: String,
+        /// The whole requirement.
+        requirement: String,
+    },
+    /// Two commas with nothing between them.
+    #[error("empty requirement in label selector")]
+    EmptyRequirement,
+    /// A key is not a valid label key.
+    #[error("invalid label key {0:?}")]
+    InvalidKey(String),
+    /// A value is not a valid label value.
+    #[error("invalid label value {0:?}")]
+    InvalidValue(String),
+    /// A requirement is none of the known forms.
+    #[error("unable to parse requirement {0:?}")]
+    Unparsable(String),
+    /// A field selector requirement has no `=`, `==` or `!=`.
+    #[error("invalid field selector requirement {0:?}")]
+    InvalidFieldRequirement(String),
+    /// A field selector names a field other than `metadata.name` and `metadata.namespace`.
+    #[error(
+        "field label not supported: {0} (the fake server knows metadata.name and metadata.namespace)"
+    )]
+    UnsupportedField(String),
+}
+
 /// One label requirement.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Requirement {
@@ -25,7 +68,7 @@ enum Requirement {
 pub struct LabelSelector(Vec<Requirement>);
 
 /// Split on commas that are not inside parentheses.
-fn split_top_level(s: &str) -> Result<Vec<&str>, String> {
+fn split_top_level(s: &str) -> Result<Vec<&str>, SelectorError> {
     let mut parts = Vec::new();
     let mut depth = 0usize;
     let mut start = 0usize;
@@ -35,7 +78,7 @@ fn split_top_level(s: &str) -> Result<Vec<&str>, String> {
             ')' => {
                 depth = depth
                     .checked_sub(1)
-                    .ok_or_else(|| format!("unbalanced ')' in selector {s:?}"))?;
+                    .ok_or_else(|| SelectorError::UnbalancedClose(s.into()))?;
             }
             ',' if depth == 0 => {
                 parts.push(&s[start..i]);
@@ -45,7 +88,7 @@ fn split_top_level(s: &str) -> Result<Vec<&str>, String> {
         }
     }
     if depth != 0 {
-        return Err(format!("unbalanced '(' in selector {s:?}"));
+        return Err(SelectorError::UnbalancedOpen(s.into()));
     }
     parts.push(&s[start..]);
     Ok(parts)
@@ -64,42 +107,45 @@ fn valid_value(v: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
-fn parse_set(rest: &str, whole: &str) -> Result<BTreeSet<String>, String> {
+fn parse_set(rest: &str, whole: &str) -> Result<BTreeSet<String>, SelectorError> {
     let inner = rest
         .trim()
         .strip_prefix('(')
         .and_then(|r| r.strip_suffix(')'))
-        .ok_or_else(|| format!("expected '(values)' in requirement {whole:?}"))?;
+        .ok_or_else(|| SelectorError::ExpectedValues(whole.into()))?;
     let mut set = BTreeSet::new();
     for v in inner.split(',') {
         let v = v.trim();
         if !valid_value(v) {
-            return Err(format!("invalid label value {v:?} in {whole:?}"));
+            return Err(SelectorError::InvalidSetValue {
+                value: v.into(),
+                requirement: whole.into(),
+            });
         }
         set.insert(v.to_string());
     }
     Ok(set)
 }
 
-fn parse_requirement(part: &str) -> Result<Requirement, String> {
+fn parse_requirement(part: &str) -> Result<Requirement, SelectorError> {
     let p = part.trim();
     if p.is_empty() {
-        return Err("empty requirement in label selector".into());
+        return Err(SelectorError::EmptyRequirement);
     }
     if let Some(key) = p.strip_prefix('!') {
         let key = key.trim();
         if !valid_key(key) {
-            return Err(format!("invalid label key {key:?}"));
+            return Err(SelectorError::InvalidKey(key.into()));
         }
         return Ok(Requirement::NotExists(key.into()));
     }
-    let check = |k: &str, v: &str| -> Result<(String, String), String> {
+    let check = |k: &str, v: &str| -> Result<(String, String), SelectorError> {
         let (k, v) = (k.trim(), v.trim());
         if !valid_key(k) {
-            return Err(format!("invalid label key {k:?}"));
+            return Err(SelectorError::InvalidKey(k.into()));
         }
         if !valid_value(v) {
-            return Err(format!("invalid label value {v:?}"));
+            return Err(SelectorError::InvalidValue(v.into()));
         }
         Ok((k.into(), v.into()))
     };
@@ -121,12 +167,12 @@ fn parse_requirement(part: &str) -> Result<Requirement, String> {
     let rest = words.next().unwrap_or_default().trim_start();
     if rest.is_empty() {
         if !valid_key(key) {
-            return Err(format!("invalid label key {key:?}"));
+            return Err(SelectorError::InvalidKey(key.into()));
         }
         return Ok(Requirement::Exists(key.into()));
     }
     if !valid_key(key) {
-        return Err(format!("invalid label key {key:?}"));
+        return Err(SelectorError::InvalidKey(key.into()));
     }
     if let Some(r) = rest.strip_prefix("notin") {
         return Ok(Requirement::NotIn(key.into(), parse_set(r, p)?));
@@ -134,12 +180,12 @@ fn parse_requirement(part: &str) -> Result<Requirement, String> {
     if let Some(r) = rest.strip_prefix("in") {
         return Ok(Requirement::In(key.into(), parse_set(r, p)?));
     }
-    Err(format!("unable to parse requirement {p:?}"))
+    Err(SelectorError::Unparsable(p.into()))
 }
 
 impl LabelSelector {
     /// Parse a selector such as `!a,b=c,d in (x,y)`.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, SelectorError> {
         if s.trim().is_empty() {
             return Ok(Self::default());
         }
@@ -171,7 +217,7 @@ pub struct FieldSelector(Vec<(String, bool, String)>);
 
 impl FieldSelector {
     /// Parse `metadata.name=x,metadata.namespace!=y`.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, SelectorError> {
         if s.trim().is_empty() {
             return Ok(Self::default());
         }
@@ -185,13 +231,11 @@ impl FieldSelector {
             } else if let Some((f, v)) = part.split_once('=') {
                 (f, true, v)
             } else {
-                return Err(format!("invalid field selector requirement {part:?}"));
+                return Err(SelectorError::InvalidFieldRequirement(part.into()));
             };
             let field = field.trim();
             if field != "metadata.name" && field != "metadata.namespace" {
-                return Err(format!(
-                    "field label not supported: {field} (the fake server knows metadata.name and metadata.namespace)"
-                ));
+                return Err(SelectorError::UnsupportedField(field.into()));
             }
             reqs.push((field.to_string(), eq, value.trim().to_string()));
         }

@@ -30,7 +30,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use testkit::apiserver::FakeApiServer;
+use testkit::apiserver::{ApiServerError, FakeApiServer};
 
 /// A fake Kubernetes API server for tests.
 #[derive(Debug, Parser)]
@@ -118,10 +118,29 @@ async fn events(State(s): State<Srv>) -> Json<Value> {
     Json(Value::Array(s.events()))
 }
 
-async fn run(args: Args) -> Result<(), String> {
-    let server = FakeApiServer::start_on(args.listen)
-        .await
-        .map_err(|e| e.to_string())?;
+/// Why the fake API server could not start or stopped serving.
+#[derive(Debug, thiserror::Error)]
+enum RunError {
+    /// Starting the server, loading a fixture directory or writing the kubeconfig failed.
+    #[error(transparent)]
+    Server(#[from] ApiServerError),
+    /// The control API's address could not be bound.
+    #[error("binding control {addr}: {source}")]
+    BindControl {
+        /// The `--control` address.
+        addr: SocketAddr,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Reading the control listener's address, installing the SIGTERM handler or serving the
+    /// control API failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+async fn run(args: Args) -> Result<(), RunError> {
+    let server = FakeApiServer::start_on(args.listen).await?;
     server.set_bookmark_interval(
         (args.bookmark_interval_ms > 0).then(|| Duration::from_millis(args.bookmark_interval_ms)),
     );
@@ -129,16 +148,19 @@ async fn run(args: Args) -> Result<(), String> {
         server.set_history_limit(n);
     }
     for dir in &args.fixtures {
-        server.load_dir(dir).map_err(|e| e.to_string())?;
+        server.load_dir(dir)?;
     }
     if let Some(path) = &args.kubeconfig {
-        server.write_kubeconfig(path).map_err(|e| e.to_string())?;
+        server.write_kubeconfig(path)?;
     }
     let server: Srv = Arc::new(server);
     let control = tokio::net::TcpListener::bind(args.control)
         .await
-        .map_err(|e| format!("binding control {}: {e}", args.control))?;
-    let control_addr = control.local_addr().map_err(|e| e.to_string())?;
+        .map_err(|source| RunError::BindControl {
+            addr: args.control,
+            source,
+        })?;
+    let control_addr = control.local_addr()?;
     let app = Router::new()
         .route("/drop-watches", post(drop_watches))
         .route("/close-watches", post(close_watches))
@@ -158,10 +180,9 @@ async fn run(args: Args) -> Result<(), String> {
         let _ = writeln!(out, "control http://{control_addr}");
         let _ = out.flush();
     }
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| e.to_string())?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
-        r = axum::serve(control, app) => r.map_err(|e| e.to_string())?,
+        r = axum::serve(control, app) => r?,
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
