@@ -86,13 +86,24 @@ impl Plan {
     }
 }
 
+/// Why a plan could not be rendered.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// The iptables rules of the desired state could not be rendered.
+    #[error(transparent)]
+    Rules(#[from] iptables::Error),
+    /// The iptables-mode sync that records the plan reported errors (shown joined by "; ").
+    #[error("{}", .0.join("; "))]
+    Sync(Vec<String>),
+}
+
 impl Proxier {
     /// Derives every service in `store` (no kernel involved) and renders the plan.
     pub fn plan(
         &mut self,
         store: &Store,
         node_addresses: &BTreeSet<IpAddr>,
-    ) -> Result<Plan, String> {
+    ) -> Result<Plan, PlanError> {
         self.derive_all(store, node_addresses);
         let table: Vec<_> = self
             .desired()
@@ -100,7 +111,7 @@ impl Proxier {
             .into_values()
             .map(|vs| (vs.service, vs.real_servers.into_values().collect()))
             .collect();
-        let rules = self.rules(None).map_err(|e| e.to_string())?;
+        let rules = self.rules(None)?;
         Ok(Plan {
             family: self.family(),
             ipvs: ipvs_netlink::savefmt::render(&table),
@@ -308,7 +319,7 @@ pub fn iptables_mode_plan(
     node_name: &str,
     store: &Store,
     node_addresses: &BTreeSet<IpAddr>,
-) -> Result<Plan, String> {
+) -> Result<Plan, PlanError> {
     let family = cfg.family;
     let recorded = RecordedRestores::default();
     let mut p = crate::iptables_mode::IptablesProxier::new(
@@ -319,7 +330,7 @@ pub fn iptables_mode_plan(
     );
     let report = p.sync(store, node_addresses);
     if !report.ok() {
-        return Err(report.errors.join("; "));
+        return Err(PlanError::Sync(report.errors));
     }
     let iptables = match recorded.0.lock() {
         Ok(r) => r.concat(),

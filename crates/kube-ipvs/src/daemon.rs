@@ -431,7 +431,7 @@ pub async fn run_daemon(config: Config) -> Result<()> {
             Ok(b) => backends.push(b),
             Err(e) => {
                 daemon.stop().await;
-                return Err(Error::Engine(e));
+                return Err(e);
             }
         }
     }
@@ -641,16 +641,13 @@ pub async fn plan(
         }
         let mut plans = Vec::new();
         for &family in &families {
-            plans.push(
-                controller::plan::iptables_mode_plan(
-                    crate::engine::proxy_config(config, family),
-                    crate::engine::rules_config(config, true),
-                    &config.node_name,
-                    &store,
-                    &node_ips,
-                )
-                .map_err(Error::Engine)?,
-            );
+            plans.push(controller::plan::iptables_mode_plan(
+                crate::engine::proxy_config(config, family),
+                crate::engine::rules_config(config, true),
+                &config.node_name,
+                &store,
+                &node_ips,
+            )?);
         }
         out.write_all(controller::plan::render(&plans, section).as_bytes())?;
         return Ok(());
@@ -658,9 +655,7 @@ pub async fn plan(
     if diff {
         let mut writes = Vec::new();
         for &family in &families {
-            let mut backend = crate::engine::ipvs_kernel(config, family)
-                .await
-                .map_err(Error::Engine)?;
+            let mut backend = crate::engine::ipvs_kernel(config, family).await?;
             let mut p = controller::proxier::Proxier::new(
                 crate::engine::proxy_config(config, family),
                 crate::engine::rules_config(config, true),
@@ -688,7 +683,7 @@ pub async fn plan(
             crate::engine::rules_config(config, true),
             config.node_name.clone(),
         );
-        plans.push(p.plan(&store, &node_ips).map_err(Error::Engine)?);
+        plans.push(p.plan(&store, &node_ips)?);
         let (bad, _) = (p.rejections().current(), ());
         if bad > 0 {
             tracing::warn!(

@@ -238,27 +238,20 @@ pub async fn ipvs_kernel_parts(
     Ok((kernel, random_fully))
 }
 
-/// The node's kernel for one family (for `plan --diff`). The error is [`Error`]'s text until
-/// the daemon's callers take [`Error`] itself.
+/// The node's kernel for one family (for `plan --diff`).
 pub async fn ipvs_kernel(
     config: &Config,
     family: Family,
-) -> Result<controller::kernel::NodeKernel, String> {
-    Ok(ipvs_kernel_parts(config, family)
-        .await
-        .map_err(|e| e.to_string())?
-        .0)
+) -> crate::error::Result<controller::kernel::NodeKernel> {
+    Ok(ipvs_kernel_parts(config, family).await?.0)
 }
 
-/// Builds the IPVS-mode backend of one family. The error is [`Error`]'s text until the
-/// daemon's callers take [`Error`] itself.
+/// Builds the IPVS-mode backend of one family.
 pub async fn ipvs_backend(
     config: &Config,
     family: Family,
-) -> Result<Box<dyn Backend + Send>, String> {
-    let (kernel, random_fully) = ipvs_kernel_parts(config, family)
-        .await
-        .map_err(|e| e.to_string())?;
+) -> crate::error::Result<Box<dyn Backend + Send>> {
+    let (kernel, random_fully) = ipvs_kernel_parts(config, family).await?;
     let proxier = Proxier::new(
         proxy_config(config, family),
         rules_config(config, random_fully),
@@ -904,20 +897,18 @@ impl std::fmt::Debug for IptablesBackend {
     }
 }
 
-/// Builds the iptables-mode backend of one family. The error is [`Error`]'s text until the
-/// daemon's callers take [`Error`] itself.
+/// Builds the iptables-mode backend of one family.
 pub fn iptables_backend(
     config: &Config,
     family: Family,
-) -> Result<Box<dyn Backend + Send>, String> {
+) -> crate::error::Result<Box<dyn Backend + Send>> {
     let set_family = controller::desired::set_family(family);
-    let mut tables = detect_iptables(config, set_family)
-        .map_err(|source| Error::Iptables { family, source }.to_string())?;
+    let mut tables =
+        detect_iptables(config, set_family).map_err(|source| Error::Iptables { family, source })?;
     let random_fully = tables.supports_random_fully().unwrap_or(false);
     tracing::info!(family = ?family, backend = ?tables.backend(), random_fully, "iptables");
     if proxy_config(config, family).localhost_node_ports() {
-        crate::localhost::enable_route_localnet(&config.sysctl_root)
-            .map_err(|e| Error::RouteLocalnet(e).to_string())?;
+        crate::localhost::enable_route_localnet(&config.sysctl_root)?;
     }
     let policy = retry_policy(config, ProxyMode::Iptables);
     let inner = controller::iptables_mode::IptablesProxier::new(

@@ -164,6 +164,9 @@ pub enum Error {
     /// `route_localnet` could not be enabled for localhost node ports.
     #[error(transparent)]
     RouteLocalnet(#[from] crate::localhost::RouteLocalnetError),
+    /// `plan` could not render a family's plan.
+    #[error(transparent)]
+    Plan(#[from] controller::plan::PlanError),
     /// The sync engine could not start or finished with errors (IPVS, kube-ipvs0, ipset,
     /// iptables, or a `--once` sync that failed).
     #[error("{0}")]
