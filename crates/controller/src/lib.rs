@@ -1,4 +1,4 @@
-//! kube-ipvs controller: sources, model, desired state, diff, sync loop, sysctls.
+//! kube-ipvs controller: sources, model, desired state, diff, sync loop.
 //!
 //! Data flows left to right: sources → store → model (pure) → desired (pure) → diff (pure) →
 //! appliers. The order in which a diff is applied is documented in [`diff`].
@@ -18,5 +18,4 @@ pub mod sorted;
 pub mod source;
 pub mod store;
 pub mod sync_loop;
-pub mod sysctl;
 pub mod vip;

@@ -885,7 +885,7 @@ fn build(cx: &mut Ctx, hostname: impl FnOnce() -> Result<String>) -> Result<Conf
             sysctl_root.as_str()
         }),
         sysfs_root: PathBuf::from(if sysfs_root.is_empty() {
-            controller::sysctl::SYS
+            sysctl::SYS
         } else {
             sysfs_root.as_str()
         }),

@@ -106,7 +106,7 @@ pub fn rules_config(config: &Config, random_fully: bool) -> RulesConfig {
 /// file (`utilkernel.GetVersion` in pkg/util/kernel, `/proc/sys/kernel/osrelease`), called from
 /// the IPVS proxier's `NewProxier` for the conn_reuse_mode decision.
 pub fn apply_sysctls(root: &Path, strict_arp: bool) {
-    let kernel = match controller::sysctl::running_kernel_version() {
+    let kernel = match sysctl::running_kernel_version() {
         Ok(k) => {
             tracing::info!(
                 kernel = %format!("{}.{}.{}", k.0, k.1, k.2),
@@ -119,17 +119,17 @@ pub fn apply_sysctls(root: &Path, strict_arp: bool) {
             (9999, 0, 0)
         }
     };
-    let desired = controller::sysctl::desired_sysctls(kernel, strict_arp);
-    if let Err(e) = controller::sysctl::apply_sysctls(root, &desired) {
+    let desired = sysctl::desired_sysctls(kernel, strict_arp);
+    if let Err(e) = sysctl::apply_sysctls(root, &desired) {
         tracing::error!(error = %e, "sysctls");
     }
 }
 
 /// kube-proxy's `conntrack.*` settings in the kernel's units. Durations count in whole seconds
 /// (like upstream); one under a second leaves the kernel's value instead of writing 0.
-pub fn conntrack_settings(config: &Config) -> controller::sysctl::ConntrackSettings {
+pub fn conntrack_settings(config: &Config) -> sysctl::ConntrackSettings {
     let c = &config.conntrack;
-    controller::sysctl::ConntrackSettings {
+    sysctl::ConntrackSettings {
         max_per_core: c.max_per_core,
         min: c.min,
         tcp_established_timeout: c.tcp_established_timeout.as_secs(),
@@ -145,13 +145,8 @@ pub fn conntrack_settings(config: &Config) -> controller::sysctl::ConntrackSetti
 /// hash size must grow is only a warning; its text is returned for a Node Event.
 pub fn apply_conntrack(config: &Config) -> Result<Option<String>, crate::Error> {
     let settings = conntrack_settings(config);
-    let cpus = controller::sysctl::cpu_count(&config.sysfs_root);
-    match controller::sysctl::apply_conntrack(
-        &config.sysctl_root,
-        &config.sysfs_root,
-        &settings,
-        cpus,
-    ) {
+    let cpus = sysctl::cpu_count(&config.sysfs_root);
+    match sysctl::apply_conntrack(&config.sysctl_root, &config.sysfs_root, &settings, cpus) {
         Ok(report) => {
             tracing::debug!(
                 nf_conntrack_max = report.max,

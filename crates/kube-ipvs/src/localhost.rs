@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use controller::sysctl::{Sysctl, SysctlError};
+use sysctl::{Sysctl, SysctlError};
 
 /// The sysctl localhost NodePorts need (relative to the sysctl root).
 pub const ROUTE_LOCALNET: &str = "net/ipv4/conf/all/route_localnet";
@@ -43,7 +43,7 @@ pub fn enable_route_localnet(root: &Path) -> Result<(), RouteLocalnetError> {
         value: Some("1"),
         reason: "iptables mode: NodePorts on 127.0.0.1 (iptables.localhostNodePorts)".into(),
     }];
-    controller::sysctl::apply_sysctls(root, &want)
+    sysctl::apply_sysctls(root, &want)
         .map(|_| ())
         .map_err(|source| RouteLocalnetError {
             path: root.join(ROUTE_LOCALNET),

@@ -588,7 +588,7 @@ fn mode_selection_and_fallback() {
 
 #[test]
 fn conntrack_settings_in_kernel_units() {
-    use controller::sysctl::ConntrackSettings;
+    use sysctl::ConntrackSettings;
     // The kubeadm file (all conntrack fields null): upstream's defaults.
     let c = load(Some(KUBEADM), &[]).unwrap().config;
     assert_eq!(

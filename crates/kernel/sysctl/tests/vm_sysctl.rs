@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use controller::sysctl::{apply_sysctls, desired_sysctls, kernel_version, PROC_SYS};
+use sysctl::{apply_sysctls, desired_sysctls, kernel_version, PROC_SYS};
 
 fn read(p: &str) -> String {
     std::fs::read_to_string(Path::new(PROC_SYS).join(p))
@@ -137,9 +137,7 @@ impl Drop for RestoreFiles {
 #[test]
 #[ignore = "vm"]
 fn vm_conntrack_max_and_hash_size_raised_in_the_initial_namespace() {
-    use controller::sysctl::{
-        apply_conntrack, ConntrackSettings, CONNTRACK_HASHSIZE, CONNTRACK_MAX, SYS,
-    };
+    use sysctl::{apply_conntrack, ConntrackSettings, CONNTRACK_HASHSIZE, CONNTRACK_MAX, SYS};
     let (proc_sys, sys) = (Path::new(PROC_SYS), Path::new(SYS));
     let max_file = proc_sys.join(CONNTRACK_MAX);
     let hash_file = sys.join(CONNTRACK_HASHSIZE);
