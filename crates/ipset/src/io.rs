@@ -12,9 +12,9 @@ use ipvs_netlink::netlink::{Pending, Socket, SocketProtocol};
 
 use crate::entry::Entry;
 use crate::netlink::{self as nl, Adt};
-use crate::process::{self, Output};
 use crate::state::{parse_save, restore_lines, IpsetDiff, IpsetState, LineOrigin};
 use crate::{Error, Result};
+use exec::Output;
 
 /// Largest diff (members added plus deleted) [`Ipset::apply`] sends over netlink by default.
 ///
@@ -54,19 +54,16 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Runner {
     /// The ipset program (looked up in `PATH` when it has no `/`).
     pub ipset: PathBuf,
-    /// Run inside this named network namespace (via `ip netns exec`).
-    pub netns: Option<String>,
-    /// Time limit of one process (default [`DEFAULT_TIMEOUT`]): past it the process (with its
-    /// process group) is killed and the call fails with [`Error::Timeout`].
-    pub timeout: Duration,
+    /// Namespace and time limit of one process (default [`DEFAULT_TIMEOUT`]): past it the
+    /// process (with its process group) is killed and the call fails with [`Error::Timeout`].
+    pub exec: exec::Runner,
 }
 
 impl Default for Runner {
     fn default() -> Self {
         Runner {
             ipset: PathBuf::from("ipset"),
-            netns: None,
-            timeout: DEFAULT_TIMEOUT,
+            exec: exec::Runner::new().with_timeout(DEFAULT_TIMEOUT),
         }
     }
 }
@@ -80,25 +77,19 @@ impl Runner {
     /// Run `ipset` inside the named network namespace.
     pub fn in_netns(name: impl Into<String>) -> Runner {
         Runner {
-            netns: Some(name.into()),
+            exec: exec::Runner::in_netns(name).with_timeout(DEFAULT_TIMEOUT),
             ..Runner::default()
         }
     }
 
     /// The same runner with another time limit per process.
     pub fn with_timeout(mut self, timeout: Duration) -> Runner {
-        self.timeout = timeout;
+        self.exec.timeout = timeout;
         self
     }
 
     fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<Output> {
-        let out = process::run(
-            self.netns.as_deref(),
-            self.ipset.as_os_str(),
-            args,
-            stdin,
-            self.timeout,
-        )?;
+        let out = self.exec.run(self.ipset.as_os_str(), args, stdin)?;
         if !out.success {
             if let Some(k) = kernel_support_problem(&out.stderr) {
                 return Err(Error::KernelSupport(k));
@@ -361,7 +352,7 @@ impl Ipset {
 
     /// Opens and probes the netlink socket in the runner's namespace.
     fn open_channel(&self) -> NetlinkState {
-        let opened = match &self.runner.netns {
+        let opened = match &self.runner.exec.netns {
             None => Socket::connect(SocketProtocol::Netfilter, WANT_RCVBUF)
                 .map_err(|e| Error::Netlink(e.to_string())),
             Some(ns) => socket_in_netns(ns),

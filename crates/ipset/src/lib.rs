@@ -4,13 +4,12 @@
 //! [`SetKind`]), [`diff`] (pure), [`render_restore`] / [`render_save`] (pure text), and the IO
 //! module [`Ipset`] that reads the kernel with one `ipset save` and applies a diff with one
 //! `ipset restore -exist` process per sync, or, for a small diff of members only, over the
-//! kernel's ipset netlink protocol ([`netlink`], pure codec) with no process. [`process`] starts
-//! the tools (also for the iptables crate).
+//! kernel's ipset netlink protocol ([`netlink`], pure codec) with no process. The `exec` crate
+//! starts the tool.
 
 mod entry;
 mod io;
 pub mod netlink;
-pub mod process;
 mod set;
 mod state;
 
@@ -66,7 +65,7 @@ pub enum Error {
     /// The ipset netlink socket failed, or a kernel reply could not be read.
     #[error("ipset netlink: {0}")]
     Netlink(String),
-    /// `ipset` did not finish within its time limit ([`Runner::timeout`]); it was killed.
+    /// `ipset` did not finish within its time limit ([`Runner::with_timeout`]); it was killed.
     #[error("{command} did not finish within {limit:?}; killed")]
     Timeout {
         /// The command line.
@@ -76,14 +75,12 @@ pub enum Error {
     },
 }
 
-impl From<process::Error> for Error {
-    fn from(e: process::Error) -> Self {
+impl From<exec::Error> for Error {
+    fn from(e: exec::Error) -> Self {
         match e {
-            process::Error::MissingBinary(binary, source) => {
-                Error::MissingBinary { binary, source }
-            }
-            process::Error::Io(command, source) => Error::Io { command, source },
-            process::Error::Timeout { command, limit } => Error::Timeout { command, limit },
+            exec::Error::MissingBinary(binary, source) => Error::MissingBinary { binary, source },
+            exec::Error::Io(command, source) => Error::Io { command, source },
+            exec::Error::Timeout { command, limit } => Error::Timeout { command, limit },
         }
     }
 }

@@ -624,8 +624,7 @@ fn netns_missing_binary_inside_namespace_is_a_clear_error() {
     let ns = Netns::new("nobin").unwrap();
     let ipset = Ipset::new(Runner {
         ipset: "/nonexistent/ipset".into(),
-        netns: Some(ns.name().to_string()),
-        ..Runner::default()
+        ..Runner::in_netns(ns.name())
     });
     let err = ipset.read(&[]).unwrap_err();
     assert!(matches!(err, ipset::Error::MissingBinary { .. }), "{err}");

@@ -33,66 +33,27 @@ pub const XTABLES_WAIT_INTERVAL_MICROS: u32 = 100_000;
 /// wait, not the program. `--iptables-timeout` changes it.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How programs are started: directly, or inside `ip netns exec NAME` (through
-/// [`ipset::process::run`], which the ipset crate uses too), and how long one may run.
-#[derive(Debug, Clone)]
-pub struct Runner {
-    /// Run inside this named network namespace.
-    pub netns: Option<String>,
-    /// Time limit of one process (default [`DEFAULT_TIMEOUT`]).
-    pub timeout: Duration,
-}
+/// How programs are started: directly or inside `ip netns exec NAME`, and how long one may
+/// run (default [`DEFAULT_TIMEOUT`]): the `exec` crate's runner, which the ipset crate uses too.
+pub use exec::Runner;
 
-impl Default for Runner {
-    fn default() -> Self {
-        Runner {
-            netns: None,
-            timeout: DEFAULT_TIMEOUT,
-        }
-    }
-}
+// The runner's default time limit is the one documented (and reasoned) above.
+const _: () = assert!(DEFAULT_TIMEOUT.as_nanos() == exec::DEFAULT_TIMEOUT.as_nanos());
 
-impl Runner {
-    /// Run in the current namespace.
-    pub fn new() -> Runner {
-        Runner::default()
-    }
-
-    /// Run inside a named network namespace.
-    pub fn in_netns(name: impl Into<String>) -> Runner {
-        Runner {
-            netns: Some(name.into()),
-            ..Runner::default()
-        }
-    }
-
-    /// The same runner with another time limit per process.
-    pub fn with_timeout(mut self, timeout: Duration) -> Runner {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Run `prog args` with optional stdin; returns (success, stdout, stderr, shown command).
-    fn run(
-        &self,
-        prog: &str,
-        args: &[&str],
-        stdin: Option<&str>,
-    ) -> Result<(bool, String, String, String)> {
-        let out = ipset::process::run(
-            self.netns.as_deref(),
-            OsStr::new(prog),
-            args,
-            stdin,
-            self.timeout,
-        )?;
-        Ok((
-            out.success,
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            out.stderr,
-            out.command,
-        ))
-    }
+/// Runs `prog args` with optional stdin; returns (success, stdout, stderr, shown command).
+fn run(
+    runner: &Runner,
+    prog: &str,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Result<(bool, String, String, String)> {
+    let out = runner.run(OsStr::new(prog), args, stdin)?;
+    Ok((
+        out.success,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        out.stderr,
+        out.command,
+    ))
 }
 
 /// What [`Iptables::apply`] did.
@@ -231,7 +192,7 @@ impl Iptables {
         let mut spawned = 0;
         let mut save = |b: Backend| -> Option<String> {
             spawned += 1;
-            match runner.run(&b.save_program(family), &[], None) {
+            match run(&runner, &b.save_program(family), &[], None) {
                 Ok((true, out, _, _)) => Some(out),
                 _ => None,
             }
@@ -239,7 +200,7 @@ impl Iptables {
         let legacy = save(Backend::Legacy);
         let nft = save(Backend::Nft);
         spawned += 1;
-        let default = match runner.run(prefix, &["--version"], None) {
+        let default = match run(&runner, prefix, &["--version"], None) {
             Ok((true, out, _, _)) => parse_version(&out),
             _ => None,
         };
@@ -303,7 +264,7 @@ impl Iptables {
         stdin: Option<&str>,
     ) -> Result<(bool, String, String, String)> {
         self.spawned += 1;
-        self.runner.run(prog, args, stdin)
+        run(&self.runner, prog, args, stdin)
     }
 
     /// The iptables version of this backend (e.g. (1, 8, 9)); no process when detection
@@ -603,9 +564,13 @@ mod tests {
     #[test]
     fn missing_binary_is_a_clear_error() {
         let r = Runner::new();
-        let err = r
-            .run("/nonexistent/iptables-kube-ipvs-test-restore", &[], None)
-            .unwrap_err();
+        let err = run(
+            &r,
+            "/nonexistent/iptables-kube-ipvs-test-restore",
+            &[],
+            None,
+        )
+        .unwrap_err();
         assert!(matches!(err, Error::MissingBinary { .. }), "{err}");
         assert!(err.to_string().contains("iptables-kube-ipvs-test-restore"));
     }

@@ -94,14 +94,12 @@ pub enum Error {
     },
 }
 
-impl From<ipset::process::Error> for Error {
-    fn from(e: ipset::process::Error) -> Self {
+impl From<exec::Error> for Error {
+    fn from(e: exec::Error) -> Self {
         match e {
-            ipset::process::Error::MissingBinary(binary, source) => {
-                Error::MissingBinary { binary, source }
-            }
-            ipset::process::Error::Io(command, source) => Error::Io { command, source },
-            ipset::process::Error::Timeout { command, limit } => Error::Timeout { command, limit },
+            exec::Error::MissingBinary(binary, source) => Error::MissingBinary { binary, source },
+            exec::Error::Io(command, source) => Error::Io { command, source },
+            exec::Error::Timeout { command, limit } => Error::Timeout { command, limit },
         }
     }
 }

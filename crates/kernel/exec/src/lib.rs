@@ -2,8 +2,8 @@
 //! output collected, a time limit, and a program that is not installed told apart from other
 //! failures.
 //!
-//! Shared by this crate's [`crate::Runner`] (`ipset`) and the iptables crate's runner
-//! (`iptables-save`, `iptables-restore`); each maps [`Error`] onto its own error type.
+//! Shared by the ipset crate (`ipset`) and the iptables crate (`iptables-save`,
+//! `iptables-restore`) through [`Runner`]; each maps [`Error`] onto its own error type.
 //!
 //! Every call has a time limit. The program runs as the leader of its own process group, so a
 //! program that forks is stopped whole: when the limit passes, the group gets `SIGKILL`, the
@@ -26,6 +26,63 @@ use nix::unistd::Pid;
 /// waiting thread still reaps it when it finally dies: a process stuck in the kernel cannot
 /// be killed until it leaves it).
 const REAP_GRACE: Duration = Duration::from_secs(5);
+
+/// Default time limit of one program ([`Runner::default`]). The ipset and iptables crates
+/// give their reasons for this value at their own `DEFAULT_TIMEOUT`s (the slowest call each
+/// makes, measured), and both are configurable (`--ipset-timeout`, `--iptables-timeout`).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where and for how long programs run: directly or inside `ip netns exec NAME`, each with a
+/// time limit.
+#[derive(Debug, Clone)]
+pub struct Runner {
+    /// Run inside this named network namespace (via `ip netns exec`).
+    pub netns: Option<String>,
+    /// Time limit of one process (default [`DEFAULT_TIMEOUT`]): past it the process (with its
+    /// process group) is killed and the call fails with [`Error::Timeout`].
+    pub timeout: Duration,
+}
+
+impl Default for Runner {
+    fn default() -> Self {
+        Runner {
+            netns: None,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+impl Runner {
+    /// Run in the current namespace.
+    pub fn new() -> Runner {
+        Runner::default()
+    }
+
+    /// Run inside the named network namespace.
+    pub fn in_netns(name: impl Into<String>) -> Runner {
+        Runner {
+            netns: Some(name.into()),
+            ..Runner::default()
+        }
+    }
+
+    /// The same runner with another time limit per process.
+    pub fn with_timeout(mut self, timeout: Duration) -> Runner {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Runs `program args` with optional standard input: [`run`] with this runner's namespace
+    /// and time limit.
+    pub fn run(
+        &self,
+        program: &OsStr,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> Result<Output, Error> {
+        run(self.netns.as_deref(), program, args, stdin, self.timeout)
+    }
+}
 
 /// Errors starting a program or waiting for it.
 #[derive(Debug, thiserror::Error)]
