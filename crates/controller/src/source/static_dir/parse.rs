@@ -1,0 +1,290 @@
+//! Parsing one file's text into compact objects (a fast typed path, and a general path that
+//! words every error with the file, document and item), and parsing many files in parallel.
+
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::Value;
+
+use super::{StaticDirError, SERVICE_NAME_LABEL};
+use crate::objects::{Slice, Svc};
+
+/// The objects of one file, in the compact form the proxy keeps ([`crate::objects`]): the
+/// parsed `k8s-openapi` objects are dropped as soon as they are converted.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FileObjects {
+    /// Services, in document order.
+    pub services: Vec<Svc>,
+    /// EndpointSlices, in document order.
+    pub endpoint_slices: Vec<Slice>,
+    /// Nodes, in document order.
+    pub nodes: Vec<Node>,
+    /// Warnings (ignored kinds, missing labels), each naming the file and document.
+    pub warnings: Vec<String>,
+}
+
+/// Parser limits scaled to the input: serde-saphyr's defaults (1,024 documents, 250,000 nodes
+/// per file) would reject a directory generated for 10,000 services. Without aliases a node or
+/// event needs at least one input byte, so these bounds only cut off alias expansion, which
+/// keeps serde-saphyr's own alias/anchor caps.
+fn parse_options(text: &str) -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_documents = budget.max_documents.max(text.len() / 8);
+    budget.max_nodes = budget.max_nodes.max(text.len());
+    budget.max_events = budget.max_events.max(text.len().saturating_mul(2));
+    serde_saphyr::options! { budget: Some(budget) }
+}
+
+/// A document of one of the three kinds the source keeps, deserialized straight from YAML
+/// (k8s-openapi's deserializers check `apiVersion` and `kind`, so the first that matches wins).
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum TypedDoc {
+    Service(Box<Service>),
+    EndpointSlice(Box<EndpointSlice>),
+    Node(Box<Node>),
+}
+
+/// The fast path of [`parse_file`]: every document is a valid Service, EndpointSlice or Node,
+/// deserialized without an intermediate `serde_json::Value`. `None` when anything else is in
+/// the file (Lists, other kinds, empty documents, errors): the general path then parses it and
+/// words the errors.
+fn parse_typed(path: &Path, text: &str) -> Option<FileObjects> {
+    let docs: Vec<TypedDoc> =
+        serde_saphyr::from_multiple_with_options(text, parse_options(text)).ok()?;
+    let mut out = FileObjects::default();
+    for (i, doc) in docs.into_iter().enumerate() {
+        let where_ = || format!("{}: document {}", path.display(), i + 1);
+        let meta = match &doc {
+            TypedDoc::Service(s) => &s.metadata,
+            TypedDoc::EndpointSlice(s) => &s.metadata,
+            TypedDoc::Node(n) => &n.metadata,
+        };
+        if meta.name.as_deref().unwrap_or_default().is_empty() {
+            return None;
+        }
+        match doc {
+            TypedDoc::Service(s) => accept_service(*s, &where_, &mut out),
+            TypedDoc::EndpointSlice(s) => accept_slice(*s, &where_, &mut out),
+            TypedDoc::Node(n) => out.nodes.push(*n),
+        }
+    }
+    Some(out)
+}
+
+fn accept_service(mut svc: Service, where_: &dyn Fn() -> String, out: &mut FileObjects) {
+    svc.metadata
+        .namespace
+        .get_or_insert_with(|| "default".into());
+    if let Some(label) = crate::source::excluding_label(svc.metadata.labels.as_ref()) {
+        tracing::info!(object = %where_(), label, "Service not handled by this proxy");
+        return;
+    }
+    out.services.push(Svc::from_service(&svc));
+}
+
+fn accept_slice(mut eps: EndpointSlice, where_: &dyn Fn() -> String, out: &mut FileObjects) {
+    eps.metadata
+        .namespace
+        .get_or_insert_with(|| "default".into());
+    if let Some(label) = crate::source::excluding_label(eps.metadata.labels.as_ref()) {
+        tracing::info!(object = %where_(), label, "EndpointSlice not handled by this proxy");
+        return;
+    }
+    let has_label = eps
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(SERVICE_NAME_LABEL));
+    if !has_label {
+        out.warnings.push(format!(
+            "{}: EndpointSlice {} has no {SERVICE_NAME_LABEL} label and belongs to no Service",
+            where_(),
+            eps.metadata.name.as_deref().unwrap_or_default()
+        ));
+    }
+    out.endpoint_slices.push(Slice::of(&eps));
+}
+
+/// Parses one file's text. `path` is only used in messages.
+pub fn parse_file(path: &Path, text: &str) -> Result<FileObjects, StaticDirError> {
+    if let Some(out) = parse_typed(path, text) {
+        return Ok(out);
+    }
+    let docs: Vec<Value> = serde_saphyr::from_multiple_with_options(text, parse_options(text))
+        .map_err(|e| StaticDirError::Yaml {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+    let mut out = FileObjects::default();
+    for (i, doc) in docs.into_iter().enumerate() {
+        let document = i + 1;
+        let kind = doc.get("kind").and_then(Value::as_str).unwrap_or_default();
+        if kind == "List" || (kind.ends_with("List") && doc.get("items").is_some()) {
+            let items = match doc.get("items") {
+                Some(Value::Array(items)) => items.clone(),
+                Some(Value::Null) | None => Vec::new(),
+                Some(_) => {
+                    return Err(StaticDirError::Document {
+                        path: path.to_path_buf(),
+                        document,
+                        item: None,
+                        message: "items: expected a list".into(),
+                    })
+                }
+            };
+            for (j, item) in items.into_iter().enumerate() {
+                add_object(path, document, Some(j), item, &mut out)?;
+            }
+        } else {
+            add_object(path, document, None, doc, &mut out)?;
+        }
+    }
+    Ok(out)
+}
+
+fn add_object(
+    path: &Path,
+    document: usize,
+    item: Option<usize>,
+    doc: Value,
+    out: &mut FileObjects,
+) -> Result<(), StaticDirError> {
+    let err = |message: String| StaticDirError::Document {
+        path: path.to_path_buf(),
+        document,
+        item,
+        message,
+    };
+    let where_ = || {
+        format!(
+            "{}: document {document}{}",
+            path.display(),
+            item.map(|i| format!(" item {i}")).unwrap_or_default()
+        )
+    };
+    if !doc.is_object() {
+        return Err(err(
+            "expected a mapping (an object with apiVersion and kind)".into(),
+        ));
+    }
+    let kind = doc
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let api_version = doc
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    if kind.is_empty() {
+        return Err(err("missing kind".into()));
+    }
+    let name_missing = |meta: &ObjectMeta| meta.name.as_deref().unwrap_or_default().is_empty();
+    match kind.as_str() {
+        "Service" | "EndpointSlice" | "Node" => {
+            let expected = if kind == "EndpointSlice" {
+                "discovery.k8s.io/v1"
+            } else {
+                "v1"
+            };
+            if api_version != expected {
+                return Err(err(format!(
+                    "{kind}: apiVersion {api_version:?} is not supported (expected {expected:?})"
+                )));
+            }
+        }
+        _ => {
+            out.warnings.push(format!(
+                "{}: ignoring {kind} ({api_version}): only Service, EndpointSlice and Node are read",
+                where_()
+            ));
+            return Ok(());
+        }
+    }
+    match kind.as_str() {
+        "Service" => {
+            let svc: Service =
+                serde_path_to_error::deserialize(doc).map_err(|e| err(format!("Service: {e}")))?;
+            if name_missing(&svc.metadata) {
+                return Err(err("Service: metadata.name is missing".into()));
+            }
+            accept_service(svc, &where_, out);
+        }
+        "EndpointSlice" => {
+            let eps: EndpointSlice = serde_path_to_error::deserialize(doc)
+                .map_err(|e| err(format!("EndpointSlice: {e}")))?;
+            if name_missing(&eps.metadata) {
+                return Err(err("EndpointSlice: metadata.name is missing".into()));
+            }
+            accept_slice(eps, &where_, out);
+        }
+        _ => {
+            let node: Node =
+                serde_path_to_error::deserialize(doc).map_err(|e| err(format!("Node: {e}")))?;
+            if name_missing(&node.metadata) {
+                return Err(err("Node: metadata.name is missing".into()));
+            }
+            out.nodes.push(node);
+        }
+    }
+    Ok(())
+}
+
+/// A file read and due to be parsed: its path, the hash of its text, and the text.
+pub(super) type ToParse = (PathBuf, u64, String);
+
+/// Parses files, on several threads when there are many. Each text is dropped as soon as it
+/// is parsed, so the whole directory's text is never held next to all of its objects.
+pub(super) fn parse_all(
+    texts: Vec<ToParse>,
+) -> Vec<(PathBuf, u64, Result<FileObjects, StaticDirError>)> {
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(texts.len() / 16)
+        .max(1);
+    if threads == 1 {
+        return texts
+            .into_iter()
+            .map(|(p, h, t)| {
+                let r = parse_file(&p, &t);
+                (p, h, r)
+            })
+            .collect();
+    }
+    let chunk = texts.len().div_ceil(threads);
+    let mut texts = texts;
+    let mut chunks = Vec::new();
+    while !texts.is_empty() {
+        let rest = texts.split_off(chunk.min(texts.len()));
+        chunks.push(std::mem::replace(&mut texts, rest));
+    }
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = chunks
+            .into_iter()
+            .map(|c| {
+                scope.spawn(move || {
+                    c.into_iter()
+                        .map(|(p, h, t)| {
+                            let r = parse_file(&p, &t);
+                            (p, h, r)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut out = Vec::new();
+        for h in handles {
+            match h.join() {
+                Ok(v) => out.extend(v),
+                // A parser panic is a bug; the files of that chunk count as unreadable.
+                Err(_) => tracing::error!(source = "static-dir", "a parser thread panicked"),
+            }
+        }
+        out
+    })
+}

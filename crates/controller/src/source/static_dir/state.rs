@@ -1,0 +1,433 @@
+//! The directory's files with their last good objects, and reading them: which files changed,
+//! which texts must be parsed, and which file defines the effective version of every object.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::parse::{parse_all, FileObjects, ToParse};
+use super::{StaticDirError, FILE_EXTENSIONS};
+use crate::objects::{Interner, Slice, Svc};
+use crate::source::{Kind, Object, SourceEvent};
+
+/// Everything the directory holds at one point in time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// Services, by file name order then document order, duplicates resolved.
+    pub services: Vec<Svc>,
+    /// EndpointSlices, likewise.
+    pub endpoint_slices: Vec<Slice>,
+    /// This node's Node object (read or synthesized).
+    pub node: Node,
+    /// True if `node` was synthesized because the directory has no matching Node.
+    pub node_synthesized: bool,
+    /// Files read successfully (or kept from their last good version), in order.
+    pub files: Vec<PathBuf>,
+    /// Warnings: ignored kinds, duplicates, missing labels, files kept from a previous read.
+    pub warnings: Vec<String>,
+}
+
+impl Snapshot {
+    /// The name of this node's Node object. This equals the host's node name unless the
+    /// directory holds exactly one Node with another name, which is then used for this host.
+    pub fn node_name(&self) -> &str {
+        self.node.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    /// The objects as a full relist: `Init`, `InitApply` per object, `InitDone`, for Node,
+    /// Service and EndpointSlice in that order.
+    pub fn events(&self) -> Vec<SourceEvent> {
+        let mut ev = Vec::with_capacity(self.services.len() + self.endpoint_slices.len() + 7);
+        ev.push(SourceEvent::Init(Kind::Node));
+        ev.push(SourceEvent::InitApply(Object::Node(Box::new(
+            self.node.clone(),
+        ))));
+        ev.push(SourceEvent::InitDone(Kind::Node));
+        ev.push(SourceEvent::Init(Kind::Service));
+        ev.extend(
+            self.services
+                .iter()
+                .map(|s| SourceEvent::InitApply(Object::Service(Box::new(s.clone())))),
+        );
+        ev.push(SourceEvent::InitDone(Kind::Service));
+        ev.push(SourceEvent::Init(Kind::EndpointSlice));
+        ev.extend(
+            self.endpoint_slices
+                .iter()
+                .map(|s| SourceEvent::InitApply(Object::EndpointSlice(Box::new(s.clone())))),
+        );
+        ev.push(SourceEvent::InitDone(Kind::EndpointSlice));
+        ev
+    }
+}
+
+/// Namespace/name of an object.
+pub(super) type ObjKey = (String, String);
+
+pub(super) fn service_key(s: &Svc) -> ObjKey {
+    (s.name.namespace.to_string(), s.name.name.to_string())
+}
+
+pub(super) fn slice_key(s: &Slice) -> ObjKey {
+    (s.namespace.to_string(), s.name.to_string())
+}
+
+/// A file's identity and change stamp from `stat` (following symlinks), used by the polling
+/// fallback to skip files that did not change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl Stamp {
+    fn of(meta: &std::fs::Metadata) -> Stamp {
+        use std::os::unix::fs::MetadataExt;
+        Stamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+            ctime_ns: i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec()),
+        }
+    }
+}
+
+/// One file as the source knows it.
+#[derive(Debug, Default)]
+pub(super) struct FileEntry {
+    /// Hash of the text read last (good or bad): the same text is never parsed twice.
+    pub(super) hash: Option<u64>,
+    /// `stat` of the last read.
+    pub(super) stamp: Option<Stamp>,
+    /// The objects of its last good version.
+    pub(super) objects: FileObjects,
+    /// Index of the last document defining each Service / EndpointSlice in `objects`.
+    pub(super) service_at: HashMap<ObjKey, usize>,
+    pub(super) slice_at: HashMap<ObjKey, usize>,
+    /// The last read failed (its last good objects are kept).
+    pub(super) bad: bool,
+    /// A read succeeded at least once (`objects` is a real version, not the empty default).
+    pub(super) has_good: bool,
+}
+
+impl FileEntry {
+    /// Keeps `objects` as the file's last good version, node and zone names shared through
+    /// `names` with the rest of the directory.
+    pub(super) fn set_objects(&mut self, mut objects: FileObjects, names: &mut Interner) {
+        for s in &mut objects.endpoint_slices {
+            s.intern(names);
+        }
+        self.service_at = objects
+            .services
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (service_key(s), i))
+            .collect();
+        self.slice_at = objects
+            .endpoint_slices
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (slice_key(s), i))
+            .collect();
+        self.objects = objects;
+    }
+}
+
+/// What a batch learned about one file.
+#[derive(Debug)]
+pub(super) enum Update {
+    /// The file is gone (or no longer a candidate).
+    Gone,
+    /// The file was read (`parsed` is `None` when the text is unchanged since the last read).
+    Read {
+        hash: u64,
+        stamp: Option<Stamp>,
+        parsed: Option<Result<FileObjects, StaticDirError>>,
+    },
+    /// The file could not be read.
+    Unreadable(StaticDirError),
+}
+
+/// Counters of the work the source did (for tests and benchmarks: one changed file must cost
+/// one file's parse).
+#[derive(Debug, Default)]
+pub struct SourceStats {
+    files_read: AtomicU64,
+    files_parsed: AtomicU64,
+    rescans: AtomicU64,
+}
+
+impl SourceStats {
+    /// Files read from disk so far.
+    pub fn files_read(&self) -> u64 {
+        self.files_read.load(Ordering::Relaxed)
+    }
+    /// Files parsed so far (a file whose text did not change is read, not parsed).
+    pub fn files_parsed(&self) -> u64 {
+        self.files_parsed.load(Ordering::Relaxed)
+    }
+    /// Full directory rescans so far (start, inotify overflow, ConfigMap `..data` swaps,
+    /// polling rounds).
+    pub fn rescans(&self) -> u64 {
+        self.rescans.load(Ordering::Relaxed)
+    }
+}
+
+/// The outcome of one batch of file changes.
+#[derive(Debug, Default)]
+pub struct Batch {
+    /// Watch-like events for the objects whose effective version changed.
+    pub events: Vec<SourceEvent>,
+    /// Errors of files that could not be read or parsed (their last good objects are kept).
+    pub errors: Vec<StaticDirError>,
+    /// Warnings (ignored kinds, duplicates, files kept from their last good version).
+    pub warnings: Vec<String>,
+}
+
+/// The directory's files with their last good contents, and which file defines the effective
+/// version of every object. Pure apart from [`DirState::scan`] and [`DirState::read_paths`].
+#[derive(Debug)]
+pub struct DirState {
+    pub(super) dir: PathBuf,
+    pub(super) node_name: String,
+    pub(super) files: BTreeMap<PathBuf, FileEntry>,
+    /// For every Service / EndpointSlice, the files defining it; the last one (name order)
+    /// wins, like on a full read.
+    pub(super) service_defs: HashMap<ObjKey, BTreeSet<PathBuf>>,
+    pub(super) slice_defs: HashMap<ObjKey, BTreeSet<PathBuf>>,
+    /// The Node last chosen (see [`Snapshot::node_name`]).
+    pub(super) node: Option<Node>,
+    /// Node and zone names of all files' slices.
+    pub(super) names: Interner,
+    pub(super) stats: Arc<SourceStats>,
+}
+
+/// The result of one full read: the snapshot plus the errors of files that were skipped.
+#[derive(Debug)]
+pub struct LoadResult {
+    /// The objects.
+    pub snapshot: Snapshot,
+    /// Errors of the files that were skipped or kept from their previous version.
+    pub errors: Vec<StaticDirError>,
+}
+
+/// Whether a file name is one the source reads (not hidden, a known extension).
+pub(super) fn is_candidate_name(path: &Path) -> bool {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    if name.starts_with('.') {
+        return false;
+    }
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|ext| FILE_EXTENSIONS.contains(&ext))
+}
+
+fn hash_text(text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
+}
+
+impl DirState {
+    /// An empty state for `dir` on the node named `node_name`.
+    pub fn new(dir: impl Into<PathBuf>, node_name: impl Into<String>) -> DirState {
+        DirState {
+            dir: dir.into(),
+            node_name: node_name.into(),
+            files: BTreeMap::new(),
+            service_defs: HashMap::new(),
+            slice_defs: HashMap::new(),
+            node: None,
+            names: Interner::default(),
+            stats: Arc::default(),
+        }
+    }
+
+    /// The work counters.
+    pub fn stats(&self) -> Arc<SourceStats> {
+        self.stats.clone()
+    }
+
+    /// Reads `paths` (which may have changed, appeared or vanished) and applies them as one
+    /// batch. A path whose text is unchanged since its last read is not parsed. With `stamps`,
+    /// a path whose `stat` is unchanged is not even read (the polling fallback).
+    pub fn read_paths(&mut self, paths: &BTreeSet<PathBuf>, stamps: bool) -> Batch {
+        let mut updates: Vec<(PathBuf, Update)> = Vec::new();
+        let mut to_parse: Vec<ToParse> = Vec::new();
+        let mut stamps_of: HashMap<PathBuf, Option<Stamp>> = HashMap::new();
+        for path in paths {
+            let meta = std::fs::metadata(path);
+            let candidate = is_candidate_name(path) && meta.as_ref().is_ok_and(|m| m.is_file());
+            if !candidate {
+                if self.files.contains_key(path) {
+                    updates.push((path.clone(), Update::Gone));
+                }
+                continue;
+            }
+            let stamp = meta.ok().map(|m| Stamp::of(&m));
+            if stamps {
+                if let Some(e) = self.files.get(path) {
+                    if e.stamp.is_some() && e.stamp == stamp {
+                        continue;
+                    }
+                }
+            }
+            self.stats.files_read.fetch_add(1, Ordering::Relaxed);
+            match std::fs::read_to_string(path) {
+                Ok(text) => {
+                    let hash = hash_text(&text);
+                    if self.files.get(path).and_then(|e| e.hash) == Some(hash) {
+                        updates.push((
+                            path.clone(),
+                            Update::Read {
+                                hash,
+                                stamp,
+                                parsed: None,
+                            },
+                        ));
+                    } else {
+                        stamps_of.insert(path.clone(), stamp);
+                        to_parse.push((path.clone(), hash, text));
+                    }
+                }
+                Err(source) => {
+                    if source.kind() == std::io::ErrorKind::NotFound {
+                        if self.files.contains_key(path) {
+                            updates.push((path.clone(), Update::Gone));
+                        }
+                    } else {
+                        updates.push((
+                            path.clone(),
+                            Update::Unreadable(StaticDirError::ReadFile {
+                                path: path.clone(),
+                                source,
+                            }),
+                        ));
+                    }
+                }
+            }
+        }
+        self.stats
+            .files_parsed
+            .fetch_add(to_parse.len() as u64, Ordering::Relaxed);
+        for (path, hash, parsed) in parse_all(to_parse) {
+            let stamp = stamps_of.remove(&path).flatten();
+            updates.push((
+                path,
+                Update::Read {
+                    hash,
+                    stamp,
+                    parsed: Some(parsed),
+                },
+            ));
+        }
+        self.apply(updates)
+    }
+
+    /// Lists the directory and applies every file that appeared, changed or vanished as one
+    /// batch (unchanged texts are not parsed; with `stamps`, unchanged `stat`s are not read).
+    pub fn scan(&mut self, stamps: bool) -> Result<Batch, StaticDirError> {
+        self.stats.rescans.fetch_add(1, Ordering::Relaxed);
+        let read_dir_err = |source| StaticDirError::ReadDir {
+            dir: self.dir.clone(),
+            source,
+        };
+        let mut paths: BTreeSet<PathBuf> = BTreeSet::new();
+        for entry in std::fs::read_dir(&self.dir).map_err(read_dir_err)? {
+            let path = entry.map_err(read_dir_err)?.path();
+            if is_candidate_name(&path) {
+                paths.insert(path);
+            }
+        }
+        // Files known before and not listed now are gone.
+        paths.extend(self.files.keys().cloned());
+        Ok(self.read_paths(&paths, stamps))
+    }
+
+    /// The effective Service `key` (the last definition in name order).
+    pub(super) fn service(&self, key: &ObjKey) -> Option<&Svc> {
+        let path = self.service_defs.get(key)?.last()?;
+        let e = self.files.get(path)?;
+        e.objects.services.get(*e.service_at.get(key)?)
+    }
+
+    /// The effective EndpointSlice `key`.
+    pub(super) fn slice(&self, key: &ObjKey) -> Option<&Slice> {
+        let path = self.slice_defs.get(key)?.last()?;
+        let e = self.files.get(path)?;
+        e.objects.endpoint_slices.get(*e.slice_at.get(key)?)
+    }
+
+    pub(super) fn unindex(&mut self, path: &Path) {
+        let Some(e) = self.files.get(path) else {
+            return;
+        };
+        for (defs, keys) in [
+            (&mut self.service_defs, e.service_at.keys()),
+            (&mut self.slice_defs, e.slice_at.keys()),
+        ] {
+            for k in keys {
+                if let Some(set) = defs.get_mut(k) {
+                    set.remove(path);
+                    if set.is_empty() {
+                        defs.remove(k);
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn index(&mut self, path: &Path) {
+        let Some(e) = self.files.get(path) else {
+            return;
+        };
+        for k in e.service_at.keys() {
+            self.service_defs
+                .entry(k.clone())
+                .or_default()
+                .insert(path.to_path_buf());
+        }
+        for k in e.slice_at.keys() {
+            self.slice_defs
+                .entry(k.clone())
+                .or_default()
+                .insert(path.to_path_buf());
+        }
+    }
+}
+
+/// A bare Node named `name` with the `kubernetes.io/hostname` label (no addresses, no zone).
+pub fn synthesize_node(name: &str) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            labels: Some(BTreeMap::from([(
+                "kubernetes.io/hostname".to_string(),
+                name.to_string(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        ..Node::default()
+    }
+}
+
+/// Reads `dir` once (no watching): for `plan` and `--once`. Files are parsed in parallel.
+pub fn load(dir: &Path, node_name: &str) -> Result<LoadResult, StaticDirError> {
+    let mut state = DirState::new(dir, node_name);
+    let batch = state.scan(false)?;
+    Ok(LoadResult {
+        snapshot: state.snapshot(),
+        errors: batch.errors,
+    })
+}
