@@ -1,0 +1,386 @@
+//! Writing to the kernel per subsystem (ipsets, iptables rules, IPVS in chunks, addresses),
+//! each failure isolated and followed by a targeted re-read and repair with backoff.
+
+use super::*;
+
+impl Proxier {
+    /// Re-reads the sets, and applies what differs (after a failed ipset apply).
+    pub(super) fn repair_sets(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
+        let owned_sets: Vec<String> = SetKind::ALL
+            .iter()
+            .map(|k| k.name(set_family(self.cfg.family)))
+            .collect();
+        let actual = match kernel.read_ipsets(&owned_sets) {
+            Ok(s) => s,
+            Err(e) => {
+                report.fail(Subsystem::Ipset, e.to_string());
+                self.retry.ipset.failed(self.now);
+                return;
+            }
+        };
+        self.recheck_sets = false;
+        let (grow, shrink) = split_set_diff(ipset::diff(&self.desired.ipset_state(), &actual));
+        self.apply_sets(&grow, kernel, report);
+        self.apply_sets(&shrink, kernel, report);
+        if !self.recheck_sets {
+            self.retry.ipset.succeeded();
+        }
+    }
+
+    pub(super) fn apply_delta(
+        &mut self,
+        delta: Delta,
+        kernel: &mut dyn Kernel,
+        report: &mut SyncReport,
+    ) {
+        if delta.is_empty() {
+            return;
+        }
+        let before: BTreeSet<SetKind> = non_empty(&self.set_counts);
+        for e in &delta.ipset_add {
+            *self.set_counts.entry(e.set).or_default() += 1;
+        }
+        for e in &delta.ipset_del {
+            if let Some(n) = self.set_counts.get_mut(&e.set) {
+                *n = n.saturating_sub(1);
+            }
+        }
+        let after: BTreeSet<SetKind> = non_empty(&self.set_counts);
+        let fam = set_family(self.cfg.family);
+        let grow = IpsetDiff {
+            adds: entry_changes(&delta.ipset_add, fam),
+            ..IpsetDiff::default()
+        };
+        let shrink = IpsetDiff {
+            dels: entry_changes(&delta.ipset_del, fam),
+            ..IpsetDiff::default()
+        };
+        let rules_change = delta.iptables_changed || before != after;
+        self.apply_sets(&grow, kernel, report);
+        if rules_change {
+            // Rules for sets that gain members go in now; rules for sets that become empty
+            // stay until their members are gone (step 6).
+            self.apply_rules(kernel, false, Some(union_of(&before, &after)), report);
+        }
+        let ipvs = self.graceful(delta.ipvs, None);
+        self.apply_ipvs(&ipvs.apply, kernel, report);
+        self.apply_addrs(&delta.addresses_add, &[], kernel, report);
+        self.apply_addrs(&[], &delta.addresses_del, kernel, report);
+        self.apply_ipvs(&ipvs.remove, kernel, report);
+        self.apply_sets(&shrink, kernel, report);
+        // Only when a set became empty do the final rules differ from those of step 2; the same
+        // rules again would only repeat a failed restore (another 5 s on a held xtables lock).
+        if rules_change && union_of(&before, &after) != after {
+            self.apply_rules(kernel, false, None, report);
+        }
+    }
+
+    pub(super) fn apply_sets(
+        &mut self,
+        diff: &IpsetDiff,
+        kernel: &mut dyn Kernel,
+        report: &mut SyncReport,
+    ) {
+        if diff.is_empty() {
+            return;
+        }
+        report.ipset_changes += diff.len();
+        match kernel.apply_ipsets(diff) {
+            Ok(rejected) => {
+                if rejected.is_empty() {
+                    return;
+                }
+                for r in rejected {
+                    tracing::warn!(error = %r, "ipset entry rejected");
+                    report.fail(Subsystem::Ipset, r);
+                }
+                self.set_recheck(self.now);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "ipset apply failed; re-reading the sets with backoff");
+                report.fail(Subsystem::Ipset, e.to_string());
+                self.set_recheck(self.now);
+            }
+        }
+    }
+
+    pub(super) fn set_recheck(&mut self, now: Instant) {
+        // One backoff step per failed attempt, not per failed batch of one attempt.
+        if !self.recheck_sets || self.retry.ipset.ready(now) {
+            self.retry.ipset.failed(now);
+        }
+        self.recheck_sets = true;
+    }
+
+    /// The iptables rules for the current desired state; `sets` overrides which sets count
+    /// as non-empty.
+    pub fn rules(&self, sets: Option<BTreeSet<SetKind>>) -> iptables::Result<iptables::RuleSet> {
+        let inputs = self.desired.iptables();
+        let mut input = iptables::IpvsModeInput::new(set_family(self.cfg.family));
+        input.masquerade_bit = self.rules.masquerade_bit;
+        input.masquerade_all = inputs.masquerade_all;
+        input.random_fully = self.rules.random_fully;
+        input.local_detect = self
+            .rules
+            .local_detect_for(&inputs.cluster_cidrs, &self.pod_cidrs);
+        input.non_empty_sets = sets.unwrap_or_else(|| non_empty(&self.set_counts));
+        input.no_node_access = self.no_node_access();
+        input.in_cluster = self
+            .desired
+            .in_cluster_marks()
+            .into_iter()
+            .map(|m| iptables::InClusterMark {
+                ip: m.dest.ip,
+                proto: crate::desired::set_proto(m.dest.protocol),
+                port: m.dest.port,
+                mark: m.mark,
+            })
+            .collect();
+        input.in_cluster_mask = crate::desired::IN_CLUSTER_MARK_MASK;
+        iptables::render_ipvs_mode(&input)
+    }
+
+    /// Load-balancer IPs whose source ranges do not admit this node: IPVS takes the node's own
+    /// connections to them at LOCAL_OUT, before the INPUT firewall sees them, so they are
+    /// dropped in OUTPUT instead (k/k#119656).
+    pub(super) fn no_node_access(&self) -> Vec<iptables::NoNodeAccess> {
+        let mut fw = BTreeSet::new();
+        let mut allowed = BTreeSet::new();
+        for e in self.desired.ipset_entries() {
+            match (e.set, e.entry) {
+                (SetKind::LoadBalancerFw, ipset::Entry::IpPort { ip, proto, port }) => {
+                    fw.insert((ip, proto, port));
+                }
+                (
+                    SetKind::LoadBalancerSourceIp,
+                    ipset::Entry::IpPortIp {
+                        ip,
+                        proto,
+                        port,
+                        ip2,
+                    },
+                ) if ip == ip2 => {
+                    allowed.insert((ip, proto, port));
+                }
+                _ => {}
+            }
+        }
+        fw.difference(&allowed)
+            .map(|&(ip, proto, port)| iptables::NoNodeAccess { ip, proto, port })
+            .collect()
+    }
+
+    pub(super) fn apply_rules(
+        &mut self,
+        kernel: &mut dyn Kernel,
+        force: bool,
+        sets: Option<BTreeSet<SetKind>>,
+        report: &mut SyncReport,
+    ) {
+        let rules = match self.rules(sets) {
+            Ok(r) => r,
+            Err(e) => {
+                report.fail(Subsystem::Iptables, format!("iptables: {e}"));
+                return;
+            }
+        };
+        let text = rules.render();
+        match kernel.apply_iptables(&rules, force) {
+            Ok(ran) => {
+                report.iptables_restored |= ran;
+                // A forced (drift-check) restore of the very rules applied last time means
+                // someone changed them behind our back.
+                if ran && force && self.applied_once && self.last_rules.as_deref() == Some(&text) {
+                    tracing::warn!(subsystem = "iptables", "repairing drift");
+                    *report.drift.entry("iptables").or_default() += 1;
+                }
+                self.last_rules = Some(text);
+                // The whole rule set (forced) or the change went in: any earlier failure is
+                // repaired once a forced restore succeeds.
+                if force || !self.recheck_rules {
+                    self.recheck_rules = false;
+                    self.retry.iptables.succeeded();
+                }
+            }
+            Err(e) => {
+                let now = self.now;
+                if !self.recheck_rules || self.retry.iptables.ready(now) {
+                    let delay = self.retry.iptables.failed(now);
+                    tracing::error!(error = %e, retry_in_ms = delay.as_millis() as u64,
+                        "iptables-restore failed; retrying with backoff");
+                }
+                self.recheck_rules = true;
+                report.iptables_restore_failed = true;
+                report.fail(Subsystem::Iptables, e.to_string());
+            }
+        }
+    }
+
+    pub(super) fn apply_ipvs(
+        &mut self,
+        ops: &[Op],
+        kernel: &mut dyn Kernel,
+        report: &mut SyncReport,
+    ) {
+        if ops.is_empty() {
+            return;
+        }
+        report.ipvs_ops += ops.len();
+        // In chunks: a full program is N x M operations, and one result per operation for all
+        // of them at once (~120 bytes each) would be most of the sync's transient memory. The
+        // client pipelines inside each chunk; a chunk that fails as a whole (the kernel does
+        // not answer, the socket is gone) stops the rest, which are repaired later.
+        let mut chunks = ops.chunks(IPVS_APPLY_CHUNK);
+        for chunk in chunks.by_ref() {
+            let results = kernel.apply_ipvs(chunk);
+            let all_failed = results.iter().all(Result::is_err);
+            self.apply_ipvs_results(chunk, results, report);
+            if all_failed {
+                break;
+            }
+        }
+        let skipped: Vec<&Op> = chunks.flatten().collect();
+        if !skipped.is_empty() {
+            report.ipvs_failures += skipped.len();
+            report.fail(
+                Subsystem::Ipvs,
+                format!(
+                    "{} IPVS operations not sent: the previous {IPVS_APPLY_CHUNK} all failed",
+                    skipped.len()
+                ),
+            );
+            self.repair.extend(skipped.into_iter().filter_map(op_key));
+        }
+        if !self.repair.is_empty() && !self.retry.ipvs.failing() {
+            self.retry.ipvs.failed(self.now);
+        }
+    }
+
+    pub(super) fn apply_ipvs_results(
+        &mut self,
+        ops: &[Op],
+        results: Vec<Result<(), KernelError>>,
+        report: &mut SyncReport,
+    ) {
+        for (op, res) in ops.iter().zip(results) {
+            if let (
+                Ok(()),
+                Op::DelDest(
+                    ServiceKey::Inet {
+                        protocol: ipvs_netlink::Protocol::Udp,
+                        addr,
+                        port,
+                    },
+                    endpoint,
+                    _,
+                ),
+            ) = (&res, op)
+            {
+                self.conntrack.push(ConntrackFilter::endpoint_removed(
+                    crate::conntrack::Protocol::Udp,
+                    *addr,
+                    *port,
+                    *endpoint,
+                ));
+            }
+            if let Err(e) = res {
+                let key = op_key(op);
+                report.ipvs_failures += 1;
+                let owner = key
+                    .map(|k| self.desired.owner_of(&k).map(|n| n.to_string()))
+                    .unwrap_or_default()
+                    .unwrap_or_else(|| "-".to_string());
+                tracing::warn!(service = %owner, op = ?op, error = %e, "IPVS operation failed; will re-check");
+                report.fail(Subsystem::Ipvs, format!("{owner}: {e}"));
+                if let Some(k) = key {
+                    self.repair.insert(k);
+                }
+            }
+        }
+    }
+
+    pub(super) fn apply_addrs(
+        &mut self,
+        add: &[IpAddr],
+        del: &[IpAddr],
+        kernel: &mut dyn Kernel,
+        report: &mut SyncReport,
+    ) {
+        if add.is_empty() && del.is_empty() {
+            return;
+        }
+        report.address_ops += add.len() + del.len();
+        for (ip, res) in kernel.apply_addresses(add, del) {
+            if let Err(e) = res {
+                tracing::warn!(address = %ip, error = %e, "kube-ipvs0 address change failed");
+                report.fail(Subsystem::Address, format!("kube-ipvs0 {ip}: {e}"));
+                self.address_recheck(self.now);
+            }
+        }
+    }
+
+    pub(super) fn address_recheck(&mut self, now: Instant) {
+        if !self.recheck_addresses || self.retry.address.ready(now) {
+            self.retry.address.failed(now);
+        }
+        self.recheck_addresses = true;
+    }
+
+    pub(super) fn repair_addresses(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
+        let now = self.now;
+        if let Err(e) = kernel.ensure_link() {
+            report.fail(Subsystem::Address, e.to_string());
+            self.address_recheck(now);
+            return;
+        }
+        match kernel.read_addresses() {
+            Ok(actual) => {
+                let fam = self.cfg.family;
+                let mine: BTreeSet<IpAddr> = actual
+                    .into_iter()
+                    .filter(|a| Family::of(a) == fam)
+                    .collect();
+                let cfg = self.cfg.clone();
+                let (add, del) = diff_set(&self.desired.addresses(), &mine, &|a: &IpAddr| {
+                    !cfg.excluded(a)
+                });
+                self.apply_addrs(&add, &del, kernel, report);
+                if !self.recheck_addresses {
+                    self.retry.address.succeeded();
+                }
+            }
+            Err(e) => {
+                report.fail(Subsystem::Address, e.to_string());
+                self.address_recheck(now);
+            }
+        }
+    }
+
+    /// Re-reads the virtual servers whose operations failed and applies what still differs.
+    pub(super) fn retry_repairs(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
+        let keys = std::mem::take(&mut self.repair);
+        let actual = match kernel.read_ipvs_keys(&keys) {
+            Ok(t) => t,
+            Err(e) => {
+                report.fail(Subsystem::Ipvs, e.to_string());
+                self.repair = keys;
+                self.retry.ipvs.failed(self.now);
+                return;
+            }
+        };
+        let desired: IpvsTable = self.desired.ipvs_table_for(&keys).into_iter().collect();
+        let ops = {
+            let owned = owned_by_proxy(&self.cfg);
+            let only_keys = |k: &ServiceKey| keys.contains(k) && owned(k);
+            diff_ipvs(&desired, &actual, &only_keys)
+        };
+        let failures_before = report.ipvs_failures;
+        self.apply_ipvs(&ops.apply, kernel, report);
+        self.apply_ipvs(&ops.remove, kernel, report);
+        if report.ipvs_failures > failures_before {
+            self.retry.ipvs.failed(self.now);
+        } else if self.repair.is_empty() {
+            self.retry.ipvs.succeeded();
+        }
+    }
+}
