@@ -1,0 +1,227 @@
+//! One iptables-mode sync: full (every chain rendered and restored) or partial (only the
+//! changed services' chains), with the node-port jumps kept and failures retried.
+
+use super::adopt::saved_target;
+use super::*;
+
+impl IptablesProxier {
+    /// Runs one sync (full when requested or first, else partial).
+    pub fn sync(&mut self, store: &Store, node_addresses: &BTreeSet<IpAddr>) -> SyncReport {
+        self.sync_at(Instant::now(), store, node_addresses)
+    }
+
+    /// [`IptablesProxier::sync`] as if it ran at `now` (a failure schedules its retry from
+    /// `now`; tests drive the backoff with explicit instants).
+    pub fn sync_at(
+        &mut self,
+        now: Instant,
+        store: &Store,
+        node_addresses: &BTreeSet<IpAddr>,
+    ) -> SyncReport {
+        let start = Instant::now();
+        if self.refresh_pod_cidrs(store) {
+            // Every service's chains carry the local-traffic match: a change is a full sync.
+            self.full_requested = true;
+        }
+        let full = self.full_requested || !self.applied_once;
+        let mut report = empty_report(if full {
+            SyncKind::Full
+        } else {
+            SyncKind::Incremental
+        });
+        let node = self.node_info(store, node_addresses);
+        let mut mode = self.mode_config(&node);
+        let mut names = std::mem::take(&mut self.dirty);
+        if full {
+            names.extend(store.service_names().cloned());
+            names.extend(self.services.keys().cloned());
+        }
+        let changed = self.derive(store, &node, &mode, names, &mut report);
+        for (name, old) in &changed {
+            self.record_conntrack(name, old.as_ref());
+        }
+
+        // Chains to write and delete.
+        let mut write: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut delete: BTreeSet<String> = BTreeSet::new();
+        let mut jump_fixes: BTreeMap<Table, Vec<String>> = BTreeMap::new();
+        let mut shared_changed = false;
+        let mut save_failed = false;
+        if full {
+            let saves: Vec<(Table, Result<String, KernelError>)> = [Table::Nat, Table::Filter]
+                .into_iter()
+                .map(|t| (t, self.runner.save(t)))
+                .collect();
+            self.adopt_saved(store, &saves);
+            self.keep_node_port_jumps(store, &node, &saves);
+            mode = self.mode_config(&node);
+            write = self.all_chains();
+            for (table, saved) in saves {
+                match saved {
+                    Ok(saved) => {
+                        let fixes = proxy_mode::jump_fixes_for(&mode, table, &saved);
+                        if !fixes.is_empty() && self.applied_once {
+                            report.drift.insert("iptables jumps", fixes.len());
+                        }
+                        jump_fixes.insert(table, fixes);
+                        if table == Table::Nat {
+                            for c in proxy_mode::saved_chains(&saved) {
+                                let ours = proxy_mode::SERVICE_CHAIN_PREFIXES
+                                    .iter()
+                                    .any(|p| c.starts_with(p));
+                                if ours && !write.contains_key(&c) {
+                                    delete.insert(c);
+                                }
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        // Without the saved table, stale chains and jumps are unknown: the full
+                        // sync is not done (retried with backoff), and nothing is deleted on the
+                        // strength of the failed read.
+                        save_failed = true;
+                        report.fail(
+                            Subsystem::Iptables,
+                            format!("iptables-save -t {table}: {e}"),
+                        );
+                    }
+                }
+            }
+            for c in self.applied.keys() {
+                if !write.contains_key(c) {
+                    delete.insert(c.clone());
+                }
+            }
+            if self.applied_once && !delete.is_empty() {
+                report.drift.insert("iptables chains", delete.len());
+            }
+        } else {
+            for (name, old) in &changed {
+                let new_chains: BTreeMap<&String, &Vec<String>> = self
+                    .services
+                    .get(name)
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|p| p.rendered.chains.iter())
+                    .collect();
+                for (c, r) in &new_chains {
+                    if self.applied.get(*c) != Some(*r) {
+                        write.insert((*c).clone(), (*r).clone());
+                    }
+                }
+                let old_ports = old.iter().flatten();
+                for p in old_ports.clone() {
+                    for c in p.rendered.chains.keys() {
+                        if !new_chains.contains_key(c) {
+                            delete.insert(c.clone());
+                        }
+                    }
+                }
+                let old_shared: Vec<_> = old_ports.map(|p| &p.rendered.shared).collect();
+                let new_shared: Vec<_> = self
+                    .services
+                    .get(name)
+                    .into_iter()
+                    .flatten()
+                    .map(|p| &p.rendered.shared)
+                    .collect();
+                shared_changed |= old_shared != new_shared;
+            }
+        }
+
+        if !full && write.is_empty() && delete.is_empty() && !shared_changed {
+            report.duration = start.elapsed();
+            return report;
+        }
+        let ports: Vec<&RenderedServicePort> = self.ports().collect();
+        let payload = match proxy_mode::restore_payload(&PayloadInput {
+            cfg: &mode,
+            ports: &ports,
+            write: &write,
+            delete: &delete,
+            jump_fixes: &jump_fixes,
+        }) {
+            Ok(p) => p,
+            Err(e) => {
+                report.fail(Subsystem::Iptables, format!("iptables: {e}"));
+                self.retry.failed(now);
+                report.retrying.insert(Subsystem::Iptables);
+                report.duration = start.elapsed();
+                return report;
+            }
+        };
+        self.last_payload_bytes = payload.len();
+        self.chains_written = write.len();
+        self.chains_deleted = delete.len();
+        match self.runner.restore(&payload) {
+            Ok(()) => {
+                report.iptables_restored = true;
+                for c in &delete {
+                    self.applied.remove(c);
+                }
+                self.applied.extend(write);
+                if save_failed {
+                    self.full_requested = true;
+                    let delay = self.retry.failed(now);
+                    tracing::warn!(
+                        retry_in_ms = delay.as_millis() as u64,
+                        "full sync incomplete: iptables-save failed; retrying with backoff"
+                    );
+                    report.retrying.insert(Subsystem::Iptables);
+                } else {
+                    self.applied_once = true;
+                    self.full_requested = false;
+                    self.retry.succeeded();
+                }
+            }
+            Err(e) => {
+                let delay = self.retry.failed(now);
+                tracing::error!(error = %e, retry_in_ms = delay.as_millis() as u64,
+                    "iptables-restore failed; next sync is full, retried with backoff");
+                report.iptables_restore_failed = true;
+                report.fail(Subsystem::Iptables, e.to_string());
+                report.retrying.insert(Subsystem::Iptables);
+                // What the kernel holds is unknown now: rewrite everything next time.
+                self.full_requested = true;
+                self.applied.clear();
+            }
+        }
+        report.duration = start.elapsed();
+        report
+    }
+}
+
+impl IptablesProxier {
+    /// With `nodePortAddresses: [primary]` and no Node known (its wait timed out), the NodePort
+    /// jumps a previous run wrote for node addresses are kept (read from the saved
+    /// `KUBE-SERVICES`) instead of dropped, until the Node tells the primary IPs; the same rule
+    /// as IPVS mode's (see [`crate::adopt`]).
+    pub(super) fn keep_node_port_jumps(
+        &mut self,
+        store: &Store,
+        node: &NodeInfo,
+        saves: &[(Table, Result<String, KernelError>)],
+    ) {
+        if store.node().is_some() || !self.cfg.node_port_primary {
+            self.kept_node_port_ips.clear();
+            return;
+        }
+        let Some(Ok(nat)) = saves.iter().find(|(t, _)| *t == Table::Nat).map(|(_, r)| r) else {
+            return;
+        };
+        let prefix = format!("-A {} -d ", proxy_mode::SERVICES);
+        let kept: BTreeSet<IpAddr> = nat
+            .lines()
+            .filter(|l| saved_target(l) == Some(proxy_mode::NODEPORTS))
+            .filter_map(|l| l.strip_prefix(prefix.as_str()))
+            .filter_map(|r| r.split(['/', ' ']).next())
+            .filter_map(|a| a.parse::<IpAddr>().ok())
+            .filter(|a| Family::of(a) == self.cfg.family && node.addresses.contains(a))
+            .collect();
+        if !kept.is_empty() && kept != self.kept_node_port_ips {
+            tracing::warn!(addresses = ?kept,
+                "the Node is not known: keeping the NodePort addresses of the saved rules until it is");
+        }
+        self.kept_node_port_ips = kept;
+    }
+}
