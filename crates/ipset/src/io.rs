@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use ipvs_netlink::netlink::{Pending, Socket, SocketProtocol};
+use netlink::{Answer, Socket, SocketProtocol, Window};
 
 use crate::entry::Entry;
 use crate::netlink::{self as nl, Adt};
@@ -34,6 +34,9 @@ const WANT_RCVBUF: usize = 1024 * 1024;
 /// Receive-buffer budget per unanswered request: an error reply echoes the request (~100
 /// bytes); its skb truesize stays below this.
 const BUDGET_PER_REPLY: usize = 3072;
+/// A request datagram is sent once it holds this many bytes (a window of member requests,
+/// ~100 bytes each, stays below it).
+const MAX_SEND: usize = 64 * 1024;
 
 /// How long one `ipset` process may run by default before it is killed (with its process
 /// group) and the call fails with [`Error::Timeout`].
@@ -353,8 +356,7 @@ impl Ipset {
     /// Opens and probes the netlink socket in the runner's namespace.
     fn open_channel(&self) -> NetlinkState {
         let opened = match &self.runner.exec.netns {
-            None => Socket::connect(SocketProtocol::Netfilter, WANT_RCVBUF)
-                .map_err(|e| Error::Netlink(e.to_string())),
+            None => Socket::connect(SocketProtocol::Netfilter, WANT_RCVBUF).map_err(Error::from),
             Some(ns) => socket_in_netns(ns),
         };
         let mut sock = match opened {
@@ -367,7 +369,8 @@ impl Ipset {
         self.requests.fetch_add(1, Ordering::Relaxed);
         match probe_protocol(&mut sock) {
             Ok(protocol) => {
-                let window = (sock.rcvbuf() / BUDGET_PER_REPLY).clamp(16, 8192);
+                let window =
+                    Window::sized(sock.rcvbuf(), BUDGET_PER_REPLY, 8192, MAX_SEND).requests;
                 NetlinkState::Open(Channel {
                     sock,
                     protocol,
@@ -501,8 +504,7 @@ fn socket_in_netns(ns: &str) -> Result<Socket> {
     std::thread::spawn(move || {
         nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
             .map_err(|e| Error::Netlink(format!("setns: {e}")))?;
-        Socket::connect(SocketProtocol::Netfilter, WANT_RCVBUF)
-            .map_err(|e| Error::Netlink(e.to_string()))
+        Socket::connect(SocketProtocol::Netfilter, WANT_RCVBUF).map_err(Error::from)
     })
     .join()
     .map_err(|_| Error::Netlink("netns helper thread panicked".into()))?
@@ -512,9 +514,9 @@ fn socket_in_netns(ns: &str) -> Result<Socket> {
 fn probe_protocol(sock: &mut Socket) -> Result<u8> {
     let seq = sock.next_seq();
     nl::put_protocol(sock.buf(), seq);
-    sock.send().map_err(|e| Error::Netlink(e.to_string()))?;
+    sock.send()?;
     loop {
-        let datagram = sock.recv().map_err(|e| Error::Netlink(e.to_string()))?;
+        let datagram = sock.recv()?;
         match nl::protocol_answer(datagram, seq)? {
             None => continue,
             Some(Err(errno)) => {
@@ -538,67 +540,68 @@ fn probe_protocol(sock: &mut Socket) -> Result<u8> {
     }
 }
 
-/// Sends one ADD/DEL per member line, a window of pipelined requests at a time, and records
-/// each rejected member. A socket error is returned (the caller falls back to restore).
+/// Sends one ADD/DEL per member line with the netlink crate's pipelined exchange (a window of
+/// requests at a time), and records each rejected member. A socket error is returned (the
+/// caller falls back to restore).
 fn send_members(
     ch: &mut Channel,
     lines: &[(String, LineOrigin)],
     report: &mut ApplyReport,
 ) -> Result<()> {
-    let mut next = 0;
-    while next < lines.len() {
-        let base = ch.sock.seq().wrapping_add(1);
-        let mut in_window: Vec<(usize, Adt)> = Vec::new();
-        while next < lines.len() && in_window.len() < ch.window {
-            let (line, origin) = &lines[next];
-            let (adt, c) = match origin {
-                LineOrigin::Add(c) => (Adt::Add, c),
-                LineOrigin::Del(c) => (Adt::Del, c),
-                // Not eligible for netlink; `netlink_eligible` keeps these out.
-                _ => return Err(Error::Netlink(format!("not a member line: {line:?}"))),
-            };
-            let seq = ch.sock.seq().wrapping_add(1);
-            match nl::put_adt(ch.sock.buf(), adt, seq, ch.protocol, &c.set, &c.entry) {
-                Ok(()) => {
-                    ch.sock.next_seq();
-                    in_window.push((next, adt));
-                    report.requests += 1;
-                }
-                Err(e) => report.rejected.push(rejected(line, origin, e.to_string())),
+    let member = |i: usize| match &lines[i].1 {
+        LineOrigin::Add(c) => Some((Adt::Add, c)),
+        LineOrigin::Del(c) => Some((Adt::Del, c)),
+        _ => None,
+    };
+    // Not eligible for netlink; `netlink_eligible` keeps these out.
+    if let Some(i) = (0..lines.len()).find(|&i| member(i).is_none()) {
+        return Err(Error::Netlink(format!(
+            "not a member line: {:?}",
+            lines[i].0
+        )));
+    }
+    let window = Window {
+        requests: ch.window,
+        max_send: MAX_SEND,
+    };
+    let protocol = ch.protocol;
+    let mut requests = 0;
+    let sent = ch.sock.exchange(
+        lines.len(),
+        window,
+        |buf, seq, i| match member(i) {
+            Some((adt, c)) => {
+                nl::put_adt(buf, adt, seq, protocol, &c.set, &c.entry)?;
+                requests += 1;
+                Ok(())
             }
-            next += 1;
-        }
-        if in_window.is_empty() {
-            continue;
-        }
-        ch.sock.send().map_err(|e| Error::Netlink(e.to_string()))?;
-        // nfnetlink handles the requests inside `send`: every answer is queued (or was
-        // dropped on overrun) when it returns, so reading without blocking cannot hang.
-        let mut pending = Pending::new(base, in_window.len());
-        let mut answers: Vec<Option<std::result::Result<(), i32>>> = vec![None; in_window.len()];
-        while pending.left() > 0 {
-            let datagram = match ch.sock.try_recv() {
-                Ok(d) => d,
-                Err(e) if e.is_overrun() => continue,
-                Err(_) => break,
-            };
-            // A malformed message ends this datagram; the next one is still read.
-            let _ = pending.take(datagram, |i, r| answers[i] = Some(r));
-        }
-        for ((i, adt), answer) in in_window.into_iter().zip(answers) {
+            None => Err(Error::Netlink(format!(
+                "not a member line: {:?}",
+                lines[i].0
+            ))),
+        },
+        |i, answer| {
             let (line, origin) = &lines[i];
-            let message = match answer {
-                Some(r) if nl::answer_ok(r) => continue,
-                Some(Err(errno)) => nl::error_message(adt, errno),
+            let message = match (answer, member(i)) {
+                (Err(e), _) => {
+                    report.rejected.push(rejected(line, origin, e.to_string()));
+                    return;
+                }
+                (Ok(Answer::Ack), _) => return,
+                (Ok(Answer::Refused { errno }), _) if nl::answer_ok(Err(errno)) => return,
+                (Ok(Answer::Refused { errno }), Some((adt, _))) => nl::error_message(adt, errno),
+                // The send failed: the error is returned and the caller falls back to restore.
+                (Ok(Answer::Unsent), _) => return,
                 _ => "no answer from the kernel (netlink receive buffer overrun)".to_string(),
             };
             let r = rejected(line, origin, message);
             tracing::warn!(set = %r.set, line = %r.line, owner = %r.owner,
                 message = %r.message, "kernel rejected an ipset member");
             report.rejected.push(r);
-        }
-    }
-    Ok(())
+        },
+    );
+    report.requests += requests;
+    Ok(sent?)
 }
 
 /// A rejected member line with its owner.

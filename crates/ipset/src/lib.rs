@@ -62,9 +62,17 @@ pub enum Error {
     /// An entry was added to a set that was not declared.
     #[error("unknown set {0:?}")]
     UnknownSet(String),
-    /// The ipset netlink socket failed, or a kernel reply could not be read.
+    /// The ipset netlink path could not be used for a reason of its own (the namespace could
+    /// not be entered, a line that is not a member).
     #[error("ipset netlink: {0}")]
     Netlink(String),
+    /// The ipset netlink socket failed (the errno is kept in the source), or a kernel
+    /// message could not be read.
+    #[error("ipset netlink: {0}")]
+    Socket(#[from] ::netlink::Error),
+    /// The kernel's answer to the protocol probe could not be read.
+    #[error("ipset netlink: ipset protocol reply: {0}")]
+    ProtocolReply(#[source] ::netlink::Error),
     /// `ipset` did not finish within its time limit ([`Runner::with_timeout`]); it was killed.
     #[error("{command} did not finish within {limit:?}; killed")]
     Timeout {

@@ -1,7 +1,7 @@
 //! The kernel's ipset netlink protocol (nfnetlink subsystem `NFNL_SUBSYS_IPSET`), pure: the
 //! requests this crate sends (the protocol probe, and ADD / DEL of one member) and the reading
 //! of their replies. No IO; [`crate::Ipset`] sends these over the shared netlink socket of
-//! `ipvs_netlink::netlink`.
+//! the `netlink` crate, with its pipelined exchange.
 //!
 //! Every request is encoded the way ipset(8) 7.17 (libipset) encodes it, checked byte for byte
 //! against its requests captured with `strace` (see the tests): `IPSET_ATTR_PROTOCOL`, then
@@ -17,8 +17,8 @@
 
 use std::net::IpAddr;
 
-use ipvs_netlink::netlink::consts::{NLA_F_NESTED, NLM_F_ACK, NLM_F_REQUEST};
-use ipvs_netlink::netlink::{messages, put_message, AttrIter, AttrWriter, Message};
+use ::netlink::consts::{NLA_F_NESTED, NLM_F_ACK, NLM_F_REQUEST};
+use ::netlink::{messages, put_message, AttrIter, AttrWriter, Message};
 
 use crate::entry::{Entry, Protocol};
 use crate::set::MAX_NAME_LEN;
@@ -190,10 +190,8 @@ pub fn parse_protocol_reply(payload: &[u8]) -> Result<(u8, u8), Error> {
     let mut proto = None;
     let mut min = None;
     for a in AttrIter::new(attrs) {
-        let a = a.map_err(|e| Error::Netlink(format!("ipset protocol reply: {e}")))?;
-        let v = a
-            .as_u8()
-            .map_err(|e| Error::Netlink(format!("ipset protocol reply: {e}")));
+        let a = a.map_err(Error::ProtocolReply)?;
+        let v = a.as_u8().map_err(Error::ProtocolReply);
         match a.ty {
             IPSET_ATTR_PROTOCOL => proto = Some(v?),
             IPSET_ATTR_PROTOCOL_MIN => min = Some(v?),
@@ -364,7 +362,7 @@ pub type ProtocolAnswer = Result<(u8, u8), i32>;
 /// kernel refused the probe.
 pub fn protocol_answer(datagram: &[u8], seq: u32) -> Result<Option<ProtocolAnswer>, Error> {
     for m in messages(datagram) {
-        let m = m.map_err(|e| Error::Netlink(e.to_string()))?;
+        let m = m?;
         if m.seq() != seq {
             continue;
         }

@@ -10,7 +10,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use ipnet::IpNet;
 use ipset::netlink::{parse_protocol_reply, protocol_answer, put_adt, Adt};
 use ipset::{Entry, Protocol};
-use ipvs_netlink::netlink::{messages, AttrIter, Message, Pending};
+use netlink::{messages, AttrIter, Message, Pending};
 use proptest::prelude::*;
 
 fn ip(v6: bool) -> impl Strategy<Value = IpAddr> {

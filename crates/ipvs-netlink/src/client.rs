@@ -1,17 +1,18 @@
 //! Blocking IPVS client over a generic netlink [`Socket`].
 //!
-//! Writes are pipelined: [`Client::apply`] packs many requests into each `send`, keeps a
-//! bounded window of unanswered requests (sized from the socket receive buffer so ACKs are
-//! never dropped), and matches every ACK or error back to its request by sequence number.
+//! Writes are pipelined with the `netlink` crate's one exchange ([`Socket::exchange`]):
+//! [`Client::apply`] packs many requests into each `send`, keeps a bounded window of
+//! unanswered requests (sized from the socket receive buffer so ACKs are never dropped), and
+//! gets every ACK or error matched back to its request by sequence number.
 
 use std::io;
 
 use crate::codec::consts::{IPVS_CMD_NEW_DEST, IPVS_CMD_NEW_SERVICE, IPVS_GENL_NAME};
 use crate::codec::{self, Genl};
 use crate::error::{libc_errno, OpKind};
-use crate::netlink::{End, Pending, Socket, SocketProtocol};
 use crate::types::{Counters, Destination, Info, Op, Service, ServiceKey, Timeouts};
 use crate::Error;
+use netlink::{Answer, End, Socket, SocketProtocol, Window};
 
 /// Largest request datagram we build (the kernel limit is the socket send buffer).
 const MAX_SEND: usize = 64 * 1024;
@@ -33,7 +34,7 @@ impl Client {
     /// Returns [`Error::FamilyMissing`] when the kernel has no IPVS.
     pub fn new() -> Result<Client, Error> {
         let sock = Socket::connect(SocketProtocol::Generic, WANT_RCVBUF)?;
-        let window = (sock.rcvbuf() / BUDGET_PER_REPLY).clamp(16, 8192);
+        let window = Window::sized(sock.rcvbuf(), BUDGET_PER_REPLY, 8192, MAX_SEND).requests;
         let mut c = Client {
             sock,
             family: 0,
@@ -65,6 +66,7 @@ impl Client {
     pub fn counters(&self) -> Counters {
         Counters {
             sends: self.sock.sends(),
+            overruns: self.sock.overruns(),
             ..self.counters
         }
     }
@@ -114,66 +116,77 @@ impl Client {
         }
     }
 
-    /// Applies `ops` in order, pipelined. Returns one result per op, in the same order; a
-    /// failing op (EEXIST, ENOENT, ...) does not stop the others.
+    /// Applies `ops` in order, pipelined ([`Socket::exchange`]). Returns one result per op,
+    /// in the same order; a failing op (EEXIST, ENOENT, ...) does not stop the others, and
+    /// neither does a failed send: the window it belonged to reports the send error for its
+    /// unanswered ops and the next window starts.
     pub fn apply(&mut self, ops: &[Op]) -> Vec<Result<(), Error>> {
         let mut results: Vec<Option<Result<(), Error>>> = Vec::with_capacity(ops.len());
         results.resize_with(ops.len(), || None);
+        let window = Window {
+            requests: self.window,
+            max_send: MAX_SEND,
+        };
+        let family = self.family;
+        let Counters {
+            requests,
+            errors,
+            by_op,
+            ..
+        } = &mut self.counters;
         let mut next = 0;
         while next < ops.len() {
-            // Build and send one window.
-            let base_seq = self.sock.seq().wrapping_add(1);
-            let mut in_window: Vec<usize> = Vec::with_capacity(self.window.min(ops.len() - next));
-            let mut send_failed = None;
-            while next < ops.len() && in_window.len() < self.window {
-                // An op that fails to encode does not use up a sequence number, so the
-                // window's numbers stay contiguous from `base_seq`.
-                let seq = self.sock.seq().wrapping_add(1);
-                let before = self.sock.buf().len();
-                match codec::put_op(self.sock.buf(), self.family, seq, &ops[next]) {
-                    Ok(()) => {
-                        self.sock.next_seq();
-                        in_window.push(next);
-                        self.counters.requests += 1;
-                        self.counters.by_op.inc(codec::ipvs::op_kind(&ops[next]));
-                    }
-                    Err(e) => {
-                        self.sock.buf().truncate(before);
-                        results[next] = Some(Err(e));
-                        self.counters.errors += 1;
-                        next += 1;
-                        continue;
-                    }
-                }
-                next += 1;
-                if self.sock.buf().len() >= MAX_SEND {
-                    if let Err(e) = self.sock.send() {
-                        send_failed = Some(e);
-                        break;
-                    }
-                }
-            }
-            if send_failed.is_none() && !self.sock.buf().is_empty() {
-                if let Err(e) = self.sock.send() {
-                    send_failed = Some(e);
-                }
-            }
-            if let Some(e) = send_failed {
-                // Requests of this window may or may not have been sent; collect what the
-                // kernel answered, the rest fail with the send error.
-                self.drain_window(base_seq, &in_window, ops, &mut results);
-                let msg = e.to_string();
-                for &i in &in_window {
-                    if results[i].is_none() {
-                        results[i] = Some(Err(Error::Io {
+            let rest = &ops[next..];
+            let done = &mut results[next..];
+            // One past the last op the exchange reported: where to go on after a failed send.
+            let mut reported = 0;
+            let mut unsent = Vec::new();
+            let r = self.sock.exchange(
+                rest.len(),
+                window,
+                |buf, seq, i| {
+                    codec::put_op(buf, family, seq, &rest[i])?;
+                    *requests += 1;
+                    by_op.inc(codec::ipvs::op_kind(&rest[i]));
+                    Ok(())
+                },
+                |i, answer| {
+                    reported = reported.max(i + 1);
+                    let op = codec::ipvs::op_kind(&rest[i]);
+                    done[i] = match answer {
+                        Ok(Answer::Ack) => Some(Ok(())),
+                        Ok(Answer::Refused { errno }) => {
+                            *errors += 1;
+                            Some(Err(Error::Kernel { op, errno }))
+                        }
+                        Ok(Answer::Lost) => Some(Err(Error::NoReply { op })),
+                        Ok(Answer::Unsent) => {
+                            unsent.push(i);
+                            None
+                        }
+                        // An op that fails to encode is never sent.
+                        Err(e) => {
+                            *errors += 1;
+                            Some(Err(e))
+                        }
+                    };
+                },
+            );
+            match r {
+                Ok(()) => break,
+                Err(e) => {
+                    for i in unsent {
+                        done[i] = Some(Err(Error::Io {
                             what: "send",
-                            source: io::Error::other(msg.clone()),
+                            source: io_error_like(&e),
                         }));
                     }
+                    if reported == 0 {
+                        break;
+                    }
+                    next += reported;
                 }
-                continue;
             }
-            self.drain_window(base_seq, &in_window, ops, &mut results);
         }
         results
             .into_iter()
@@ -184,44 +197,6 @@ impl Client {
                 }))
             })
             .collect()
-    }
-
-    /// Collects the ACKs/errors of a window that has been sent.
-    ///
-    /// The kernel processes generic netlink requests synchronously inside `send`, so when the
-    /// sends have returned every reply is already queued on the socket (or was dropped because
-    /// the receive buffer overflowed). Reading without blocking therefore cannot hang: a reply
-    /// still missing when the queue is empty was lost, and its op reports [`Error::NoReply`].
-    fn drain_window(
-        &mut self,
-        base_seq: u32,
-        in_window: &[usize],
-        ops: &[Op],
-        results: &mut [Option<Result<(), Error>>],
-    ) {
-        let mut pending = Pending::new(base_seq, in_window.len());
-        while pending.left() > 0 {
-            let datagram = match self.sock.try_recv() {
-                Ok(d) => d,
-                // The overrun is reported once; the replies that fit are still queued.
-                Err(e) if e.is_overrun() => {
-                    self.counters.overruns += 1;
-                    continue;
-                }
-                Err(_) => break,
-            };
-            // A malformed message ends this datagram; the next one is still read.
-            let _ = pending.take(datagram, |i, result| {
-                let op_idx = in_window[i];
-                results[op_idx] = Some(result.map_err(|errno| {
-                    self.counters.errors += 1;
-                    Error::Kernel {
-                        op: codec::ipvs::op_kind(&ops[op_idx]),
-                        errno,
-                    }
-                }));
-            });
-        }
     }
 
     /// Applies one op (a batch of one).
@@ -352,6 +327,18 @@ impl Client {
     /// Deletes every virtual server.
     pub fn flush(&mut self) -> Result<(), Error> {
         self.apply_one(&Op::Flush)
+    }
+}
+
+/// A copy of a failed send's error for each op it left unsent (`std::io::Error` is not
+/// `Clone`): the same errno, or the same kind and text.
+fn io_error_like(e: &netlink::Error) -> io::Error {
+    match e {
+        netlink::Error::Io { source, .. } => match source.raw_os_error() {
+            Some(errno) => io::Error::from_raw_os_error(errno),
+            None => io::Error::new(source.kind(), source.to_string()),
+        },
+        other => io::Error::other(other.to_string()),
     }
 }
 

@@ -1,5 +1,6 @@
-//! The crate's error type (codec, client and the shared netlink layer): kernel errors keep
-//! the errno and the operation.
+//! The crate's error type (codec and client): kernel errors keep the errno and the operation;
+//! the netlink layer's errors ([`netlink::Error`]) arrive through `From`, variant for variant,
+//! so a socket error keeps its `std::io::Error` and errno.
 
 use std::fmt;
 
@@ -115,8 +116,9 @@ impl fmt::Display for ParseError {
 
 impl std::error::Error for ParseError {}
 
-/// Errors of the IPVS codec and client and of the netlink framing and socket in
-/// [`crate::netlink`].
+/// Errors of the IPVS codec and client. The netlink framing and socket (the `netlink` crate)
+/// raise [`Error::Io`], [`Error::Timeout`], [`Error::Truncated`] and [`Error::Malformed`]
+/// (see `From<netlink::Error>`).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The "IPVS" generic netlink family is not registered: IPVS is not available in this kernel.
@@ -140,7 +142,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The kernel did not answer in time: a blocking receive waited its whole time limit
-    /// (`SO_RCVTIMEO`, see [`crate::netlink::Socket::set_recv_timeout`]) for a datagram.
+    /// (`SO_RCVTIMEO`, see [`netlink::Socket::set_recv_timeout`]) for a datagram.
     #[error("netlink socket {what}: no answer from the kernel within {after:?}")]
     Timeout {
         /// Which call timed out.
@@ -166,6 +168,18 @@ pub enum Error {
     /// `ipvsadm -S` text could not be parsed.
     #[error("{0}")]
     Parse(#[from] ParseError),
+}
+
+impl From<netlink::Error> for Error {
+    /// The netlink layer's errors keep their variant (and an `Io` error its errno).
+    fn from(e: netlink::Error) -> Self {
+        match e {
+            netlink::Error::Io { what, source } => Error::Io { what, source },
+            netlink::Error::Timeout { what, after } => Error::Timeout { what, after },
+            netlink::Error::Truncated(what) => Error::Truncated(what),
+            netlink::Error::Malformed(m) => Error::Malformed(m),
+        }
+    }
 }
 
 impl Error {

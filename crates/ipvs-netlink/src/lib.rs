@@ -1,7 +1,6 @@
-//! IPVS generic netlink codec and client, on a netlink layer other families reuse.
+//! IPVS generic netlink codec and client, on the family-independent framing, socket and
+//! pipelined exchange of the `netlink` crate (which the ipset and conntrack clients use too).
 //!
-//! - [`netlink`]: family-independent netlink framing (pure) and a blocking socket; the
-//!   controller's ctnetlink (conntrack) code is built on it too.
 //! - [`codec`]: pure encode/decode of every IPVS command (no IO).
 //! - [`Client`]: a blocking client with pipelined batches ([`Client::apply`]) and dumps.
 //! - [`savefmt`]: parser and renderer of the `ipvsadm -S` text format.
@@ -9,7 +8,6 @@
 pub mod client;
 pub mod codec;
 pub mod error;
-pub mod netlink;
 pub mod savefmt;
 pub mod types;
 

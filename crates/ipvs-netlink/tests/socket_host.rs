@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use ipvs_netlink::codec::netlink::{decode_family_id, put_get_family};
-use ipvs_netlink::netlink::consts::{NLMSG_NOOP, NLM_F_REQUEST};
-use ipvs_netlink::netlink::{put_message, Socket, SocketProtocol, DEFAULT_RECV_TIMEOUT};
 use ipvs_netlink::Error;
+use netlink::consts::{NLMSG_NOOP, NLM_F_REQUEST};
+use netlink::{put_message, Socket, SocketProtocol, DEFAULT_RECV_TIMEOUT};
 
 const LIMIT: Duration = Duration::from_millis(300);
 
@@ -48,7 +48,7 @@ fn unanswered_request_times_out(protocol: SocketProtocol) {
     // A non-blocking receive still says "nothing queued", not "timed out".
     let e = sock.try_recv().unwrap_err();
     assert!(
-        matches!(&e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::WouldBlock),
+        matches!(&e, netlink::Error::Io { source, .. } if source.kind() == std::io::ErrorKind::WouldBlock),
         "{e:?}"
     );
 }

@@ -8,13 +8,13 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipvs_netlink::netlink::{self, put_message, AttrIter, AttrWriter, Data, Message, Sequenced};
+use netlink::{put_message, AttrIter, AttrWriter, Data, Message, Sequenced};
 
 use super::{ConntrackError, ConntrackFilter, Protocol};
 
 // linux/netlink.h: the shared netlink layer's constants (NLA_F_NESTED is required on
 // CTA_FILTER, which the kernel parses with strict `nla_parse_nested`).
-pub use ipvs_netlink::netlink::consts::{
+pub use netlink::consts::{
     NLA_F_NESTED, NLA_HDRLEN, NLA_TYPE_MASK, NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN, NLM_F_ACK,
     NLM_F_DUMP, NLM_F_REQUEST,
 };
@@ -330,13 +330,13 @@ pub fn messages(buf: &[u8]) -> Messages<'_> {
 }
 
 /// One attribute: type (flag bits masked off) and payload.
-pub use ipvs_netlink::netlink::Attr;
+pub use netlink::Attr;
 
 /// Bounds-checked iterator over a run of attributes (the shared one, with this module's
 /// error type).
 pub type Attrs<'a> = std::iter::Map<
     AttrIter<'a>,
-    fn(Result<Attr<'a>, ipvs_netlink::Error>) -> Result<Attr<'a>, ConntrackError>,
+    fn(Result<Attr<'a>, netlink::Error>) -> Result<Attr<'a>, ConntrackError>,
 >;
 
 /// Iterates the attributes in `buf`.

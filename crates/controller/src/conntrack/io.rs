@@ -1,11 +1,11 @@
 //! The ctnetlink client: filtered dumps, then pipelined exact deletes (thin IO over [`codec`],
-//! on the shared netlink [`Socket`]).
+//! on the `netlink` crate's [`Socket`] and its one pipelined exchange).
 //!
 //! The socket belongs to the network namespace of the thread that creates it.
 
 use std::collections::{BTreeMap, HashSet};
 
-use ipvs_netlink::netlink::{Message, Pending, Socket, SocketProtocol};
+use netlink::{Answer, Message, Socket, SocketProtocol, Window};
 
 use super::codec::{self, DumpScope, Entry, IPCTNL_MSG_CT_NEW};
 use super::{ConntrackCounters, ConntrackError, ConntrackFilter, DeleteReport, Protocol};
@@ -27,7 +27,6 @@ pub const DEFAULT_PER_FILTER_DUMPS: usize = 1;
 const ENOENT: i32 = 2;
 const EINVAL: i32 = 22;
 const EOPNOTSUPP: i32 = 95;
-const ENOBUFS: i32 = 105;
 
 /// A blocking ctnetlink client for targeted conntrack deletes.
 pub struct Conntrack {
@@ -43,7 +42,7 @@ impl Conntrack {
     pub fn new() -> Result<Conntrack, ConntrackError> {
         let sock = Socket::connect(SocketProtocol::Netfilter, WANT_RCVBUF)?;
         Ok(Conntrack {
-            window: (sock.rcvbuf() / BUDGET_PER_REPLY).clamp(16, 4096),
+            window: Window::sized(sock.rcvbuf(), BUDGET_PER_REPLY, 4096, MAX_SEND).requests,
             sock,
             per_filter_dumps: DEFAULT_PER_FILTER_DUMPS,
             kernel_filter: true,
@@ -193,63 +192,52 @@ impl Conntrack {
         result.map(|()| report)
     }
 
-    /// Deletes exactly these entries (by original tuple, id and zone), pipelined.
+    /// Deletes exactly these entries (by original tuple, id and zone), pipelined with the
+    /// `netlink` crate's exchange. Deletes whose ACK the kernel dropped (receive buffer
+    /// overrun) count as failed and make the call fail with ENOBUFS once every window is sent:
+    /// they may or may not have happened.
     pub fn delete_entries(
         &mut self,
         entries: &[Entry],
         report: &mut DeleteReport,
     ) -> Result<(), ConntrackError> {
-        let mut next = 0;
-        while next < entries.len() {
-            let base = self.sock.seq().wrapping_add(1);
-            let end = (next + self.window).min(entries.len());
-            for e in &entries[next..end] {
-                let seq = self.sock.next_seq();
-                codec::put_delete(self.sock.buf(), seq, e);
-                report.requests += 1;
-                self.counters.requests += 1;
-                if self.sock.buf().len() >= MAX_SEND {
-                    self.sock.send()?;
-                }
-            }
-            if !self.sock.buf().is_empty() {
-                self.sock.send()?;
-            }
-            self.drain(base, end - next, report)?;
-            next = end;
-        }
-        Ok(())
-    }
-
-    /// Reads ACKs until `count` requests starting at `base` are answered.
-    fn drain(
-        &mut self,
-        base: u32,
-        count: usize,
-        report: &mut DeleteReport,
-    ) -> Result<(), ConntrackError> {
-        let mut pending = Pending::new(base, count);
-        while pending.left() > 0 {
-            let datagram = match self.sock.recv() {
-                Ok(d) => d,
-                Err(e) if e.is_overrun() => {
-                    // ACKs were dropped: the deletes may or may not have happened.
-                    report.failed += pending.left() as u64;
-                    return Err(ConntrackError::Kernel {
-                        op: "delete (ACKs lost)",
-                        errno: ENOBUFS,
-                    });
-                }
-                Err(e) => return Err(e.into()),
-            };
-            pending.take(datagram, |_, result| match result {
-                Ok(()) => report.deleted += 1,
-                Err(ENOENT) => report.not_found += 1,
-                Err(errno) => {
+        let window = Window {
+            requests: self.window,
+            max_send: MAX_SEND,
+        };
+        let mut requests = 0;
+        let mut lost = 0;
+        let sent = self.sock.exchange(
+            entries.len(),
+            window,
+            |buf, seq, i| {
+                codec::put_delete(buf, seq, &entries[i]);
+                requests += 1;
+                Ok::<(), std::convert::Infallible>(())
+            },
+            |_, answer| match answer {
+                Ok(Answer::Ack) => report.deleted += 1,
+                Ok(Answer::Refused { errno: ENOENT }) => report.not_found += 1,
+                Ok(Answer::Refused { errno }) => {
                     tracing::debug!(errno, "conntrack delete refused");
                     report.failed += 1;
                 }
-            })?;
+                Ok(Answer::Lost) => lost += 1,
+                // The send failed: its error is returned below.
+                Ok(Answer::Unsent) => {}
+                Err(never) => match never {},
+            },
+        );
+        report.requests += requests;
+        self.counters.requests += requests;
+        sent?;
+        if lost > 0 {
+            // ACKs were dropped: the deletes may or may not have happened.
+            report.failed += lost;
+            return Err(ConntrackError::Kernel {
+                op: "delete (ACKs lost)",
+                errno: netlink::error::ENOBUFS,
+            });
         }
         Ok(())
     }

@@ -32,9 +32,9 @@
 //! server's entries are also dropped by IPVS itself (expire_nodest_conn, kernel ≥ 5.9);
 //! `endpoint_removed` is what the iptables mode and older kernels need.
 //!
-//! - [`codec`]: pure encode/decode (byte-level tests), on the netlink framing of
-//!   [`ipvs_netlink::netlink`].
-//! - [`io`]: the requests and their replies ([`Conntrack`]), over that crate's netlink socket.
+//! - [`codec`]: pure encode/decode (byte-level tests), on the framing of the `netlink` crate.
+//! - [`io`]: the requests and their replies ([`Conntrack`]), over that crate's socket and its
+//!   pipelined exchange (the one the IPVS and ipset clients use).
 
 pub mod codec;
 pub mod io;
@@ -52,7 +52,8 @@ pub enum ConntrackError {
     Io {
         /// The operation (connect, send, recv, ...).
         what: &'static str,
-        /// The underlying error.
+        /// The underlying error (with its errno).
+        #[source]
         source: std::io::Error,
     },
     /// The kernel rejected a request.
@@ -82,16 +83,16 @@ pub enum ConntrackError {
     InvalidFilter(String),
 }
 
-impl From<ipvs_netlink::Error> for ConntrackError {
-    /// The shared netlink framing and socket ([`ipvs_netlink::netlink`]) raise only socket,
-    /// timeout, truncation and malformed-data errors; they keep their variant here.
-    fn from(e: ipvs_netlink::Error) -> Self {
+impl From<netlink::Error> for ConntrackError {
+    /// The netlink framing and socket (the `netlink` crate) raise only socket, timeout,
+    /// truncation and malformed-data errors; they keep their variant here (and a socket
+    /// error its `std::io::Error`, so its errno).
+    fn from(e: netlink::Error) -> Self {
         match e {
-            ipvs_netlink::Error::Io { what, source } => ConntrackError::Io { what, source },
-            ipvs_netlink::Error::Timeout { what, after } => ConntrackError::Timeout { what, after },
-            ipvs_netlink::Error::Truncated(what) => ConntrackError::Truncated(what),
-            ipvs_netlink::Error::Malformed(m) => ConntrackError::Malformed(m),
-            other => ConntrackError::Malformed(other.to_string()),
+            netlink::Error::Io { what, source } => ConntrackError::Io { what, source },
+            netlink::Error::Timeout { what, after } => ConntrackError::Timeout { what, after },
+            netlink::Error::Truncated(what) => ConntrackError::Truncated(what),
+            netlink::Error::Malformed(m) => ConntrackError::Malformed(m),
         }
     }
 }

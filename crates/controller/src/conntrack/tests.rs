@@ -523,7 +523,7 @@ fn mixed_family_filters_are_rejected() {
 #[test]
 fn a_socket_timeout_stays_a_timeout() {
     let after = std::time::Duration::from_secs(10);
-    let e = ConntrackError::from(ipvs_netlink::Error::Timeout {
+    let e = ConntrackError::from(netlink::Error::Timeout {
         what: "recv",
         after,
     });

@@ -4,7 +4,7 @@
 //! truncated and garbage input.
 
 use super::*;
-use ipvs_netlink::netlink::consts::{NLMSG_ERROR, NLMSG_HDRLEN};
+use ::netlink::consts::{NLMSG_ERROR, NLMSG_HDRLEN};
 
 /// Bytes from strace's `\x0c\x00...` notation.
 fn unx(s: &str) -> Vec<u8> {
@@ -245,7 +245,7 @@ fn answers_of_a_window_keep_exist_semantics() {
     d.extend(error_msg(11, IPSET_ERR_EXIST));
     d.extend(error_msg(12, IPSET_ERR_PROTOCOL));
     d.extend(error_msg(13, ENOENT));
-    let mut p = ipvs_netlink::netlink::Pending::new(10, 4);
+    let mut p = ::netlink::Pending::new(10, 4);
     let mut got = Vec::new();
     p.take(&d, |i, r| got.push((i, answer_ok(r), r))).unwrap();
     assert_eq!(
@@ -263,7 +263,7 @@ fn answers_of_a_window_keep_exist_semantics() {
     assert!(error_message(Adt::Add, 12).contains("Kernel error"));
     // Truncated and garbage datagrams: errors or nothing, never a panic.
     for n in 0..d.len() {
-        let mut p = ipvs_netlink::netlink::Pending::new(10, 4);
+        let mut p = ::netlink::Pending::new(10, 4);
         let _ = p.take(&d[..n], |_, _| {});
         let _ = protocol_answer(&d[..n], 10);
     }
@@ -278,7 +278,7 @@ fn answers_of_a_window_keep_exist_semantics() {
                 x as u8
             })
             .collect();
-        let mut p = ipvs_netlink::netlink::Pending::new(10, 4);
+        let mut p = ::netlink::Pending::new(10, 4);
         let _ = p.take(&g, |_, _| {});
         let _ = protocol_answer(&g, 10);
         let _ = parse_protocol_reply(&g);

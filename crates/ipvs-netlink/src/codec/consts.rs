@@ -1,8 +1,8 @@
 //! Numeric constants from `include/uapi/linux/ip_vs.h` and `genetlink.h`, plus the
-//! `netlink.h` ones re-exported from [`crate::netlink::consts`].
+//! `netlink.h` ones re-exported from [`::netlink::consts`].
 
-// netlink.h: shared with every netlink family, defined in `crate::netlink::consts`.
-pub use crate::netlink::consts::*;
+// netlink.h: shared with every netlink family, defined in `netlink::consts`.
+pub use ::netlink::consts::*;
 
 // genetlink.h
 /// `GENL_HDRLEN`.

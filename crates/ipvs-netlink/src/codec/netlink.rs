@@ -1,12 +1,12 @@
-//! Generic netlink (genl) framing on top of [`crate::netlink`]: requests with a
+//! Generic netlink (genl) framing on top of [`::netlink`]: requests with a
 //! `genlmsghdr`, and replies whose data messages carry one.
 
 use super::consts::*;
-use crate::netlink::message::{messages_with, put_message, Data, Message, Sequenced};
-use crate::netlink::nla::{AttrIter, AttrWriter};
 use crate::Error;
+use ::netlink::message::{messages_with, put_message, Data, Message, Sequenced};
+use ::netlink::nla::{AttrIter, AttrWriter};
 
-pub use crate::netlink::message::Header;
+pub use ::netlink::message::Header;
 
 /// Appends one generic netlink request (`nlmsghdr` + `genlmsghdr` + attributes written by
 /// `attrs`) to `buf`. The port id is 0 (the kernel), as for every request to the kernel.
@@ -65,9 +65,14 @@ impl Sequenced for Genl<'_> {
 /// A classified reply message, data messages read as generic netlink.
 pub type Reply<'a> = Message<Genl<'a>>;
 
-impl<'a> Message<Genl<'a>> {
+/// The attributes of a [`Reply`] (a trait: [`Message`] is the `netlink` crate's type).
+pub trait ReplyAttrs<'a> {
     /// Top-level attributes of a data message (empty for others).
-    pub fn attr_iter(&self) -> AttrIter<'a> {
+    fn attr_iter(&self) -> AttrIter<'a>;
+}
+
+impl<'a> ReplyAttrs<'a> for Message<Genl<'a>> {
+    fn attr_iter(&self) -> AttrIter<'a> {
         match self {
             Message::Data(g) => g.attr_iter(),
             _ => AttrIter::new(&[]),
@@ -76,7 +81,7 @@ impl<'a> Message<Genl<'a>> {
 }
 
 /// Iterator over the generic netlink messages in one received datagram.
-pub type Messages<'a> = crate::netlink::message::Messages<'a, Genl<'a>, Error>;
+pub type Messages<'a> = ::netlink::message::Messages<'a, Genl<'a>, Error>;
 
 /// Split a received datagram into classified messages.
 pub fn messages(buf: &[u8]) -> Messages<'_> {
@@ -101,7 +106,7 @@ pub fn decode_family_id(attrs: AttrIter<'_>) -> Result<u16, Error> {
     for a in attrs {
         let a = a?;
         if a.ty == CTRL_ATTR_FAMILY_ID {
-            return a.as_u16();
+            return Ok(a.as_u16()?);
         }
     }
     Err(Error::Malformed(

@@ -1,9 +1,11 @@
 //! Byte-level tests of the family-independent framing: request headers, message
-//! classification, and matching replies to requests (a reply stream, a pipelined window).
+//! classification, matching replies to requests (a reply stream, a pipelined window), and the
+//! pipelined exchange over replayed kernel bytes (ACKs, errnos, ENOBUFS, a failed send).
 //! Expected bytes follow `struct nlmsghdr` / `struct nlmsgerr`, little-endian (x86-64).
 #![cfg(target_endian = "little")]
 
 use super::*;
+use crate::error::ENOBUFS;
 use crate::Error;
 
 /// `struct nlmsghdr` (flags 0, pid 0) + payload.
@@ -144,4 +146,165 @@ fn pending_answers_each_request_of_a_window_once() {
     assert!(p.take(&d, |i, r| got.push((i, r))).is_err());
     assert_eq!(got.last(), Some(&(1, Err(1))));
     assert_eq!(p.left(), 0);
+}
+
+/// A [`pipeline::Transport`] replaying kernel bytes: what each receive returns, in order
+/// (`Err(errno)` fails that receive), then "nothing queued" (EAGAIN).
+#[derive(Default)]
+struct Replay {
+    seq: u32,
+    buf: Vec<u8>,
+    sent: Vec<Vec<u8>>,
+    /// The send with this index (0-based) fails with this errno.
+    fail_send: Option<(usize, i32)>,
+    queue: std::collections::VecDeque<Result<Vec<u8>, i32>>,
+    current: Vec<u8>,
+    overruns: u64,
+}
+
+impl pipeline::Transport for Replay {
+    fn seq(&self) -> u32 {
+        self.seq
+    }
+    fn next_seq(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1);
+        self.seq
+    }
+    fn buf(&mut self) -> &mut Vec<u8> {
+        &mut self.buf
+    }
+    fn send(&mut self) -> Result<(), Error> {
+        let datagram = std::mem::take(&mut self.buf);
+        match self.fail_send {
+            Some((n, errno)) if n == self.sent.len() => Err(Error::Io {
+                what: "send",
+                source: std::io::Error::from_raw_os_error(errno),
+            }),
+            _ => {
+                self.sent.push(datagram);
+                Ok(())
+            }
+        }
+    }
+    fn try_recv(&mut self) -> Result<&[u8], Error> {
+        let next = self.queue.pop_front().unwrap_or(Err(11)); // EAGAIN
+        match next {
+            Ok(d) => {
+                self.current = d;
+                Ok(&self.current)
+            }
+            Err(errno) => Err(Error::Io {
+                what: "recv",
+                source: std::io::Error::from_raw_os_error(errno),
+            }),
+        }
+    }
+    fn count_overrun(&mut self) {
+        self.overruns += 1;
+    }
+}
+
+/// Puts request `i` as an empty message of type 0x22 (`"bad"` for the indices in `bad`).
+fn put_or_fail(
+    bad: &[usize],
+) -> impl FnMut(&mut Vec<u8>, u32, usize) -> Result<(), &'static str> + '_ {
+    move |buf, seq, i| {
+        put_message(buf, 0x22, 0x5, seq, &[], |_| {});
+        if bad.contains(&i) {
+            Err("bad")
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[test]
+fn exchange_matches_acks_errnos_and_overruns_by_sequence_number() {
+    let mut t = Replay {
+        seq: 100,
+        ..Replay::default()
+    };
+    // Requests 0, 1, 3, 4 go out as 101..104 (2 fails to encode and uses no number).
+    let mut first = err(101, 101, 0);
+    first.extend(err(102, 102, -17)); // EEXIST
+    first.extend(err(7, 7, 0)); // another request's ACK
+    t.queue.push_back(Ok(first));
+    t.queue.push_back(Err(ENOBUFS)); // the kernel dropped the answer to 103
+    let mut second = err(104, 104, 0);
+    second.extend(err(101, 101, -1)); // repeated: ignored
+    t.queue.push_back(Ok(second));
+    let mut got = Vec::new();
+    let window = Window {
+        requests: 8,
+        max_send: 64 * 1024,
+    };
+    pipeline::exchange(&mut t, 5, window, put_or_fail(&[2]), |i, a| {
+        got.push((i, a))
+    })
+    .unwrap();
+    assert_eq!(
+        got,
+        vec![
+            (2, Err("bad")),
+            (0, Ok(Answer::Ack)),
+            (1, Ok(Answer::Refused { errno: 17 })),
+            (4, Ok(Answer::Ack)),
+            (3, Ok(Answer::Lost)),
+        ]
+    );
+    assert_eq!(t.overruns, 1);
+    // One datagram, its numbers contiguous, the failed request's bytes removed.
+    assert_eq!(t.sent.len(), 1);
+    let seqs: Vec<u32> = messages(&t.sent[0]).map(|m| m.unwrap().seq()).collect();
+    assert_eq!(seqs, vec![101, 102, 103, 104]);
+    assert_eq!(t.seq, 104);
+}
+
+#[test]
+fn exchange_sends_by_window_and_size_and_stops_at_a_failed_send() {
+    // Window of 2, a datagram per request (max_send 1 byte): 0 and 1 are answered, the
+    // second window's first send fails with EPERM: 2 is unsent, 3 and 4 never put.
+    let mut t = Replay {
+        seq: u32::MAX, // the numbers wrap
+        fail_send: Some((2, 1)),
+        ..Replay::default()
+    };
+    let mut acks = err(0, 0, 0);
+    acks.extend(err(1, 1, 0));
+    t.queue.push_back(Ok(acks));
+    let mut got = Vec::new();
+    let window = Window {
+        requests: 2,
+        max_send: 1,
+    };
+    let e = pipeline::exchange(&mut t, 5, window, put_or_fail(&[]), |i, a| got.push((i, a)))
+        .unwrap_err();
+    assert_eq!(e.errno(), Some(1), "{e}");
+    assert_eq!(
+        got,
+        vec![
+            (0, Ok(Answer::Ack)),
+            (1, Ok(Answer::Ack)),
+            (2, Ok(Answer::Unsent))
+        ]
+    );
+    assert_eq!(t.sent.len(), 2);
+    // Another receive error (EBADF) ends the exchange; the window's rest is lost.
+    let mut t = Replay::default();
+    t.queue.push_back(Ok(err(1, 1, 0)));
+    t.queue.push_back(Err(9));
+    let mut got = Vec::new();
+    let e = pipeline::exchange(&mut t, 3, window, put_or_fail(&[]), |i, a| got.push((i, a)))
+        .unwrap_err();
+    assert_eq!(e.errno(), Some(9), "{e}");
+    assert!(!e.is_overrun() && !e.is_would_block());
+    assert_eq!(got, vec![(0, Ok(Answer::Ack)), (1, Ok(Answer::Lost))]);
+    assert_eq!(
+        Window::sized(212_992 * 2, 3072, 8192, 100),
+        Window {
+            requests: 138,
+            max_send: 100
+        }
+    );
+    assert_eq!(Window::sized(1000, 3072, 8192, 100).requests, 16);
 }

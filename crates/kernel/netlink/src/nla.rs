@@ -1,6 +1,6 @@
 //! Netlink attribute (TLV) writing and bounds-checked reading.
 
-use super::consts::{NLA_HDRLEN, NLA_TYPE_MASK};
+use crate::consts::{NLA_HDRLEN, NLA_TYPE_MASK};
 use crate::Error;
 
 /// Round up to the netlink 4-byte alignment (saturating, so a corrupt length cannot overflow).

@@ -6,8 +6,8 @@
 //! A family's own header (`genlmsghdr`, `nfgenmsg`) is the first bytes of a data message's
 //! payload; the family codecs parse it (see [`messages_with`]).
 
-use super::consts::{NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN, NLMSG_NOOP, NLMSG_OVERRUN};
-use super::nla::{align4, AttrWriter};
+use crate::consts::{NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN, NLMSG_NOOP, NLMSG_OVERRUN};
+use crate::nla::{align4, AttrWriter};
 use crate::Error;
 
 /// Appends one request: `nlmsghdr` (type `ty`, port id 0, the kernel), the family header
@@ -312,6 +312,15 @@ impl Pending {
     /// How many requests are still unanswered.
     pub fn left(&self) -> usize {
         self.left
+    }
+
+    /// The positions (`i` of request `base + i`) of the requests still unanswered, in order.
+    pub fn unanswered(&self) -> impl Iterator<Item = usize> + '_ {
+        self.answered
+            .iter()
+            .enumerate()
+            .filter(|(_, answered)| !**answered)
+            .map(|(i, _)| i)
     }
 
     /// Takes the ACKs and errors in one datagram: calls `answer(i, result)` once for request

@@ -1,7 +1,7 @@
 //! A blocking netlink socket: one send buffer that many requests share, one receive buffer
 //! for a datagram, sequence numbers, and the receive loop of a request whose replies end in
-//! ACK, error or DONE. The only IO of the netlink layer; the parsing it relies on is in
-//! [`super::message`].
+//! ACK, error or DONE. The only IO of the netlink layer (with the pipelined exchange of
+//! [`crate::pipeline`], built on it); the parsing it relies on is in [`crate::message`].
 //!
 //! Every blocking receive has a time limit (`SO_RCVTIMEO`, [`DEFAULT_RECV_TIMEOUT`] unless
 //! changed with [`Socket::set_recv_timeout`]): a kernel that does not answer makes a request
@@ -21,7 +21,7 @@ use nix::sys::socket::{
 };
 use nix::sys::time::TimeVal;
 
-use super::message::{replies, Data, End};
+use crate::message::{replies, Data, End};
 use crate::Error;
 
 /// How long one blocking receive waits for a datagram by default.
@@ -56,6 +56,7 @@ pub struct Socket {
     sbuf: Vec<u8>,
     rbuf: Vec<u8>,
     sends: u64,
+    overruns: u64,
 }
 
 fn io_err(what: &'static str) -> impl FnOnce(Errno) -> Error {
@@ -103,6 +104,7 @@ impl Socket {
             sbuf: Vec::new(),
             rbuf: vec![0; RECV_BUF],
             sends: 0,
+            overruns: 0,
         };
         sock.set_recv_timeout(DEFAULT_RECV_TIMEOUT)?;
         Ok(sock)
@@ -152,6 +154,16 @@ impl Socket {
     /// Datagrams handed to the kernel (a short send counts, a failed one does not).
     pub fn sends(&self) -> u64 {
         self.sends
+    }
+
+    /// Receive buffer overruns (ENOBUFS) seen while reading the answers of pipelined
+    /// exchanges ([`Socket::exchange`]): each means the kernel dropped answers.
+    pub fn overruns(&self) -> u64 {
+        self.overruns
+    }
+
+    pub(crate) fn count_overrun(&mut self) {
+        self.overruns += 1;
     }
 
     /// Sends the request buffer as one datagram. The buffer is empty afterwards, whether or
