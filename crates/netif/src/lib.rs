@@ -112,7 +112,7 @@ pub enum Error {
 /// micro- to milliseconds even with thousands of addresses; a request unanswered for ten
 /// seconds means the RTNL lock is stuck or replies were lost, and failing the sync (to be
 /// retried) beats blocking it. The same limit as the blocking netlink socket's receive
-/// (`ipvs_netlink::netlink::DEFAULT_RECV_TIMEOUT`).
+/// (`netlink::DEFAULT_RECV_TIMEOUT`).
 pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Runs one request future for at most `after`: [`Error::Timeout`] naming `op` and `object`
