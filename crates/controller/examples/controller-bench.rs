@@ -25,7 +25,7 @@ use std::net::IpAddr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use controller::conntrack::ConntrackFilter;
+use conntrack::ConntrackFilter;
 use controller::diff::IpvsTable;
 use controller::kernel::{Kernel, KernelCounters, KernelError, NodeKernel};
 use controller::model::ProxyConfig;

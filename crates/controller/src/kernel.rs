@@ -9,10 +9,10 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
+use conntrack::ConntrackFilter;
 use ipset::{IpsetDiff, IpsetState};
 use ipvs_netlink::{Op, OpCounts, ServiceKey};
 
-use crate::conntrack::ConntrackFilter;
 use crate::diff::{table_from_dump, IpvsTable, VirtualServer};
 
 /// A failure of one kernel subsystem.
@@ -32,7 +32,7 @@ pub enum KernelError {
     Iptables(#[from] iptables::Error),
     /// conntrack cleanup (ctnetlink) failed.
     #[error("conntrack: {0}")]
-    Conntrack(#[from] crate::conntrack::ConntrackError),
+    Conntrack(#[from] conntrack::ConntrackError),
     /// A fake kernel was told to fail (tests).
     #[error("injected failure: {0}")]
     Injected(String),
@@ -106,7 +106,7 @@ pub struct NodeKernel {
     ipset: ipset::Ipset,
     iptables: iptables::Iptables,
     rt: tokio::runtime::Handle,
-    conntrack: Option<crate::conntrack::Conntrack>,
+    conntrack: Option<conntrack::Conntrack>,
     conntrack_deleted: u64,
     ipvs_reads: u64,
     address_reads: u64,
@@ -258,7 +258,7 @@ impl Kernel for NodeKernel {
         }
         let ct = match &mut self.conntrack {
             Some(ct) => ct,
-            None => self.conntrack.insert(crate::conntrack::Conntrack::new()?),
+            None => self.conntrack.insert(conntrack::Conntrack::new()?),
         };
         let report = ct.delete(filters)?;
         self.conntrack_deleted += report.deleted;

@@ -4,7 +4,6 @@
 //! appliers. The order in which a diff is applied is documented in [`diff`].
 
 pub mod adopt;
-pub mod conntrack;
 pub mod desired;
 pub mod diff;
 pub mod iptables_mode;

@@ -259,7 +259,7 @@ impl Kernel for DryRun<'_> {
 
     fn delete_conntrack(
         &mut self,
-        filters: &[crate::conntrack::ConntrackFilter],
+        filters: &[conntrack::ConntrackFilter],
     ) -> Result<u64, KernelError> {
         for f in filters {
             self.writes
@@ -273,11 +273,11 @@ impl Kernel for DryRun<'_> {
     }
 }
 
-fn conntrack_args(f: &crate::conntrack::ConntrackFilter) -> String {
+fn conntrack_args(f: &conntrack::ConntrackFilter) -> String {
     let proto = match f.proto {
-        crate::conntrack::Protocol::Udp => "udp",
-        crate::conntrack::Protocol::Tcp => "tcp",
-        crate::conntrack::Protocol::Sctp => "sctp",
+        conntrack::Protocol::Udp => "udp",
+        conntrack::Protocol::Tcp => "tcp",
+        conntrack::Protocol::Sctp => "sctp",
     };
     let mut s = format!("-p {proto} --orig-dst {}", f.orig_dst);
     if let Some(p) = f.orig_dst_port {

@@ -240,7 +240,7 @@ fn udp_real_servers_are_deleted_at_once() {
     };
     assert_eq!(k.ipvs[&udp].real_servers.len(), 1);
     assert_eq!(p.draining(), 0);
-    use controller::conntrack::{ConntrackFilter, Protocol as Ct};
+    use conntrack::{ConntrackFilter, Protocol as Ct};
     // Stale flows to the removed endpoint are deleted, and only those.
     assert_eq!(
         k.conntrack,

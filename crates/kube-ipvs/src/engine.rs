@@ -880,9 +880,9 @@ pub fn other_mode(mode: ProxyMode) -> ProxyMode {
 /// The iptables-mode backend of one family, with UDP conntrack cleanup after each sync.
 pub struct IptablesBackend {
     inner: controller::iptables_mode::IptablesProxier,
-    conntrack: Option<controller::conntrack::Conntrack>,
+    conntrack: Option<conntrack::Conntrack>,
     /// Filters of failed cleanups, retried with backoff (bounded by the services' VIPs).
-    conntrack_pending: Vec<controller::conntrack::ConntrackFilter>,
+    conntrack_pending: Vec<conntrack::ConntrackFilter>,
     conntrack_retry: controller::retry::Backoff,
 }
 
@@ -923,7 +923,7 @@ pub fn iptables_backend(
 
 impl IptablesBackend {
     fn cleanup_conntrack(&mut self, node_addresses: &BTreeSet<IpAddr>, report: &mut SyncReport) {
-        use controller::conntrack::{ConntrackFilter, Protocol as Ct};
+        use conntrack::{ConntrackFilter, Protocol as Ct};
         let family = self.inner.family();
         let mut filters = Vec::new();
         for c in self.inner.take_conntrack_cleanups() {
@@ -959,7 +959,7 @@ impl IptablesBackend {
         let started = std::time::Instant::now();
         let result = match &mut self.conntrack {
             Some(ct) => ct.delete(&filters),
-            None => match controller::conntrack::Conntrack::new() {
+            None => match conntrack::Conntrack::new() {
                 Ok(ct) => self.conntrack.insert(ct).delete(&filters),
                 Err(e) => Err(e),
             },

@@ -1112,7 +1112,7 @@ struct CtWatch {
 
 impl CtWatch {
     fn start(node: &Node, port: u16) -> CtWatch {
-        use controller::conntrack::{codec::DumpScope, Conntrack, Protocol as Ct};
+        use conntrack::{codec::DumpScope, Conntrack, Protocol as Ct};
         let stop = Arc::new(AtomicBool::new(false));
         let changes = Arc::new(Mutex::new(Vec::new()));
         let (st, ch) = (stop.clone(), changes.clone());

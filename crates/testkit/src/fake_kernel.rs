@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use controller::conntrack::ConntrackFilter;
+use conntrack::ConntrackFilter;
 use controller::diff::{IpvsTable, VirtualServer};
 use controller::kernel::{Kernel, KernelCounters, KernelError};
 use ipset::{IpsetDiff, IpsetState};

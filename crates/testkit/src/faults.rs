@@ -19,7 +19,7 @@ use std::io;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use controller::conntrack::{ConntrackError, ConntrackFilter};
+use conntrack::{ConntrackError, ConntrackFilter};
 use controller::diff::IpvsTable;
 use controller::iptables_mode::RestoreRunner;
 use controller::kernel::{Kernel, KernelCounters, KernelError};

@@ -277,7 +277,7 @@ impl Proxier {
             ) = (&res, op)
             {
                 self.conntrack.push(ConntrackFilter::endpoint_removed(
-                    crate::conntrack::Protocol::Udp,
+                    conntrack::Protocol::Udp,
                     *addr,
                     *port,
                     *endpoint,

@@ -24,10 +24,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use conntrack::ConntrackFilter;
 use ipset::{EntryChange, IpsetDiff, SetKind};
 use ipvs_netlink::{Destination, Family, Op, ServiceKey};
 
-use crate::conntrack::ConntrackFilter;
 use crate::desired::{
     owned_by_proxy, service_desired_except, set_family, Delta, Desired, IpsetEntry,
 };

@@ -23,7 +23,7 @@ impl Proxier {
             if has && !udp_before.get(&k).copied().unwrap_or(false) {
                 if let ServiceKey::Inet { addr, port, .. } = k {
                     self.conntrack.push(ConntrackFilter::unanswered(
-                        crate::conntrack::Protocol::Udp,
+                        conntrack::Protocol::Udp,
                         addr,
                         port,
                     ));

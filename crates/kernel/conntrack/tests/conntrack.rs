@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use controller::conntrack::codec::{DumpScope, AF_INET};
-use controller::conntrack::{Conntrack, ConntrackFilter, DeleteReport, Entry, Protocol};
+use conntrack::codec::{DumpScope, AF_INET};
+use conntrack::{Conntrack, ConntrackFilter, DeleteReport, Entry, Protocol};
 use testkit::netns::{veth_pair, Netns, Pod};
 
 const A: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 5);
@@ -229,7 +229,7 @@ fn ce(sport: u16, vip: Ipv4Addr, reply: Ipv4Addr) -> CliEntry {
 /// Runs `f` with a [`Conntrack`] opened inside the node namespace.
 fn in_node<T: Send + 'static>(
     node: &Netns,
-    f: impl FnOnce(&mut Conntrack) -> Result<T, controller::conntrack::ConntrackError> + Send + 'static,
+    f: impl FnOnce(&mut Conntrack) -> Result<T, conntrack::ConntrackError> + Send + 'static,
 ) -> T {
     node.enter(move || {
         let mut ct = Conntrack::new().map_err(io::Error::other)?;

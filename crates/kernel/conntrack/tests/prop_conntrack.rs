@@ -6,8 +6,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use controller::conntrack::codec::{self, CtMessage, Reply, CTA_TUPLE_ORIG};
-use controller::conntrack::{Entry, Tuple};
+use conntrack::codec::{self, CtMessage, Reply, CTA_TUPLE_ORIG};
+use conntrack::{Entry, Tuple};
 use proptest::prelude::*;
 
 fn decode_all(buf: &[u8]) -> usize {
