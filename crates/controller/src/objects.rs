@@ -1,7 +1,8 @@
 //! Compact objects: what the proxy keeps of a Service and an EndpointSlice. Pure.
 //!
-//! API objects are converted when they enter the [`crate::store::Store`] and the full
-//! `k8s-openapi` objects are dropped at once. Only the fields the model reads are kept — those
+//! The sources convert API objects where they arrive ([`crate::source::Object`]'s `From`
+//! impls: the watcher's map, the static parser) and the full `k8s-openapi` objects are
+//! dropped at once. Only the fields the model reads are kept — those
 //! upstream's `ServicePortInfo` and `EndpointInfo` keep (pkg/proxy/serviceport.go,
 //! pkg/proxy/endpoint.go), plus the creation time that orders VIP claims — so a Service
 //! costs a few hundred bytes and an endpoint about 48 bytes instead of about 1.4 KB and
@@ -280,7 +281,7 @@ impl Interner {
 
 impl Slice {
     /// The compact form of `slice`, node and zone names interned in `names`.
-    pub fn from_slice(slice: &EndpointSlice, names: &mut Interner) -> Slice {
+    fn from_slice(slice: &EndpointSlice, names: &mut Interner) -> Slice {
         let address_type = match slice.address_type.as_str() {
             "IPv4" => AddressType::V4,
             "IPv6" => AddressType::V6,

@@ -190,16 +190,6 @@ where
         .boxed()
 }
 
-fn wrap_service(s: Service) -> Object {
-    Object::from(&s)
-}
-fn wrap_slice(s: EndpointSlice) -> Object {
-    Object::from(&s)
-}
-fn wrap_node(n: Node) -> Object {
-    Object::from(n)
-}
-
 /// Run the Kubernetes source with default settings for `node_name`. See [`run_with`].
 pub async fn run(
     client: Client,
@@ -226,19 +216,19 @@ pub async fn run_with(
         Api::<Service>::all(client.clone()),
         selected.clone(),
         Kind::Service,
-        wrap_service,
+        Object::from,
     ));
     streams.push(kind_stream(
         Api::<EndpointSlice>::all(client.clone()),
         selected,
         Kind::EndpointSlice,
-        wrap_slice,
+        Object::from,
     ));
     streams.push(kind_stream(
         Api::<Node>::all(client),
         node,
         Kind::Node,
-        wrap_node,
+        Object::from,
     ));
 
     loop {
