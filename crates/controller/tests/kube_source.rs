@@ -431,6 +431,52 @@ async fn relists_after_410_and_converges() {
     assert!(h.health.borrow().synced());
 }
 
+/// An outage stays an outage: every retry starts with kube-runtime's `Init` (sent before any
+/// request), and that must not read as a successful event. Every health state the source
+/// publishes while the server is away is checked: once the Service watch has failed it never
+/// shows zero consecutive errors, and after four errors it counts four (a retry's `Init` reset
+/// the count to zero before, so it never passed one). When the server is back, the list
+/// completes and the watches are healthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_never_reads_as_recovered_between_retries() {
+    // Started while the server is away, as a daemon after a node reboot: the initial list
+    // fails and is retried from the start (an established watch resumes without an `Init`).
+    let server = seeded().await;
+    server.pause().await;
+    let mut h = Harness::start("outage", server, None).await;
+    let mut health = h.health.clone();
+    // kube-runtime's default backoff: 0.8 s, 1.6 s, 3.2 s, ... (with jitter): four errors take
+    // about 6 s. The few `Init` events forwarded meanwhile fit in the event channel.
+    let mut seen = Vec::new();
+    loop {
+        let state = health.borrow_and_update().services.clone();
+        let errors = state.errors;
+        seen.push((state.consecutive_errors, errors));
+        if errors > 0 {
+            assert_eq!(
+                state.consecutive_errors, errors,
+                "the Service watch read as (partly) recovered while the server was away; \
+                 (consecutive, errors since the outage) seen: {seen:?}"
+            );
+        }
+        if errors >= 4 {
+            break;
+        }
+        tokio::time::timeout(Duration::from_secs(60), health.changed())
+            .await
+            .expect("no health change within 60 s of the outage")
+            .unwrap();
+    }
+    assert!(!health.borrow().synced());
+    h.server.resume().unwrap();
+    h.converge("after the outage", |_| true).await;
+    let hl = h.health.borrow().clone();
+    assert!(
+        hl.services.healthy() && hl.endpoint_slices.healthy(),
+        "{hl:?}"
+    );
+}
+
 #[tokio::test]
 async fn paginated_initial_list_with_kube_rs() {
     let s = FakeApiServer::start().await.unwrap();

@@ -90,7 +90,8 @@ pub struct KindHealth {
     pub last_sync: Option<Instant>,
     /// When the last error happened, and what it was.
     pub last_error: Option<(Instant, String)>,
-    /// Errors since the last successful event (0 when the watch is healthy).
+    /// Errors since the last event that came from the API server (0 when the watch is healthy;
+    /// the `Init` that starts each retry does not count: it is sent before any request).
     pub consecutive_errors: u64,
     /// All errors since start.
     pub errors: u64,
@@ -240,6 +241,14 @@ pub async fn run_with(
         let Some((kind, result)) = next else { return };
         let now = Instant::now();
         match result {
+            // kube-runtime emits `Init` when it is about to list, before any request: after an
+            // error it starts every retry with one. It proves nothing about the API server, so
+            // it must not end a failure (an outage read as recovered at every retry).
+            Ok(event @ SourceEvent::Init(_)) => {
+                if tx.send(event).await.is_err() {
+                    return;
+                }
+            }
             Ok(event) => {
                 let done = matches!(event, SourceEvent::InitDone(_));
                 health.send_if_modified(|h| {
