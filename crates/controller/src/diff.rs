@@ -176,15 +176,36 @@ pub fn diff_ipvs_by<'a>(
     owned: &dyn Fn(&ServiceKey) -> bool,
 ) -> IpvsOps {
     let mut out = IpvsOps::default();
+    diff_desired(desired, actual, &mut out);
+    diff_undesired(lookup, actual, owned, &mut out);
+    out
+}
+
+/// The creates and updates of [`diff_ipvs_by`] (always [`IpvsOps::apply`]): what makes the
+/// given desired virtual servers exist in `actual` as desired.
+pub fn diff_desired<'a>(
+    desired: impl IntoIterator<Item = (&'a ServiceKey, &'a VirtualServer)>,
+    actual: &IpvsTable,
+    out: &mut IpvsOps,
+) {
     for (k, vs) in desired {
-        diff_virtual_server(actual.get(k), Some(vs), &mut out);
+        diff_virtual_server(actual.get(k), Some(vs), out);
     }
+}
+
+/// The deletions of [`diff_ipvs_by`] (always [`IpvsOps::remove`]): the virtual servers of
+/// `actual` that `lookup` does not desire and the proxy owns.
+pub fn diff_undesired<'a>(
+    lookup: impl Fn(&ServiceKey) -> Option<&'a VirtualServer>,
+    actual: &IpvsTable,
+    owned: &dyn Fn(&ServiceKey) -> bool,
+    out: &mut IpvsOps,
+) {
     for (k, vs) in actual {
         if lookup(k).is_none() && owned(k) {
-            diff_virtual_server(Some(vs), None, &mut out);
+            diff_virtual_server(Some(vs), None, out);
         }
     }
-    out
 }
 
 /// Adds and removes turning set `actual` into `desired`; members not desired are removed only

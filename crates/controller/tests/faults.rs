@@ -396,32 +396,7 @@ fn failed_restore_is_tried_once_per_sync_unless_a_set_became_empty() {
 fn failed_ipvs_chunk_stops_the_rest_and_everything_is_repaired() {
     use controller::proxier::IPVS_APPLY_CHUNK;
     const N: usize = 500; // 500 services x 10 endpoints: 5,500 operations, two chunks
-    let svcs = (0..N)
-        .map(|i| {
-            svc(
-                "default",
-                &format!("s{i}"),
-                &format!("10.96.{}.{}", i / 250, i % 250 + 1),
-            )
-            .port("http", 80, "TCP")
-            .build()
-        })
-        .collect();
-    let slices = (0..N)
-        .map(|i| {
-            let mut b =
-                slice("default", &format!("s{i}"), &format!("s{i}-1")).port("http", 8080, "TCP");
-            for e in 0..10 {
-                b = b.ep(
-                    &format!("10.244.{}.{}", i / 25, (i % 25) * 10 + e + 1),
-                    "node-b",
-                    C::Ready,
-                );
-            }
-            b.build()
-        })
-        .collect();
-    let store = synced_store(svcs, slices);
+    let store = two_chunk_store(N);
     let mut p = proxier();
     let (mut k, h) = FaultKernel::new(FakeKernel::default());
     h.inject(Fault::errno(KernelOp::ApplyIpvs, EBUSY, Calls::Nth(1)));
@@ -441,4 +416,74 @@ fn failed_ipvs_chunk_stops_the_rest_and_everything_is_repaired() {
     assert!(r.healthy(), "{:?}", r.errors);
     assert_eq!(k.inner.ipvs.len(), N);
     assert!(k.inner.ipvs.values().all(|vs| vs.real_servers.len() == 10));
+}
+
+/// The first sync's program, generated while it is sent, arrives whole in full chunks: on a
+/// kernel that already holds part of it (a restart) and drifted, exactly the missing and
+/// differing operations are sent, in chunks of `IPVS_APPLY_CHUNK`, and the kernel ends equal
+/// to the desired table.
+#[test]
+fn first_program_spanning_chunks_arrives_whole() {
+    use controller::proxier::IPVS_APPLY_CHUNK;
+    const N: usize = 500;
+    let store = two_chunk_store(N);
+    // The table of a previous run: every fifth virtual server, one with drifted weights.
+    let mut reference = proxier();
+    let mut full = FakeKernel::default();
+    assert!(reference.sync(&store, &node_addrs(), &mut full).healthy());
+    let desired = reference.desired().ipvs_table();
+    let mut kept = FakeKernel::default();
+    for (k, vs) in desired.iter().step_by(5) {
+        kept.ipvs.insert(*k, vs.clone());
+    }
+    let drifted = kept
+        .ipvs
+        .values_mut()
+        .next()
+        .expect("a kept virtual server");
+    drifted.real_servers.values_mut().for_each(|d| d.weight = 3);
+    let kept_n = kept.ipvs.len();
+    let (mut k, h) = FaultKernel::new(kept);
+    let mut p = proxier();
+    let r = p.sync(&store, &node_addrs(), &mut k);
+    assert!(r.healthy(), "{:?}", r.errors);
+    let want_ops = (N - kept_n) * 11 + 10; // the missing servers, and 10 SetDest
+    assert_eq!(r.ipvs_ops, want_ops);
+    assert!(want_ops > IPVS_APPLY_CHUNK, "the program spans two chunks");
+    assert_eq!(
+        h.calls(KernelOp::ApplyIpvs) as usize,
+        want_ops.div_ceil(IPVS_APPLY_CHUNK)
+    );
+    assert_eq!(k.inner.ipvs, desired);
+    assert_eq!(p.desired().ipvs_table(), desired);
+}
+
+/// `n` services with 10 ready endpoints each (`n` x 11 IPVS operations to program).
+fn two_chunk_store(n: usize) -> controller::store::Store {
+    let svcs = (0..n)
+        .map(|i| {
+            svc(
+                "default",
+                &format!("s{i}"),
+                &format!("10.96.{}.{}", i / 250, i % 250 + 1),
+            )
+            .port("http", 80, "TCP")
+            .build()
+        })
+        .collect();
+    let slices = (0..n)
+        .map(|i| {
+            let mut b =
+                slice("default", &format!("s{i}"), &format!("s{i}-1")).port("http", 8080, "TCP");
+            for e in 0..10 {
+                b = b.ep(
+                    &format!("10.244.{}.{}", i / 25, (i % 25) * 10 + e + 1),
+                    "node-b",
+                    C::Ready,
+                );
+            }
+            b.build()
+        })
+        .collect();
+    synced_store(svcs, slices)
 }

@@ -295,6 +295,17 @@ fn model_desired_startup_adopts_and_repairs_drift() {
     let ops = diff_ipvs(&desired, &actual, &owned);
     // The proxier's form, which does not build the desired table, gives the same operations.
     assert_eq!(d.diff_ipvs(&actual, &owned), ops);
+    // So does the first sync's form, generated a few virtual servers at a time.
+    let all = d.ipvs_keys();
+    assert_eq!(all, desired.keys().copied().collect::<Vec<_>>());
+    for per_part in [1, 2, 3, all.len()] {
+        let apply: Vec<Op> = all
+            .chunks(per_part)
+            .flat_map(|part| d.diff_ipvs_keys(part, &actual))
+            .collect();
+        assert_eq!(apply, ops.apply, "{per_part} virtual servers per part");
+    }
+    assert_eq!(d.diff_ipvs_undesired(&actual, &owned), ops.remove);
     let mut want_apply = vec![
         Op::SetDest(keys[0], desired[&keys[0]].real_servers[&first].clone()),
         Op::SetService(desired[&keys[1]].service.clone()),

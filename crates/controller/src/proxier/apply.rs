@@ -3,6 +3,18 @@
 
 use super::*;
 
+/// One step's IPVS operations on their way to the kernel, chunk by chunk
+/// ([`Proxier::send_ipvs`]).
+#[derive(Debug, Default)]
+pub(super) struct IpvsSender {
+    /// A chunk was sent or skipped.
+    sent: bool,
+    /// A whole chunk failed: the rest is not sent.
+    stopped: bool,
+    /// Operations not sent.
+    skipped: usize,
+}
+
 impl Proxier {
     /// Re-reads the sets, and applies what differs (after a failed ipset apply).
     pub(super) fn repair_sets(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
@@ -225,31 +237,54 @@ impl Proxier {
         if ops.is_empty() {
             return;
         }
-        report.ipvs_ops += ops.len();
         // In chunks: a full program is N x M operations, and one result per operation for all
-        // of them at once (~120 bytes each) would be most of the sync's transient memory. The
-        // client pipelines inside each chunk; a chunk that fails as a whole (the kernel does
-        // not answer, the socket is gone) stops the rest, which are repaired later.
-        let mut chunks = ops.chunks(IPVS_APPLY_CHUNK);
-        for chunk in chunks.by_ref() {
-            let results = kernel.apply_ipvs(chunk);
-            let all_failed = results.iter().all(Result::is_err);
-            self.apply_ipvs_results(chunk, results, report);
-            if all_failed {
-                break;
-            }
+        // of them at once (~120 bytes each) would be most of the sync's transient memory.
+        let mut tx = IpvsSender::default();
+        for chunk in ops.chunks(IPVS_APPLY_CHUNK) {
+            self.send_ipvs(&mut tx, chunk, kernel, report);
         }
-        let skipped: Vec<&Op> = chunks.flatten().collect();
-        if !skipped.is_empty() {
-            report.ipvs_failures += skipped.len();
+        self.finish_ipvs(tx, report);
+    }
+
+    /// Sends one chunk of a step's IPVS operations. The client pipelines inside the chunk; once
+    /// a chunk failed as a whole (the kernel does not answer, the socket is gone) the rest of
+    /// the step is not sent but marked for repair (one timeout, not one per chunk).
+    pub(super) fn send_ipvs(
+        &mut self,
+        tx: &mut IpvsSender,
+        chunk: &[Op],
+        kernel: &mut dyn Kernel,
+        report: &mut SyncReport,
+    ) {
+        if chunk.is_empty() {
+            return;
+        }
+        tx.sent = true;
+        report.ipvs_ops += chunk.len();
+        if tx.stopped {
+            tx.skipped += chunk.len();
+            self.repair.extend(chunk.iter().filter_map(op_key));
+            return;
+        }
+        let results = kernel.apply_ipvs(chunk);
+        tx.stopped = results.iter().all(Result::is_err);
+        self.apply_ipvs_results(chunk, results, report);
+    }
+
+    /// Ends a step's IPVS operations: reports what was not sent and schedules the repair.
+    pub(super) fn finish_ipvs(&mut self, tx: IpvsSender, report: &mut SyncReport) {
+        if !tx.sent {
+            return;
+        }
+        if tx.skipped > 0 {
+            report.ipvs_failures += tx.skipped;
             report.fail(
                 Subsystem::Ipvs,
                 format!(
                     "{} IPVS operations not sent: the previous {IPVS_APPLY_CHUNK} all failed",
-                    skipped.len()
+                    tx.skipped
                 ),
             );
-            self.repair.extend(skipped.into_iter().filter_map(op_key));
         }
         if !self.repair.is_empty() && !self.retry.ipvs.failing() {
             self.retry.ipvs.failed(self.now);

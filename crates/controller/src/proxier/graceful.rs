@@ -8,13 +8,21 @@ impl Proxier {
     /// Turns real-server deletions into drains and re-additions of draining real servers
     /// into weight restores. `actual` is the kernel's table when known (full sync).
     pub(super) fn graceful(&mut self, mut ops: IpvsOps, actual: Option<&IpvsTable>) -> IpvsOps {
+        self.graceful_apply(&mut ops.apply, actual);
+        self.graceful_remove(&ops.remove);
+        ops
+    }
+
+    /// [`Proxier::graceful`] of step 2's operations (creates, updates, real-server deletions),
+    /// in place: a full program is ~N x M operations, and a second vector of them would double
+    /// the sync's peak memory. Each operation is decided on its own, so a program may pass
+    /// through here in consecutive parts.
+    pub(super) fn graceful_apply(&mut self, ops: &mut Vec<Op>, actual: Option<&IpvsTable>) {
         let now = Instant::now();
         let enabled = self.drain.enabled;
         let draining = &mut self.draining;
         let stats = &mut self.drain_stats;
-        // In place: a full program is ~N x M operations, and a second vector of them would
-        // double the sync's peak memory.
-        ops.apply.retain_mut(|op| match op {
+        ops.retain_mut(|op| match op {
             Op::DelDest(k, a, p) if enabled && drains(k) => {
                 let key = (*k, *a, *p);
                 if draining.contains_key(&key) {
@@ -51,17 +59,27 @@ impl Proxier {
             }
             _ => true,
         });
-        for op in &ops.remove {
+        self.schedule_drain_check(now);
+    }
+
+    /// [`Proxier::graceful`] of step 5's deletions: a deleted virtual server's real servers
+    /// are no longer draining.
+    pub(super) fn graceful_remove(&mut self, ops: &[Op]) {
+        for op in ops {
             if let Op::DelService(k) = op {
                 self.draining.retain(|(dk, _, _), _| dk != k);
             }
         }
+        self.schedule_drain_check(Instant::now());
+    }
+
+    /// The next drain check is due an interval after the first real server started draining.
+    fn schedule_drain_check(&mut self, now: Instant) {
         if self.draining.is_empty() {
             self.drain_due = None;
         } else if self.drain_due.is_none() {
             self.drain_due = Some(now + self.drain.interval);
         }
-        ops
     }
 
     /// Reads only the virtual servers with draining real servers and deletes those whose

@@ -492,7 +492,7 @@ impl Proxier {
         let mut names: BTreeSet<ServiceName> = store.service_names().cloned().collect();
         names.extend(self.desired_names());
         let changes = self.derive(store, &node, names, &mut report);
-        let _ = self.desired.update_services(changes);
+        self.desired.install_services(changes);
         self.set_counts = count_sets(&self.desired);
     }
 
