@@ -122,14 +122,16 @@ impl NodeKernel {
     /// Opens every subsystem (the ipset netlink socket too, with its one protocol request, so
     /// the first small sync does not pay for it). `rt` runs the rtnetlink futures; the
     /// kernel's methods must be called from a thread outside that runtime's async context (e.g.
-    /// a dedicated thread).
+    /// a dedicated thread). The IPVS client's reads leave out traffic counters: the proxy
+    /// compares tables and never uses them.
     pub fn new(
-        ipvs: ipvs_netlink::Client,
+        mut ipvs: ipvs_netlink::Client,
         netif: netif::Netif,
         ipset: ipset::Ipset,
         iptables: iptables::Iptables,
         rt: tokio::runtime::Handle,
     ) -> NodeKernel {
+        ipvs.set_stats(false);
         if !ipset.prepare_netlink() {
             tracing::info!("ipset over netlink unavailable: every ipset change uses ipset restore");
         }

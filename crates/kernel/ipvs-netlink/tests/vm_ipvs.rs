@@ -232,6 +232,21 @@ fn vm_crate_decodes_what_ipvsadm_created() {
         .unwrap();
     let d = svc.1.iter().find(|d| d.upper_threshold == 100).unwrap();
     assert_eq!(d.lower_threshold, 10);
+    // The kernel sends counters with every entry; they are kept unless turned off, and
+    // turning them off changes nothing else.
+    let raw = c.dump().unwrap();
+    assert!(raw
+        .iter()
+        .all(|(s, ds)| s.stats.is_some() && ds.iter().all(|d| d.stats.is_some())));
+    let key = raw[0].0.key;
+    assert!(c.service(&key).unwrap().unwrap().stats.is_some());
+    c.set_stats(false);
+    let bare = c.dump().unwrap();
+    assert!(bare
+        .iter()
+        .all(|(s, ds)| s.stats.is_none() && ds.iter().all(|d| d.stats.is_none())));
+    assert!(c.service(&key).unwrap().unwrap().stats.is_none());
+    assert_eq!(normalize(bare), got);
     clear();
 }
 
