@@ -37,41 +37,100 @@ fn parse_options(text: &str) -> serde_saphyr::Options {
     serde_saphyr::options! { budget: Some(budget) }
 }
 
-/// A document of one of the three kinds the source keeps, deserialized straight from YAML
-/// (k8s-openapi's deserializers check `apiVersion` and `kind`, so the first that matches wins).
-#[derive(serde::Deserialize)]
-#[serde(untagged)]
-enum TypedDoc {
-    Service(Box<Service>),
-    EndpointSlice(Box<EndpointSlice>),
-    Node(Box<Node>),
-}
-
-/// The fast path of [`parse_file`]: every document is a valid Service, EndpointSlice or Node,
-/// deserialized without an intermediate `serde_json::Value`. `None` when anything else is in
-/// the file (Lists, other kinds, empty documents, errors): the general path then parses it and
-/// words the errors.
+/// The fast path of [`parse_file`]: every document is a valid Service, EndpointSlice or Node
+/// in block style, deserialized straight into its type (the kind read from the document's
+/// top-level `kind:` line first, so no document is buffered and tried against each type).
+/// `None` when anything else is in the file (Lists, other kinds, empty documents, directives,
+/// flow style, errors): the general path then parses it and words the errors.
 fn parse_typed(path: &Path, text: &str) -> Option<FileObjects> {
-    let docs: Vec<TypedDoc> =
-        serde_saphyr::from_multiple_with_options(text, parse_options(text)).ok()?;
     let mut out = FileObjects::default();
-    for (i, doc) in docs.into_iter().enumerate() {
+    for (i, doc) in documents(text)?.into_iter().enumerate() {
         let where_ = || format!("{}: document {}", path.display(), i + 1);
-        let meta = match &doc {
-            TypedDoc::Service(s) => &s.metadata,
-            TypedDoc::EndpointSlice(s) => &s.metadata,
-            TypedDoc::Node(n) => &n.metadata,
-        };
-        if meta.name.as_deref().unwrap_or_default().is_empty() {
-            return None;
-        }
-        match doc {
-            TypedDoc::Service(s) => accept_service(*s, &where_, &mut out),
-            TypedDoc::EndpointSlice(s) => accept_slice(*s, &where_, &mut out),
-            TypedDoc::Node(n) => out.nodes.push(*n),
+        let opts = || parse_options(doc);
+        match top_level_kind(doc)? {
+            "Service" => {
+                let s: Service = serde_saphyr::from_str_with_options(doc, opts()).ok()?;
+                named(&s.metadata)?;
+                accept_service(s, &where_, &mut out);
+            }
+            "EndpointSlice" => {
+                let s: EndpointSlice = serde_saphyr::from_str_with_options(doc, opts()).ok()?;
+                named(&s.metadata)?;
+                accept_slice(s, &where_, &mut out);
+            }
+            "Node" => {
+                let n: Node = serde_saphyr::from_str_with_options(doc, opts()).ok()?;
+                named(&n.metadata)?;
+                out.nodes.push(n);
+            }
+            _ => return None,
         }
     }
     Some(out)
+}
+
+/// `Some(())` when the object has a name (the general path words the error otherwise).
+fn named(meta: &ObjectMeta) -> Option<()> {
+    (!meta.name.as_deref().unwrap_or_default().is_empty()).then_some(())
+}
+
+/// The texts of a multi-document file's documents, split at `---` lines; `None` when the file
+/// holds anything the split cannot be sure of (directives, `...` end markers, `---` followed
+/// by content, documents without content): the YAML parser then splits it.
+fn documents(text: &str) -> Option<Vec<&str>> {
+    let mut docs = Vec::new();
+    let mut start = 0;
+    let mut first = true;
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let bare = line.trim_end();
+        if bare.starts_with('%') || bare.starts_with("...") {
+            return None;
+        }
+        if bare.starts_with("---") {
+            if bare != "---" {
+                return None;
+            }
+            let doc = &text[start..offset];
+            // Only a preamble of comments and blank lines may stand before the first marker.
+            if !(first && !has_content(doc)) {
+                docs.push(doc);
+            }
+            first = false;
+            start = offset + line.len();
+        }
+        offset += line.len();
+    }
+    docs.push(&text[start..]);
+    docs.iter().all(|d| has_content(d)).then_some(docs)
+}
+
+/// True when a document has a line that is neither blank nor a comment.
+fn has_content(doc: &str) -> bool {
+    doc.lines().any(|l| {
+        let t = l.trim_start();
+        !t.is_empty() && !t.starts_with('#')
+    })
+}
+
+/// The value of a block-style document's one top-level `kind:` line (unquoted, without a
+/// trailing comment); `None` when there is not exactly one.
+fn top_level_kind(doc: &str) -> Option<&str> {
+    let mut kinds = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("kind:"))
+        .filter(|v| v.is_empty() || v.starts_with([' ', '\t']));
+    let value = kinds.next()?;
+    if kinds.next().is_some() {
+        return None;
+    }
+    let value = value.split(" #").next().unwrap_or_default().trim();
+    let unquoted = value
+        .strip_prefix('"')
+        .and_then(|v| v.strip_suffix('"'))
+        .or_else(|| value.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')))
+        .unwrap_or(value);
+    Some(unquoted)
 }
 
 fn accept_service(mut svc: Service, where_: &dyn Fn() -> String, out: &mut FileObjects) {
@@ -110,9 +169,15 @@ fn accept_slice(mut eps: EndpointSlice, where_: &dyn Fn() -> String, out: &mut F
 
 /// Parses one file's text. `path` is only used in messages.
 pub fn parse_file(path: &Path, text: &str) -> Result<FileObjects, StaticDirError> {
-    if let Some(out) = parse_typed(path, text) {
-        return Ok(out);
+    match parse_typed(path, text) {
+        Some(out) => Ok(out),
+        None => parse_general(path, text),
     }
+}
+
+/// The general path of [`parse_file`]: every document through a `serde_json::Value`, Lists
+/// expanded, every error worded with the file, document and item.
+fn parse_general(path: &Path, text: &str) -> Result<FileObjects, StaticDirError> {
     let docs: Vec<Value> = serde_saphyr::from_multiple_with_options(text, parse_options(text))
         .map_err(|e| StaticDirError::Yaml {
             path: path.to_path_buf(),
@@ -287,4 +352,82 @@ pub(super) fn parse_all(
         }
         out
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SVC: &str = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: shop\nspec:\n  clusterIP: 10.96.0.10\n  ports:\n  - name: http\n    port: 80\n";
+    const SLICE: &str = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  labels:\n    kubernetes.io/service-name: web\naddressType: IPv4\nendpoints:\n- addresses: [10.244.1.2]\n  nodeName: node-a\nports:\n- name: http\n  port: 8080\n";
+    const NODE: &str = "apiVersion: v1\nkind: Node\nmetadata:\n  name: node-a\n";
+
+    /// The fast path gives what the general path gives, or declines.
+    fn same(text: &str) -> bool {
+        let path = Path::new("t.yaml");
+        let general = parse_general(path, text);
+        match parse_typed(path, text) {
+            Some(fast) => {
+                match general {
+                    Ok(general) => assert_eq!(fast, general),
+                    Err(e) => panic!("the fast path took what the general path rejects: {e}"),
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    #[test]
+    fn fast_path_matches_the_general_path() {
+        let multi = format!("{SVC}---\n{SLICE}---\n{NODE}");
+        for text in [
+            SVC.to_string(),
+            SLICE.to_string(),
+            multi.clone(),
+            format!("# a preamble\n\n---\n{multi}"),
+            format!("{SVC}--- \r\n{SLICE}"),
+            SVC.replace("kind: Service", "kind: \"Service\" # quoted"),
+            SVC.replace("kind: Service", "kind: 'Service'"),
+            SLICE.replace("  labels:\n    kubernetes.io/service-name: web\n", ""),
+            SVC.replace("  namespace: shop\n", ""),
+            SVC.replace(
+                "metadata:",
+                "metadata:\n  labels:\n    service.kubernetes.io/service-proxy-name: other",
+            ),
+        ] {
+            assert!(same(&text), "the fast path declined:\n{text}");
+        }
+        let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        let mut taken = 0;
+        for entry in std::fs::read_dir(examples).into_iter().flatten().flatten() {
+            let p = entry.path();
+            if p.extension().is_some_and(|e| e == "yaml") {
+                let text = std::fs::read_to_string(&p).unwrap_or_default();
+                taken += usize::from(same(&text));
+            }
+        }
+        assert!(taken >= 4, "the fast path took {taken} example files");
+    }
+
+    #[test]
+    fn fast_path_declines_what_it_cannot_be_sure_of() {
+        let list = "apiVersion: v1\nkind: List\nitems: []\n";
+        for text in [
+            list.to_string(),
+            format!("{SVC}---\n---\n{SLICE}"),
+            format!("{SVC}--- # comment\n{SLICE}"),
+            format!("%YAML 1.2\n---\n{SVC}"),
+            format!("{SVC}...\n"),
+            format!("{SVC}kind: Service\n"),
+            SVC.replace("kind: Service", "kind:Service"),
+            "{apiVersion: v1, kind: Service, metadata: {name: a}}\n".to_string(),
+            SVC.replace("kind: Service", "kind: ConfigMap"),
+            SVC.replace("  name: web\n", ""),
+            SVC.replace("apiVersion: v1", "apiVersion: v2"),
+            String::new(),
+        ] {
+            assert!(!same(&text), "the fast path took:\n{text}");
+        }
+    }
 }
