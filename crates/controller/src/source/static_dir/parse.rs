@@ -93,7 +93,7 @@ fn documents(text: &str) -> Option<Vec<&str>> {
             }
             let doc = &text[start..offset];
             // Only a preamble of comments and blank lines may stand before the first marker.
-            if !(first && !has_content(doc)) {
+            if !first || has_content(doc) {
                 docs.push(doc);
             }
             first = false;
