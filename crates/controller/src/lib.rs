@@ -1,4 +1,4 @@
-//! kube-ipvs controller: sources, model, desired state, diff, sync loop.
+//! kube-ipvs controller: sources, desired state, diff, sync loop (the model is crate `model`).
 //!
 //! Data flows left to right: sources → store → model (pure) → desired (pure) → diff (pure) →
 //! appliers. The order in which a diff is applied is documented in [`diff`].
@@ -8,13 +8,14 @@ pub mod desired;
 pub mod diff;
 pub mod iptables_mode;
 pub mod kernel;
-pub mod model;
-pub mod objects;
 pub mod plan;
 pub mod proxier;
 pub mod retry;
-pub mod sorted;
 pub mod source;
-pub mod store;
 pub mod sync_loop;
 pub mod vip;
+
+/// The model crate: service ports, endpoints, selection rules (at `controller::model::*`).
+pub use ::model;
+// The model crate's modules under their former paths (`controller::store::Store`, ...).
+pub use ::model::{objects, sorted, store};

@@ -4,7 +4,7 @@
 //! Every event returns a [`Changes`]: the services whose desired state may have changed
 //! ("dirty": the Service changed, or one of its slices did) and whether the node's zone or
 //! addresses changed. An object re-announced unchanged (a relist, a resync) dirties nothing.
-//! Relists follow [`crate::source`]'s contract: between `Init(kind)` and `InitDone(kind)`
+//! Relists follow [`crate::event`]'s contract: between `Init(kind)` and `InitDone(kind)`
 //! every existing object is re-announced; those that are not are deleted at `InitDone`.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -12,10 +12,10 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 
+use crate::event::{Kind, Object, SourceEvent};
 use crate::model::{ServiceName, ZONE_LABEL};
 use crate::objects::{Interner, Slice, Svc};
 use crate::sorted::SortedVec;
-use crate::source::{Kind, Object, SourceEvent};
 
 /// Namespace/name of a stored object.
 type ObjKey = (Arc<str>, Arc<str>);

@@ -1,6 +1,6 @@
 //! Compact objects: what the proxy keeps of a Service and an EndpointSlice. Pure.
 //!
-//! The sources convert API objects where they arrive ([`crate::source::Object`]'s `From`
+//! The sources convert API objects where they arrive ([`crate::event::Object`]'s `From`
 //! impls: the watcher's map, the static parser) and the full `k8s-openapi` objects are
 //! dropped at once. Only the fields the model reads are kept — those
 //! upstream's `ServicePortInfo` and `EndpointInfo` keep (pkg/proxy/serviceport.go,
@@ -10,7 +10,7 @@
 //! resource versions, target references) is not kept, so an update that only touches it
 //! changes nothing here and dirties no service.
 //!
-//! An EndpointSlice is validated once, at conversion ([`crate::model::validate_slice`]); an
+//! An EndpointSlice is validated once, at conversion ([`crate::validate_slice`]); an
 //! invalid slice keeps its reason and no endpoints. Node names are interned: every endpoint on
 //! the same node shares one allocation ([`Interner`], bounded: unused names are dropped).
 
