@@ -28,9 +28,9 @@ use std::net::IpAddr;
 use ipvs_netlink::Protocol;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::model::{service_ports, Invalid, ProxyConfig, ServiceName};
-use crate::objects::Svc;
-use crate::sorted::SortedVec;
+use model::objects::Svc;
+use model::sorted::SortedVec;
+use model::{service_ports, Invalid, ProxyConfig, ServiceName};
 
 /// Every VIP-conflict reason starts with this (the engine maps it to a `VIPConflict` Event).
 pub const CONFLICT_PREFIX: &str = "VIP conflict:";
@@ -158,7 +158,7 @@ impl VipClaims {
     /// VIPs changed as a result: derive all of them.
     pub fn update(
         &mut self,
-        store: &crate::store::Store,
+        store: &model::store::Store,
         cfg: &ProxyConfig,
         names: impl IntoIterator<Item = ServiceName>,
     ) -> BTreeSet<ServiceName> {

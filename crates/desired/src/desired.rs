@@ -28,13 +28,13 @@ use ipset::{Entry, SetKind};
 use ipvs_netlink::{Destination, Family, Op, Protocol, Service, ServiceFlags, ServiceKey};
 
 use crate::diff::{diff_virtual_server, IpvsOps, IpvsTable, VirtualServer};
-use crate::model::{
+use crate::vip::Vip;
+use model::objects::{Slice, Svc};
+use model::sorted::{SortedMap, SortedVec};
+use model::{
     endpoints, select_endpoints, service_ports, Invalid, NodeInfo, ProxyConfig, ServiceName,
     ServicePortName,
 };
-use crate::objects::{Slice, Svc};
-use crate::sorted::{SortedMap, SortedVec};
-use crate::vip::Vip;
 
 /// One member of one of the kube-proxy sets.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -298,7 +298,7 @@ pub fn service_desired_except(
         d.no_local_external += u32::from(sel.no_local.external);
         let proto = sp.name.protocol;
         let sproto = set_proto(proto);
-        let make_key = |key: ServiceKey, eps: &[crate::model::Endpoint]| {
+        let make_key = |key: ServiceKey, eps: &[model::Endpoint]| {
             let mut s = Service::new(key, sp.scheduler.clone());
             s.flags = s.flags.with(sp.scheduler_flags);
             if let Some(t) = sp.affinity_timeout {
@@ -307,7 +307,7 @@ pub fn service_desired_except(
             }
             VirtualServer::new(s, eps.iter().map(|e| Destination::new(e.ip, e.port)))
         };
-        let make = |addr: IpAddr, port: u16, eps: &[crate::model::Endpoint]| {
+        let make = |addr: IpAddr, port: u16, eps: &[model::Endpoint]| {
             let key = ServiceKey::Inet {
                 protocol: proto,
                 addr,
