@@ -6,5 +6,5 @@
 
 pub use model::event::*;
 
-pub mod kube;
-pub mod static_dir;
+// The sources themselves are crate `watch`, here under their former paths.
+pub use ::watch::{kube, static_dir};

@@ -12,13 +12,13 @@
 //! Consumers must not program anything until [`SourceHealth::synced`] (both Services and
 //! EndpointSlices listed once); the `InitDone` events carry the same information in-band.
 
-use super::{Kind, Object, SourceEvent};
 use futures::stream::{BoxStream, SelectAll};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource};
+use model::event::{Kind, Object, SourceEvent};
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use std::time::Instant;
@@ -26,9 +26,9 @@ use tokio::sync::{mpsc, watch};
 
 /// The label selector kube-proxy uses for Services and EndpointSlices: skip objects owned by
 /// another proxy and headless services (`!key` for each of
-/// [`super::PROXY_EXCLUDING_LABELS`], which the static source applies too).
+/// [`model::event::PROXY_EXCLUDING_LABELS`], which the static source applies too).
 pub fn proxy_label_selector() -> String {
-    super::PROXY_EXCLUDING_LABELS
+    model::event::PROXY_EXCLUDING_LABELS
         .iter()
         .map(|k| format!("!{k}"))
         .collect::<Vec<_>>()

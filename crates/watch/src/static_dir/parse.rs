@@ -9,9 +9,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use super::{StaticDirError, SERVICE_NAME_LABEL};
-use crate::objects::{Slice, Svc};
+use model::objects::{Slice, Svc};
 
-/// The objects of one file, in the compact form the proxy keeps ([`crate::objects`]): the
+/// The objects of one file, in the compact form the proxy keeps ([`model::objects`]): the
 /// parsed `k8s-openapi` objects are dropped as soon as they are converted.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FileObjects {
@@ -137,7 +137,7 @@ fn accept_service(mut svc: Service, where_: &dyn Fn() -> String, out: &mut FileO
     svc.metadata
         .namespace
         .get_or_insert_with(|| "default".into());
-    if let Some(label) = crate::source::excluding_label(svc.metadata.labels.as_ref()) {
+    if let Some(label) = model::event::excluding_label(svc.metadata.labels.as_ref()) {
         tracing::info!(object = %where_(), label, "Service not handled by this proxy");
         return;
     }
@@ -148,7 +148,7 @@ fn accept_slice(mut eps: EndpointSlice, where_: &dyn Fn() -> String, out: &mut F
     eps.metadata
         .namespace
         .get_or_insert_with(|| "default".into());
-    if let Some(label) = crate::source::excluding_label(eps.metadata.labels.as_ref()) {
+    if let Some(label) = model::event::excluding_label(eps.metadata.labels.as_ref()) {
         tracing::info!(object = %where_(), label, "EndpointSlice not handled by this proxy");
         return;
     }

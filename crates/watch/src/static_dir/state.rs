@@ -11,8 +11,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::parse::{parse_all, FileObjects, ToParse};
 use super::{StaticDirError, FILE_EXTENSIONS};
-use crate::objects::{Interner, Slice, Svc};
-use crate::source::{Kind, Object, SourceEvent};
+use model::event::{Kind, Object, SourceEvent};
+use model::objects::{Interner, Slice, Svc};
 
 /// Everything the directory holds at one point in time.
 #[derive(Debug, Clone, PartialEq)]

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 
 use super::state::{is_candidate_name, load, Batch, DirState, LoadResult, SourceStats};
 use super::{StaticDirError, DEFAULT_DEBOUNCE};
-use crate::source::SourceEvent;
+use model::event::SourceEvent;
 
 /// Most changed paths remembered between two batches; beyond, the next batch rescans the
 /// directory (bounded memory whatever happens in the directory).

@@ -10,8 +10,8 @@ use super::parse::FileObjects;
 use super::state::{
     service_key, slice_key, synthesize_node, Batch, DirState, ObjKey, Snapshot, Update,
 };
-use crate::objects::{Slice, Svc};
-use crate::source::{Object, SourceEvent};
+use model::event::{Object, SourceEvent};
+use model::objects::{Slice, Svc};
 
 impl DirState {
     /// Applies a batch of file updates and returns the events of the objects whose effective
