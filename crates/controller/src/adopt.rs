@@ -37,7 +37,7 @@ use ipset::{Entry, IpsetState, SetKind};
 use ipvs_netlink::{Family, Protocol, ServiceKey};
 
 use crate::desired::{
-    set_proto, Features, HealthCheck, InClusterDest, InClusterPort, IpsetEntry, ServiceDesired,
+    Features, HealthCheck, InClusterDest, InClusterPort, IpsetEntry, ServiceDesired,
 };
 use crate::diff::IpvsTable;
 use crate::model::{ProxyConfig, ServiceName, ServicePortName};
@@ -231,17 +231,13 @@ pub fn adopt_service(
     }
     if let Some(sets) = kernel.sets {
         let vip_port = |ip: &IpAddr, proto: ipset::Protocol, port: u16| {
-            claims.vips.contains(ip)
-                && claims
-                    .ports
-                    .iter()
-                    .any(|(p, n)| set_proto(*p) == proto && *n == port)
+            claims.vips.contains(ip) && claims.ports.iter().any(|(p, n)| *p == proto && *n == port)
         };
         let node_port = |proto: ipset::Protocol, port: u16| {
             claims
                 .node_ports
                 .iter()
-                .any(|(p, n)| set_proto(*p) == proto && *n == port)
+                .any(|(p, n)| *p == proto && *n == port)
         };
         let reals: BTreeSet<(IpAddr, u16)> = d
             .virtual_servers
@@ -330,7 +326,7 @@ fn adopt_in_cluster(
     let owned = crate::desired::owned_by_proxy(cfg);
     for (name, port, node_port) in &claims.named_ports {
         let proto = name.protocol;
-        let sp = set_proto(proto);
+        let sp = proto;
         let mut dests = BTreeSet::new();
         for e in &d.ipset_entries {
             match (e.set, &e.entry) {

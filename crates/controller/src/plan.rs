@@ -274,11 +274,7 @@ impl Kernel for DryRun<'_> {
 }
 
 fn conntrack_args(f: &conntrack::ConntrackFilter) -> String {
-    let proto = match f.proto {
-        conntrack::Protocol::Udp => "udp",
-        conntrack::Protocol::Tcp => "tcp",
-        conntrack::Protocol::Sctp => "sctp",
-    };
+    let proto = f.proto.as_str();
     let mut s = format!("-p {proto} --orig-dst {}", f.orig_dst);
     if let Some(p) = f.orig_dst_port {
         s.push_str(&format!(" --orig-port-dst {p}"));

@@ -223,15 +223,6 @@ pub struct Derived {
     pub rejected_slices: Vec<(String, Invalid)>,
 }
 
-/// ipset's protocol for an IPVS protocol.
-pub fn set_proto(p: Protocol) -> ipset::Protocol {
-    match p {
-        Protocol::Tcp => ipset::Protocol::Tcp,
-        Protocol::Udp => ipset::Protocol::Udp,
-        Protocol::Sctp => ipset::Protocol::Sctp,
-    }
-}
-
 /// ipset's family for an IPVS family.
 pub fn set_family(f: Family) -> ipset::Family {
     match f {
@@ -297,7 +288,6 @@ pub fn service_desired_except(
         d.no_local_internal += u32::from(sel.no_local.internal);
         d.no_local_external += u32::from(sel.no_local.external);
         let proto = sp.name.protocol;
-        let sproto = set_proto(proto);
         let make_key = |key: ServiceKey, eps: &[model::Endpoint]| {
             let mut s = Service::new(key, sp.scheduler.clone());
             s.flags = s.flags.with(sp.scheduler_flags);
@@ -331,7 +321,7 @@ pub fn service_desired_except(
         addresses.insert(sp.cluster_ip);
         entry(
             SetKind::ClusterIp,
-            Entry::ip_port(sp.cluster_ip, sproto, sp.port),
+            Entry::ip_port(sp.cluster_ip, proto, sp.port),
         );
 
         let won = |ip: &IpAddr| {
@@ -352,11 +342,11 @@ pub fn service_desired_except(
             if sp.external_local {
                 entry(
                     SetKind::ExternalIpLocal,
-                    Entry::ip_port(*ip, sproto, sp.port),
+                    Entry::ip_port(*ip, proto, sp.port),
                 );
                 features |= Features::EXTERNAL_IPS_LOCAL;
             } else {
-                entry(SetKind::ExternalIp, Entry::ip_port(*ip, sproto, sp.port));
+                entry(SetKind::ExternalIp, Entry::ip_port(*ip, proto, sp.port));
             }
             features |= Features::EXTERNAL_IPS;
         }
@@ -366,26 +356,23 @@ pub fn service_desired_except(
             vss.push(make(*ip, sp.port, &sel.external));
             in_cluster_dest(*ip, sp.port);
             addresses.insert(*ip);
-            entry(SetKind::LoadBalancer, Entry::ip_port(*ip, sproto, sp.port));
+            entry(SetKind::LoadBalancer, Entry::ip_port(*ip, proto, sp.port));
             features |= Features::LOAD_BALANCERS;
             if sp.external_local {
                 entry(
                     SetKind::LoadBalancerLocal,
-                    Entry::ip_port(*ip, sproto, sp.port),
+                    Entry::ip_port(*ip, proto, sp.port),
                 );
                 features |= Features::LOAD_BALANCERS_LOCAL;
             }
             if sp.firewall {
                 features |= Features::LB_SOURCE_RANGES;
                 node_dependent = true;
-                entry(
-                    SetKind::LoadBalancerFw,
-                    Entry::ip_port(*ip, sproto, sp.port),
-                );
+                entry(SetKind::LoadBalancerFw, Entry::ip_port(*ip, proto, sp.port));
                 for net in &sp.source_ranges {
                     entry(
                         SetKind::LoadBalancerSourceCidr,
-                        Entry::ip_port_net(*ip, sproto, sp.port, *net),
+                        Entry::ip_port_net(*ip, proto, sp.port, *net),
                     );
                 }
                 // The node may reach the LB IP (bound locally, so the source is the LB IP)
@@ -397,7 +384,7 @@ pub fn service_desired_except(
                 if from_node {
                     entry(
                         SetKind::LoadBalancerSourceIp,
-                        Entry::ip_port_ip(*ip, sproto, sp.port, *ip),
+                        Entry::ip_port_ip(*ip, proto, sp.port, *ip),
                     );
                 }
             }
@@ -425,9 +412,9 @@ pub fn service_desired_except(
                 }
                 Protocol::Sctp => {
                     for ip in &node_ports {
-                        entry(SetKind::NodePortSctp, Entry::ip_port(*ip, sproto, np));
+                        entry(SetKind::NodePortSctp, Entry::ip_port(*ip, proto, np));
                         if sp.external_local {
-                            entry(SetKind::NodePortLocalSctp, Entry::ip_port(*ip, sproto, np));
+                            entry(SetKind::NodePortLocalSctp, Entry::ip_port(*ip, proto, np));
                         }
                     }
                     features |= Features::SCTP_NODE_PORTS;
@@ -458,7 +445,7 @@ pub fn service_desired_except(
             if e.is_local {
                 entry(
                     SetKind::LoopBack,
-                    Entry::ip_port_ip(e.ip, sproto, e.port, e.ip),
+                    Entry::ip_port_ip(e.ip, proto, e.port, e.ip),
                 );
                 features |= Features::LOOP_BACK;
             }

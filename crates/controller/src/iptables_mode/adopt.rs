@@ -169,7 +169,7 @@ pub(super) fn adopt_saved_rules(
         out.push(PortState {
             rules: ServicePortRules {
                 name: id,
-                protocol: set_proto(protocol),
+                protocol,
                 cluster_ip: vip.unwrap_or(match cfg.family {
                     Family::Inet => IpAddr::from([0u8; 4]),
                     Family::Inet6 => IpAddr::from([0u16; 8]),

@@ -29,8 +29,8 @@ use iptables::proxy_mode::{
 use iptables::{Iptables, Table};
 use ipvs_netlink::{Family, Protocol};
 
+use crate::desired::set_family;
 use crate::desired::HealthCheck;
-use crate::desired::{set_family, set_proto};
 use crate::kernel::KernelError;
 use crate::model::{
     endpoints, select_endpoints, service_ports, Endpoint, Invalid, NoLocalEndpoints, NodeInfo,
@@ -243,7 +243,7 @@ pub fn service_port_rules(
         );
         let rules = ServicePortRules {
             name: service_port_string(sp),
-            protocol: set_proto(sp.name.protocol),
+            protocol: sp.name.protocol,
             cluster_ip: sp.cluster_ip,
             port: sp.port,
             node_port: sp.node_port,
@@ -428,7 +428,7 @@ impl IptablesProxier {
                                     !lost.contains_key(&crate::vip::Vip {
                                         ip: *ip,
                                         port: p.port,
-                                        protocol: vip_proto(p.protocol),
+                                        protocol: p.protocol,
                                     })
                                 };
                                 let (ext, lb): (Vec<IpAddr>, Vec<IpAddr>) = (
@@ -602,14 +602,6 @@ impl IptablesProxier {
             }
         }
         m
-    }
-}
-
-fn vip_proto(p: ipset::Protocol) -> ipvs_netlink::Protocol {
-    match p {
-        ipset::Protocol::Tcp => ipvs_netlink::Protocol::Tcp,
-        ipset::Protocol::Udp => ipvs_netlink::Protocol::Udp,
-        ipset::Protocol::Sctp => ipvs_netlink::Protocol::Sctp,
     }
 }
 

@@ -143,7 +143,7 @@ impl Proxier {
             .into_iter()
             .map(|m| iptables::InClusterMark {
                 ip: m.dest.ip,
-                proto: crate::desired::set_proto(m.dest.protocol),
+                proto: m.dest.protocol,
                 port: m.dest.port,
                 mark: m.mark,
             })

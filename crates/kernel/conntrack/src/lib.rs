@@ -97,27 +97,8 @@ impl From<netlink::Error> for ConntrackError {
     }
 }
 
-/// Transport protocol of a service port.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Protocol {
-    /// UDP (17): the case that needs cleanup.
-    Udp,
-    /// TCP (6).
-    Tcp,
-    /// SCTP (132).
-    Sctp,
-}
-
-impl Protocol {
-    /// IP protocol number.
-    pub fn number(self) -> u8 {
-        match self {
-            Protocol::Udp => 17,
-            Protocol::Tcp => 6,
-            Protocol::Sctp => 132,
-        }
-    }
-}
+/// Transport protocol of a service port (crate `net-types`).
+pub use net_types::Protocol;
 
 /// Which conntrack entries to delete. Every `Some` field must match; the address family is
 /// that of `orig_dst`.

@@ -9,39 +9,8 @@ use ipnet::IpNet;
 use crate::set::{Family, SetType};
 use crate::Error;
 
-/// Transport protocol of a `,proto:port` element.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Protocol {
-    /// TCP
-    Tcp,
-    /// UDP
-    Udp,
-    /// SCTP
-    Sctp,
-}
-
-impl Protocol {
-    /// Lower-case name as ipset prints it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Tcp => "tcp",
-            Protocol::Udp => "udp",
-            Protocol::Sctp => "sctp",
-        }
-    }
-}
-
-impl FromStr for Protocol {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self, Error> {
-        match s.to_ascii_lowercase().as_str() {
-            "tcp" => Ok(Protocol::Tcp),
-            "udp" => Ok(Protocol::Udp),
-            "sctp" => Ok(Protocol::Sctp),
-            _ => Err(Error::Parse(format!("unknown protocol {s:?}"))),
-        }
-    }
-}
+/// Transport protocol of a `,proto:port` element (crate `net-types`).
+pub use net_types::Protocol;
 
 /// One member of a set. `Display` gives exactly what `ipset save` prints, so a state read back
 /// from the kernel compares equal to the desired one. Build entries with the constructors (or

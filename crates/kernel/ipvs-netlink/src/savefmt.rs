@@ -261,7 +261,13 @@ pub fn cmp_services(a: &ServiceKey, b: &ServiceKey) -> i32 {
                 protocol,
                 addr,
                 port,
-            } => (0, Family::of(addr).to_af(), protocol.number(), *addr, *port),
+            } => (
+                0,
+                Family::of(addr).to_af(),
+                u16::from(protocol.number()),
+                *addr,
+                *port,
+            ),
         }
     };
     let (ma, afa, pa, aa, porta) = parts(a);

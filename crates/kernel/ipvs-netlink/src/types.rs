@@ -1,82 +1,9 @@
 //! Public IPVS data types: virtual servers, real servers, timeouts, counters and operations.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
-/// Address family of a virtual server (the kernel's `AF_INET` / `AF_INET6`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Family {
-    /// IPv4 (`AF_INET` = 2).
-    Inet,
-    /// IPv6 (`AF_INET6` = 10).
-    Inet6,
-}
-
-impl Family {
-    /// The kernel's numeric address family.
-    pub fn to_af(self) -> u16 {
-        match self {
-            Family::Inet => 2,
-            Family::Inet6 => 10,
-        }
-    }
-
-    /// Family from the kernel's numeric address family.
-    pub fn from_af(af: u16) -> Option<Family> {
-        match af {
-            2 => Some(Family::Inet),
-            10 => Some(Family::Inet6),
-            _ => None,
-        }
-    }
-
-    /// The family of an address.
-    pub fn of(addr: &IpAddr) -> Family {
-        match addr {
-            IpAddr::V4(_) => Family::Inet,
-            IpAddr::V6(_) => Family::Inet6,
-        }
-    }
-
-    /// The unspecified address of this family.
-    pub fn unspecified(self) -> IpAddr {
-        match self {
-            Family::Inet => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            Family::Inet6 => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-        }
-    }
-}
-
-/// Transport protocol of an address-based virtual server.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Protocol {
-    /// TCP (`IPPROTO_TCP` = 6).
-    Tcp,
-    /// UDP (`IPPROTO_UDP` = 17).
-    Udp,
-    /// SCTP (`IPPROTO_SCTP` = 132).
-    Sctp,
-}
-
-impl Protocol {
-    /// The IP protocol number.
-    pub fn number(self) -> u16 {
-        match self {
-            Protocol::Tcp => 6,
-            Protocol::Udp => 17,
-            Protocol::Sctp => 132,
-        }
-    }
-
-    /// Protocol from an IP protocol number.
-    pub fn from_number(n: u16) -> Option<Protocol> {
-        match n {
-            6 => Some(Protocol::Tcp),
-            17 => Some(Protocol::Udp),
-            132 => Some(Protocol::Sctp),
-            _ => None,
-        }
-    }
-}
+/// The address family and transport protocol (crate `net-types`, shared by every crate).
+pub use net_types::{Family, Protocol};
 
 /// Identity of a virtual server: either protocol + address + port, or a firewall mark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -81,7 +81,7 @@ fn put_service_key(w: &mut AttrWriter<'_>, key: &ServiceKey) {
             addr,
             port,
         } => {
-            w.u16(IPVS_SVC_ATTR_PROTOCOL, protocol.number());
+            w.u16(IPVS_SVC_ATTR_PROTOCOL, u16::from(protocol.number()));
             w.bytes(IPVS_SVC_ATTR_ADDR, &inet_addr_bytes(addr));
             w.be16(IPVS_SVC_ATTR_PORT, *port);
         }
@@ -368,7 +368,9 @@ pub fn decode_service_nest(attrs: AttrIter<'_>) -> Result<Service, Error> {
     let key = match (fwmark, protocol, addr, port) {
         (Some(mark), _, _, _) if mark != 0 => ServiceKey::Fwmark { family, mark },
         (_, Some(p), Some(a), Some(port)) => ServiceKey::Inet {
-            protocol: Protocol::from_number(p)
+            protocol: u8::try_from(p)
+                .ok()
+                .and_then(Protocol::from_number)
                 .ok_or_else(|| Error::Malformed(format!("unsupported protocol {p}")))?,
             addr: decode_addr(&a, family)?,
             port,
