@@ -2,16 +2,46 @@
 //! that turn a Service and its EndpointSlices into service ports and selected endpoints.
 //!
 //! The first stage of a Service's journey after its source: a source ([`event`]'s vocabulary)
-//! feeds the [`store::Store`]; the desired state (crate `controller`) asks the model for each
+//! feeds the [`store::Store`]; the desired state (crate `desired`) asks the model for each
 //! dirty service's ports and endpoints. Nothing here does IO.
 //!
 //! The model's types and functions are at the crate root ([`ServicePort`], [`endpoints`],
-//! [`select_endpoints`], [`Invalid`], ...).
+//! [`select_endpoints`], [`Invalid`], ...), defined in five private modules (names and limits,
+//! configuration, service ports, endpoints, rejections).
+//!
+//! ## The rules
+//!
+//! Kubernetes objects turned into proxy concepts (service ports, endpoints). Pure.
+//!
+//! - [`service_ports`] turns one `Service` into the [`ServicePort`]s of one address family
+//!   (one proxier instance per family; a dual-stack process runs two).
+//! - [`endpoints`] merges every EndpointSlice of a service into the [`Endpoint`]s of one port.
+//! - [`select_endpoints`] applies Kubernetes' endpoint rules: ready first, serving-terminating as
+//!   a fall-back, `internalTrafficPolicy`/`externalTrafficPolicy: Local` (no local endpoint means no
+//!   real server: traffic is dropped, never sent to remote endpoints), topology hints.
+//!
+//! Bad input (invalid IPs or CIDRs, ports 0 or > 65535, unknown protocols, duplicate ports,
+//! absurd sizes) is rejected with an [`Invalid`] reason: a bad Service is skipped as a whole, a
+//! bad EndpointSlice is skipped alone (the service's other slices still count). Nothing here
+//! panics on any input. [`Rejections`] remembers reasons so each is logged once and counted.
+//!
+//! Size caps (documented limits, far above what the API server admits in practice):
+//! [`MAX_PORTS_PER_SERVICE`], [`MAX_VIPS_PER_SERVICE`], [`MAX_SOURCE_RANGES`],
+//! [`MAX_ENDPOINTS_PER_SLICE`] (the API's own limit), [`MAX_ENDPOINTS_PER_SERVICE_PORT`].
 
 pub mod event;
-mod model;
 pub mod objects;
 pub mod sorted;
 pub mod store;
 
-pub use model::*;
+mod config;
+mod endpoints;
+mod names;
+mod rejections;
+mod service;
+
+pub use config::*;
+pub use endpoints::*;
+pub use names::*;
+pub use rejections::*;
+pub use service::*;

@@ -25,7 +25,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use ipvs_netlink::Family;
 
-use crate::model::{
+use crate::{
     last_change_trigger_time, slice_service, validate_slice, Invalid, ServiceName,
     SCHEDULER_ANNOTATION, SCHEDULER_FLAGS_ANNOTATION,
 };

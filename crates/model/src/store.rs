@@ -13,9 +13,9 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Node;
 
 use crate::event::{Kind, Object, SourceEvent};
-use crate::model::{ServiceName, ZONE_LABEL};
 use crate::objects::{Interner, Slice, Svc};
 use crate::sorted::SortedVec;
+use crate::{ServiceName, ZONE_LABEL};
 
 /// Namespace/name of a stored object.
 type ObjKey = (Arc<str>, Arc<str>);
