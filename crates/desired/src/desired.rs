@@ -857,12 +857,10 @@ impl Desired {
     /// [`crate::diff::diff_ipvs`] of [`Desired::ipvs_table`] against `actual`, without
     /// building the desired table (a full resync at 10,000 services would copy ~10 MB).
     pub fn diff_ipvs(&self, actual: &IpvsTable, owned: &dyn Fn(&ServiceKey) -> bool) -> IpvsOps {
-        let mut keys: Vec<&ServiceKey> = self.claims.keys().collect();
-        keys.sort_unstable();
-        let entries = keys
-            .into_iter()
-            .filter_map(|k| self.effective(k).map(|vs| (k, vs)));
-        crate::diff::diff_ipvs_by(entries, |k| self.effective(k), actual, owned)
+        IpvsOps {
+            apply: self.diff_ipvs_keys(&self.ipvs_keys(), actual),
+            remove: self.diff_ipvs_undesired(actual, owned),
+        }
     }
 
     /// The keys of [`Desired::ipvs_table`] in order, for [`Desired::diff_ipvs_keys`].
@@ -1052,12 +1050,12 @@ pub fn mark_candidates(p: &ServicePortName) -> impl Iterator<Item = u32> {
 /// marks do not move across restarts.
 fn fnv1a(p: &ServicePortName) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
-    let proto = match p.protocol {
-        Protocol::Tcp => "TCP",
-        Protocol::Udp => "UDP",
-        Protocol::Sctp => "SCTP",
-    };
-    for part in [&p.namespace, &p.name, p.port_name.as_str(), proto] {
+    for part in [
+        &p.namespace,
+        &p.name,
+        p.port_name.as_str(),
+        p.protocol.api_name(),
+    ] {
         for b in part.bytes().chain(std::iter::once(0)) {
             h ^= u32::from(b);
             h = h.wrapping_mul(0x0100_0193);

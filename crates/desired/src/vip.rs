@@ -51,11 +51,7 @@ pub struct Vip {
 
 impl fmt::Display for Vip {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let p = match self.protocol {
-            Protocol::Tcp => "TCP",
-            Protocol::Udp => "UDP",
-            Protocol::Sctp => "SCTP",
-        };
+        let p = self.protocol.api_name();
         match self.ip {
             IpAddr::V4(ip) => write!(f, "{ip}:{}/{p}", self.port),
             IpAddr::V6(ip) => write!(f, "[{ip}]:{}/{p}", self.port),

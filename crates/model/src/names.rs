@@ -153,11 +153,13 @@ impl ServicePortName {
 
 impl fmt::Display for ServicePortName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}:{}", self.namespace, self.name, self.port_name)?;
-        f.write_str(match self.protocol {
-            Protocol::Tcp => "/TCP",
-            Protocol::Udp => "/UDP",
-            Protocol::Sctp => "/SCTP",
-        })
+        write!(
+            f,
+            "{}/{}:{}/{}",
+            self.namespace,
+            self.name,
+            self.port_name,
+            self.protocol.api_name()
+        )
     }
 }

@@ -95,10 +95,9 @@ impl NoLocalEndpoints {
 
 pub(crate) fn parse_protocol(p: Option<&str>) -> Result<Protocol, Invalid> {
     match p {
-        None | Some("TCP") => Ok(Protocol::Tcp),
-        Some("UDP") => Ok(Protocol::Udp),
-        Some("SCTP") => Ok(Protocol::Sctp),
-        Some(other) => Err(Invalid::new(format!("unknown protocol {other:?}"))),
+        None => Ok(Protocol::Tcp),
+        Some(name) => Protocol::from_api_name(name)
+            .ok_or_else(|| Invalid::new(format!("unknown protocol {name:?}"))),
     }
 }
 

@@ -81,6 +81,23 @@ impl Protocol {
         }
     }
 
+    /// The name as the Kubernetes API spells it (`TCP`, `UDP`, `SCTP`).
+    pub fn api_name(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+            Protocol::Sctp => "SCTP",
+        }
+    }
+
+    /// Protocol from its Kubernetes API name (exactly `TCP`, `UDP` or `SCTP`, as the API
+    /// admits them).
+    pub fn from_api_name(name: &str) -> Option<Protocol> {
+        [Protocol::Tcp, Protocol::Udp, Protocol::Sctp]
+            .into_iter()
+            .find(|p| p.api_name() == name)
+    }
+
     /// The lower-case name (`tcp`, `udp`, `sctp`), as ipset and conntrack print it.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -124,8 +141,15 @@ mod tests {
             assert_eq!(Protocol::from_number(p.number()), Some(p));
             assert_eq!(p.as_str().parse::<Protocol>(), Ok(p));
             assert_eq!(p.as_str().to_uppercase().parse::<Protocol>(), Ok(p));
+            assert_eq!(Protocol::from_api_name(p.api_name()), Some(p));
+            assert_eq!(p.api_name(), p.as_str().to_uppercase());
         }
         assert_eq!(Protocol::from_number(1), None);
+        assert_eq!(
+            Protocol::from_api_name("tcp"),
+            None,
+            "the API spelling is upper case"
+        );
         assert_eq!(
             "icmp".parse::<Protocol>().map_err(|e| e.to_string()),
             Err("unknown protocol \"icmp\"".to_string())
