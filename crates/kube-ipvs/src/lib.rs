@@ -3,6 +3,7 @@
 //!
 //! `main` only calls [`run`]; tests drive the modules directly.
 
+pub mod allocator;
 pub mod cli;
 pub mod client_limit;
 pub mod config;

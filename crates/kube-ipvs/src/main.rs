@@ -3,6 +3,12 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    if let Some(e) = kube_ipvs::allocator::tune() {
+        eprintln!(
+            "kube-ipvs: cannot re-execute with {}: {e}; going on with glibc's malloc defaults",
+            kube_ipvs::allocator::VAR
+        );
+    }
     let args = match kube_ipvs::cli::parse(std::env::args_os()) {
         Ok(a) => a,
         Err(e) => {

@@ -194,6 +194,7 @@ async fn daemon_serves_health_and_metrics_and_exits_0_on_sigterm() {
     let child = Command::new(BIN)
         .args(daemon_args(ex.to_str().unwrap(), &hz, &m))
         .env_remove("RUST_LOG")
+        .env_remove(kube_ipvs::allocator::VAR)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -251,6 +252,20 @@ async fn daemon_serves_health_and_metrics_and_exits_0_on_sigterm() {
     assert_eq!(hc.json()["service"]["name"], "ingress", "{}", hc.body);
 
     let pid = d.0.id().to_string();
+    // The process re-executed itself in place (same pid, still serving) with glibc's malloc
+    // tunables (glibc 2.36 shows the variable up to its first ':' once it has parsed it).
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let tunables = environ
+        .split(|b| *b == 0)
+        .find(|v| v.starts_with(b"GLIBC_TUNABLES="))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .unwrap_or_default();
+    let full = format!("GLIBC_TUNABLES={}", kube_ipvs::allocator::TUNABLES);
+    assert!(
+        tunables.starts_with("GLIBC_TUNABLES=glibc.malloc.arena_max=2")
+            && full.starts_with(&tunables),
+        "{tunables:?}"
+    );
     // oomScoreAdj's default, like kube-proxy; where the kernel refuses it (some sandboxes
     // refuse negative values even to root) the daemon says so and goes on.
     let oom = std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj")).unwrap();

@@ -47,6 +47,11 @@ impl<T: Ord> SortedVec<T> {
         self.0.first()
     }
 
+    /// The largest element.
+    pub fn last(&self) -> Option<&T> {
+        self.0.last()
+    }
+
     /// The elements in order.
     pub fn iter(&self) -> std::slice::Iter<'_, T> {
         self.0.iter()

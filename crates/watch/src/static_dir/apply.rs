@@ -1,7 +1,7 @@
 //! Applying a batch of file updates: the objects whose effective version changed become
 //! watch-like events; and the directory's whole content as a snapshot.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::Node;
@@ -12,6 +12,7 @@ use super::state::{
 };
 use model::event::{Object, SourceEvent};
 use model::objects::{Slice, Svc};
+use model::sorted::SortedVec;
 
 impl DirState {
     /// Applies a batch of file updates and returns the events of the objects whose effective
@@ -171,7 +172,7 @@ impl DirState {
         batch
     }
 
-    fn defined_in(&self, defs: &HashMap<ObjKey, BTreeSet<PathBuf>>, k: &ObjKey) -> String {
+    fn defined_in(&self, defs: &HashMap<ObjKey, SortedVec<PathBuf>>, k: &ObjKey) -> String {
         defs.get(k)
             .map(|d| {
                 d.iter()

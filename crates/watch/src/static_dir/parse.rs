@@ -1,7 +1,7 @@
 //! Parsing one file's text into compact objects (a fast typed path, and a general path that
 //! words every error with the file, document and item), and parsing many files in parallel.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -299,48 +299,29 @@ fn add_object(
     Ok(())
 }
 
-/// A file read and due to be parsed: its path, the hash of its text, and the text.
-pub(super) type ToParse = (PathBuf, u64, String);
-
-/// Parses files, on several threads when there are many. Each text is dropped as soon as it
-/// is parsed, so the whole directory's text is never held next to all of its objects.
-pub(super) fn parse_all(
-    texts: Vec<ToParse>,
-) -> Vec<(PathBuf, u64, Result<FileObjects, StaticDirError>)> {
+/// Maps `f` over `items` in order, on several threads when there are many (the directory's
+/// files: each worker reads, hashes and parses its share).
+pub(super) fn par_map<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
-        .min(texts.len() / 16)
+        .min(items.len() / 16)
         .max(1);
     if threads == 1 {
-        return texts
-            .into_iter()
-            .map(|(p, h, t)| {
-                let r = parse_file(&p, &t);
-                (p, h, r)
-            })
-            .collect();
+        return items.into_iter().map(f).collect();
     }
-    let chunk = texts.len().div_ceil(threads);
-    let mut texts = texts;
+    let chunk = items.len().div_ceil(threads);
+    let mut items = items;
     let mut chunks = Vec::new();
-    while !texts.is_empty() {
-        let rest = texts.split_off(chunk.min(texts.len()));
-        chunks.push(std::mem::replace(&mut texts, rest));
+    while !items.is_empty() {
+        let rest = items.split_off(chunk.min(items.len()));
+        chunks.push(std::mem::replace(&mut items, rest));
     }
+    let f = &f;
     std::thread::scope(|scope| {
         let handles: Vec<_> = chunks
             .into_iter()
-            .map(|c| {
-                scope.spawn(move || {
-                    c.into_iter()
-                        .map(|(p, h, t)| {
-                            let r = parse_file(&p, &t);
-                            (p, h, r)
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
+            .map(|c| scope.spawn(move || c.into_iter().map(f).collect::<Vec<_>>()))
             .collect();
         let mut out = Vec::new();
         for h in handles {

@@ -9,10 +9,11 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::parse::{parse_all, FileObjects, ToParse};
+use super::parse::{par_map, parse_file, FileObjects};
 use super::{StaticDirError, FILE_EXTENSIONS};
 use model::event::{Kind, Object, SourceEvent};
 use model::objects::{Interner, Slice, Svc};
+use model::sorted::{SortedMap, SortedVec};
 
 /// Everything the directory holds at one point in time.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,15 +66,15 @@ impl Snapshot {
     }
 }
 
-/// Namespace/name of an object.
-pub(super) type ObjKey = (String, String);
+/// Namespace/name of an object (a Service's key shares its object's strings).
+pub(super) type ObjKey = (Arc<str>, Arc<str>);
 
 pub(super) fn service_key(s: &Svc) -> ObjKey {
-    (s.name.namespace.to_string(), s.name.name.to_string())
+    (s.name.namespace.clone(), s.name.name.clone())
 }
 
 pub(super) fn slice_key(s: &Slice) -> ObjKey {
-    (s.namespace.to_string(), s.name.to_string())
+    (s.namespace.clone(), Arc::from(&*s.name))
 }
 
 /// A file's identity and change stamp from `stat` (following symlinks), used by the polling
@@ -109,9 +110,10 @@ pub(super) struct FileEntry {
     pub(super) stamp: Option<Stamp>,
     /// The objects of its last good version.
     pub(super) objects: FileObjects,
-    /// Index of the last document defining each Service / EndpointSlice in `objects`.
-    pub(super) service_at: HashMap<ObjKey, usize>,
-    pub(super) slice_at: HashMap<ObjKey, usize>,
+    /// Index of the last document defining each Service / EndpointSlice in `objects` (a
+    /// sorted vector: nearly every file defines one object).
+    pub(super) service_at: SortedMap<ObjKey, usize>,
+    pub(super) slice_at: SortedMap<ObjKey, usize>,
     /// The last read failed (its last good objects are kept).
     pub(super) bad: bool,
     /// A read succeeded at least once (`objects` is a real version, not the empty default).
@@ -199,10 +201,10 @@ pub struct DirState {
     pub(super) dir: PathBuf,
     pub(super) node_name: String,
     pub(super) files: BTreeMap<PathBuf, FileEntry>,
-    /// For every Service / EndpointSlice, the files defining it; the last one (name order)
-    /// wins, like on a full read.
-    pub(super) service_defs: HashMap<ObjKey, BTreeSet<PathBuf>>,
-    pub(super) slice_defs: HashMap<ObjKey, BTreeSet<PathBuf>>,
+    /// For every Service / EndpointSlice, the files defining it (nearly always one); the last
+    /// one (name order) wins, like on a full read.
+    pub(super) service_defs: HashMap<ObjKey, SortedVec<PathBuf>>,
+    pub(super) slice_defs: HashMap<ObjKey, SortedVec<PathBuf>>,
     /// The Node last chosen (see [`Snapshot::node_name`]).
     pub(super) node: Option<Node>,
     /// Node and zone names of all files' slices.
@@ -230,6 +232,49 @@ pub(super) fn is_candidate_name(path: &Path) -> bool {
     path.extension()
         .and_then(|e| e.to_str())
         .is_some_and(|ext| FILE_EXTENSIONS.contains(&ext))
+}
+
+/// A file due to be read: its `stat` stamp, whether the source knows it, and the hash of
+/// its last read text.
+struct ToRead {
+    path: PathBuf,
+    stamp: Option<Stamp>,
+    known: bool,
+    hash: Option<u64>,
+}
+
+impl ToRead {
+    /// Reads the file and parses its text unless it equals the last read one; `None` when a
+    /// file the source never knew vanished before it could be read.
+    fn read(self, stats: &SourceStats) -> Option<(PathBuf, Update)> {
+        stats.files_read.fetch_add(1, Ordering::Relaxed);
+        match std::fs::read_to_string(&self.path) {
+            Ok(text) => {
+                let hash = hash_text(&text);
+                let parsed = (self.hash != Some(hash)).then(|| {
+                    stats.files_parsed.fetch_add(1, Ordering::Relaxed);
+                    parse_file(&self.path, &text)
+                });
+                drop(text);
+                let update = Update::Read {
+                    hash,
+                    stamp: self.stamp,
+                    parsed,
+                };
+                Some((self.path, update))
+            }
+            Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
+                self.known.then_some((self.path, Update::Gone))
+            }
+            Err(source) => {
+                let err = StaticDirError::ReadFile {
+                    path: self.path.clone(),
+                    source,
+                };
+                Some((self.path, Update::Unreadable(err)))
+            }
+        }
+    }
 }
 
 fn hash_text(text: &str) -> u64 {
@@ -264,74 +309,32 @@ impl DirState {
     /// a path whose `stat` is unchanged is not even read (the polling fallback).
     pub fn read_paths(&mut self, paths: &BTreeSet<PathBuf>, stamps: bool) -> Batch {
         let mut updates: Vec<(PathBuf, Update)> = Vec::new();
-        let mut to_parse: Vec<ToParse> = Vec::new();
-        let mut stamps_of: HashMap<PathBuf, Option<Stamp>> = HashMap::new();
+        let mut to_read: Vec<ToRead> = Vec::new();
         for path in paths {
             let meta = std::fs::metadata(path);
             let candidate = is_candidate_name(path) && meta.as_ref().is_ok_and(|m| m.is_file());
+            let known = self.files.get(path);
             if !candidate {
-                if self.files.contains_key(path) {
+                if known.is_some() {
                     updates.push((path.clone(), Update::Gone));
                 }
                 continue;
             }
             let stamp = meta.ok().map(|m| Stamp::of(&m));
-            if stamps {
-                if let Some(e) = self.files.get(path) {
-                    if e.stamp.is_some() && e.stamp == stamp {
-                        continue;
-                    }
-                }
+            if stamps && known.is_some_and(|e| e.stamp.is_some() && e.stamp == stamp) {
+                continue;
             }
-            self.stats.files_read.fetch_add(1, Ordering::Relaxed);
-            match std::fs::read_to_string(path) {
-                Ok(text) => {
-                    let hash = hash_text(&text);
-                    if self.files.get(path).and_then(|e| e.hash) == Some(hash) {
-                        updates.push((
-                            path.clone(),
-                            Update::Read {
-                                hash,
-                                stamp,
-                                parsed: None,
-                            },
-                        ));
-                    } else {
-                        stamps_of.insert(path.clone(), stamp);
-                        to_parse.push((path.clone(), hash, text));
-                    }
-                }
-                Err(source) => {
-                    if source.kind() == std::io::ErrorKind::NotFound {
-                        if self.files.contains_key(path) {
-                            updates.push((path.clone(), Update::Gone));
-                        }
-                    } else {
-                        updates.push((
-                            path.clone(),
-                            Update::Unreadable(StaticDirError::ReadFile {
-                                path: path.clone(),
-                                source,
-                            }),
-                        ));
-                    }
-                }
-            }
+            to_read.push(ToRead {
+                path: path.clone(),
+                stamp,
+                known: known.is_some(),
+                hash: known.and_then(|e| e.hash),
+            });
         }
-        self.stats
-            .files_parsed
-            .fetch_add(to_parse.len() as u64, Ordering::Relaxed);
-        for (path, hash, parsed) in parse_all(to_parse) {
-            let stamp = stamps_of.remove(&path).flatten();
-            updates.push((
-                path,
-                Update::Read {
-                    hash,
-                    stamp,
-                    parsed: Some(parsed),
-                },
-            ));
-        }
+        // Each file is read, hashed and parsed by the same worker, so only the texts being
+        // parsed are in memory, never the whole directory's.
+        let stats = &self.stats;
+        updates.extend(par_map(to_read, |r| r.read(stats)).into_iter().flatten());
         self.apply(updates)
     }
 
@@ -379,7 +382,7 @@ impl DirState {
         ] {
             for k in keys {
                 if let Some(set) = defs.get_mut(k) {
-                    set.remove(path);
+                    set.remove(&path.to_path_buf());
                     if set.is_empty() {
                         defs.remove(k);
                     }
