@@ -640,3 +640,45 @@ fn handled_by_proxy_agrees_with_the_kube_label_selector() {
     }
     assert!(handled_by_proxy(None));
 }
+
+/// The store keeps the very objects the directory source holds (one allocation per Service
+/// and EndpointSlice, not a copy each), also after a file changes.
+#[test]
+fn the_store_shares_the_sources_objects() {
+    let dir = TempDir::new("share");
+    dir.write("a.yaml", &svc("a", "10.96.0.1"));
+    dir.write(
+        "a-slice.yaml",
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: a-1\n  labels:\n    kubernetes.io/service-name: a\naddressType: IPv4\nendpoints:\n- addresses: [10.244.1.2]\n  nodeName: n1\nports:\n- port: 8080\n",
+    );
+    let mut state = static_dir::DirState::new(dir.path(), "h");
+    let mut store = controller::store::Store::default();
+    for ev in state.scan(false).unwrap().events {
+        store.apply(ev);
+    }
+    let name = controller::model::ServiceName::new("default", "a");
+    let shared = |state: &static_dir::DirState, store: &controller::store::Store| {
+        let snap = state.snapshot();
+        let svc = store.service(&name).unwrap();
+        let slices = store.slices_of(&name);
+        assert_eq!(slices.len(), 1);
+        std::ptr::eq(svc, &*snap.services[0]) && std::ptr::eq(slices[0], &*snap.endpoint_slices[0])
+    };
+    assert!(shared(&state, &store));
+    dir.write("a.yaml", &svc("a", "10.96.0.2"));
+    for ev in state.scan(false).unwrap().events {
+        store.apply(ev);
+    }
+    assert_eq!(
+        store
+            .service(&name)
+            .unwrap()
+            .spec
+            .as_ref()
+            .unwrap()
+            .cluster_ip
+            .as_deref(),
+        Some("10.96.0.2")
+    );
+    assert!(shared(&state, &store));
+}

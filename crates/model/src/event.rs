@@ -7,6 +7,8 @@
 //! `Init(kind)`, then `InitApply` for every object that exists now, then `InitDone(kind)`:
 //! objects of that kind not re-announced between `Init` and `InitDone` are gone.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
@@ -53,19 +55,21 @@ pub enum Kind {
 
 /// One watched object, in the compact form the proxy keeps ([`crate::objects`]): sources
 /// convert API objects as they arrive, so no full `k8s-openapi` object outlives its event.
+/// Services and EndpointSlices are shared (`Arc`): a source that keeps its objects (the
+/// static directory) hands the store the same allocation instead of a copy.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Object {
     /// A Service.
-    Service(Box<Svc>),
+    Service(Arc<Svc>),
     /// An EndpointSlice.
-    EndpointSlice(Box<Slice>),
+    EndpointSlice(Arc<Slice>),
     /// This node's Node object (one object; kept whole).
     Node(Box<Node>),
 }
 
 impl From<&Service> for Object {
     fn from(s: &Service) -> Object {
-        Object::Service(Box::new(Svc::from_service(s)))
+        Object::Service(Arc::new(Svc::from_service(s)))
     }
 }
 
@@ -77,7 +81,7 @@ impl From<Service> for Object {
 
 impl From<&EndpointSlice> for Object {
     fn from(s: &EndpointSlice) -> Object {
-        Object::EndpointSlice(Box::new(Slice::of(s)))
+        Object::EndpointSlice(Arc::new(Slice::of(s)))
     }
 }
 

@@ -55,10 +55,11 @@ impl Changes {
 /// Current objects, as the sources report them.
 #[derive(Debug, Default, Clone)]
 pub struct Store {
-    // Boxed: a hash table keeps about a third of its slots empty, and an empty slot then
-    // costs a pointer instead of a whole object.
-    services: HashMap<ServiceName, Box<Svc>>,
-    slices: HashMap<ObjKey, Box<Slice>>,
+    // Behind a pointer: a hash table keeps about a third of its slots empty, and an empty
+    // slot then costs a pointer instead of a whole object. Shared: the static source keeps
+    // the same objects.
+    services: HashMap<ServiceName, Arc<Svc>>,
+    slices: HashMap<ObjKey, Arc<Slice>>,
     /// Node and zone names of the slices' endpoints.
     names: Interner,
     by_service: HashMap<ServiceName, SortedVec<ObjKey>>,
@@ -233,7 +234,11 @@ impl Store {
                     ch.endpoints.insert(n.clone());
                     ch.dirty.insert(n.clone());
                 }
-                slice.intern(&mut self.names);
+                // A slice only this event holds shares its node and zone names with the
+                // store's; one a source still holds was interned by that source.
+                if let Some(s) = Arc::get_mut(&mut slice) {
+                    s.intern(&mut self.names);
+                }
                 self.slices.insert(key, slice);
             }
             Object::Node(node) => {
@@ -267,7 +272,7 @@ impl Store {
             }
             Kind::EndpointSlice => {
                 if let Some(old) = self.slices.remove(key) {
-                    if let Some(svc) = old.service {
+                    if let Some(svc) = old.service.clone() {
                         self.unlink(&svc, key);
                         ch.endpoints.insert(svc.clone());
                         ch.dirty.insert(svc);

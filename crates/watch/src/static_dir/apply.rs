@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 
@@ -22,8 +23,8 @@ impl DirState {
     pub(super) fn apply(&mut self, updates: Vec<(PathBuf, Update)>) -> Batch {
         let mut batch = Batch::default();
         // The objects the batch may change, with their effective version before it.
-        let mut services: BTreeMap<ObjKey, Option<Svc>> = BTreeMap::new();
-        let mut slices: BTreeMap<ObjKey, Option<Slice>> = BTreeMap::new();
+        let mut services: BTreeMap<ObjKey, Option<Arc<Svc>>> = BTreeMap::new();
+        let mut slices: BTreeMap<ObjKey, Option<Arc<Slice>>> = BTreeMap::new();
         let mut note = |this: &DirState, objs: &FileObjects| {
             for s in &objs.services {
                 let k = service_key(s);
@@ -136,9 +137,9 @@ impl DirState {
             match (before, after) {
                 (before, Some(after)) if before.as_ref() != Some(after) => batch
                     .events
-                    .push(SourceEvent::Apply(Object::Service(Box::new(after.clone())))),
+                    .push(SourceEvent::Apply(Object::Service(after.clone()))),
                 (Some(before), None) => {
-                    service_deletes.push(SourceEvent::Delete(Object::Service(Box::new(before))))
+                    service_deletes.push(SourceEvent::Delete(Object::Service(before)))
                 }
                 _ => {}
             }
@@ -154,15 +155,11 @@ impl DirState {
                 ));
             }
             match (before, after) {
-                (before, Some(after)) if before.as_ref() != Some(after) => {
-                    batch
-                        .events
-                        .push(SourceEvent::Apply(Object::EndpointSlice(Box::new(
-                            after.clone(),
-                        ))))
-                }
+                (before, Some(after)) if before.as_ref() != Some(after) => batch
+                    .events
+                    .push(SourceEvent::Apply(Object::EndpointSlice(after.clone()))),
                 (Some(before), None) => {
-                    slice_deletes.push(SourceEvent::Delete(Object::EndpointSlice(Box::new(before))))
+                    slice_deletes.push(SourceEvent::Delete(Object::EndpointSlice(before)))
                 }
                 _ => {}
             }
@@ -212,8 +209,8 @@ impl DirState {
     /// Everything the state holds, in file name then document order.
     pub fn snapshot(&self) -> Snapshot {
         let mut warnings = Vec::new();
-        let mut services: BTreeMap<ObjKey, (usize, Svc)> = BTreeMap::new();
-        let mut slices: BTreeMap<ObjKey, (usize, Slice)> = BTreeMap::new();
+        let mut services: BTreeMap<ObjKey, (usize, Arc<Svc>)> = BTreeMap::new();
+        let mut slices: BTreeMap<ObjKey, (usize, Arc<Slice>)> = BTreeMap::new();
         let mut nodes: BTreeMap<String, Node> = BTreeMap::new();
         let mut seq = 0usize;
         let mut files = Vec::new();

@@ -2,6 +2,7 @@
 //! words every error with the file, document and item), and parsing many files in parallel.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -15,10 +16,10 @@ use model::objects::{Slice, Svc};
 /// parsed `k8s-openapi` objects are dropped as soon as they are converted.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FileObjects {
-    /// Services, in document order.
-    pub services: Vec<Svc>,
-    /// EndpointSlices, in document order.
-    pub endpoint_slices: Vec<Slice>,
+    /// Services, in document order (shared with the events and the store).
+    pub services: Vec<Arc<Svc>>,
+    /// EndpointSlices, in document order (shared likewise).
+    pub endpoint_slices: Vec<Arc<Slice>>,
     /// Nodes, in document order.
     pub nodes: Vec<Node>,
     /// Warnings (ignored kinds, missing labels), each naming the file and document.
@@ -141,7 +142,7 @@ fn accept_service(mut svc: Service, where_: &dyn Fn() -> String, out: &mut FileO
         tracing::info!(object = %where_(), label, "Service not handled by this proxy");
         return;
     }
-    out.services.push(Svc::from_service(&svc));
+    out.services.push(Arc::new(Svc::from_service(&svc)));
 }
 
 fn accept_slice(mut eps: EndpointSlice, where_: &dyn Fn() -> String, out: &mut FileObjects) {
@@ -164,7 +165,7 @@ fn accept_slice(mut eps: EndpointSlice, where_: &dyn Fn() -> String, out: &mut F
             eps.metadata.name.as_deref().unwrap_or_default()
         ));
     }
-    out.endpoint_slices.push(Slice::of(&eps));
+    out.endpoint_slices.push(Arc::new(Slice::of(&eps)));
 }
 
 /// Parses one file's text. `path` is only used in messages.

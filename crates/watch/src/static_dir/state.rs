@@ -19,9 +19,9 @@ use model::sorted::{SortedMap, SortedVec};
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
     /// Services, by file name order then document order, duplicates resolved.
-    pub services: Vec<Svc>,
+    pub services: Vec<Arc<Svc>>,
     /// EndpointSlices, likewise.
-    pub endpoint_slices: Vec<Slice>,
+    pub endpoint_slices: Vec<Arc<Slice>>,
     /// This node's Node object (read or synthesized).
     pub node: Node,
     /// True if `node` was synthesized because the directory has no matching Node.
@@ -52,14 +52,14 @@ impl Snapshot {
         ev.extend(
             self.services
                 .iter()
-                .map(|s| SourceEvent::InitApply(Object::Service(Box::new(s.clone())))),
+                .map(|s| SourceEvent::InitApply(Object::Service(s.clone()))),
         );
         ev.push(SourceEvent::InitDone(Kind::Service));
         ev.push(SourceEvent::Init(Kind::EndpointSlice));
         ev.extend(
             self.endpoint_slices
                 .iter()
-                .map(|s| SourceEvent::InitApply(Object::EndpointSlice(Box::new(s.clone())))),
+                .map(|s| SourceEvent::InitApply(Object::EndpointSlice(s.clone()))),
         );
         ev.push(SourceEvent::InitDone(Kind::EndpointSlice));
         ev
@@ -125,7 +125,8 @@ impl FileEntry {
     /// `names` with the rest of the directory.
     pub(super) fn set_objects(&mut self, mut objects: FileObjects, names: &mut Interner) {
         for s in &mut objects.endpoint_slices {
-            s.intern(names);
+            // Just parsed: the only holder, so this does not copy.
+            Arc::make_mut(s).intern(names);
         }
         self.service_at = objects
             .services
@@ -359,14 +360,14 @@ impl DirState {
     }
 
     /// The effective Service `key` (the last definition in name order).
-    pub(super) fn service(&self, key: &ObjKey) -> Option<&Svc> {
+    pub(super) fn service(&self, key: &ObjKey) -> Option<&Arc<Svc>> {
         let path = self.service_defs.get(key)?.last()?;
         let e = self.files.get(path)?;
         e.objects.services.get(*e.service_at.get(key)?)
     }
 
     /// The effective EndpointSlice `key`.
-    pub(super) fn slice(&self, key: &ObjKey) -> Option<&Slice> {
+    pub(super) fn slice(&self, key: &ObjKey) -> Option<&Arc<Slice>> {
         let path = self.slice_defs.get(key)?.last()?;
         let e = self.files.get(path)?;
         e.objects.endpoint_slices.get(*e.slice_at.get(key)?)
