@@ -347,11 +347,8 @@ fn ours(n: usize, m: usize) -> Res<(Value, String)> {
     let ipvs = ipvs_netlink::Client::new().map_err(io("IPVS"))?;
     let netif = rt.block_on(netif::Netif::new()).map_err(io("kube-ipvs0"))?;
     let ipset = ipset::Ipset::default();
-    let tables = iptables::Iptables::detect(
-        controller::desired::set_family(Family::Inet),
-        iptables::Runner::new(),
-    )
-    .map_err(io("iptables"))?;
+    let tables = iptables::Iptables::detect(Family::Inet, iptables::Runner::new())
+        .map_err(io("iptables"))?;
     let mut k = Timed {
         inner: NodeKernel::new(ipvs, netif, ipset, tables, rt.handle().clone()),
         spent: Spent::default(),
@@ -576,7 +573,7 @@ fn ipset_bench(entries: u32, sample: u32) -> Res<Value> {
     let ns = Netns::new("bench-ipset").map_err(io("netns"))?;
     ns.enter(move || {
         let inner = || -> Res<Value> {
-            let set = SetKind::ClusterIp.name(ipset::Family::V4);
+            let set = SetKind::ClusterIp.name(ipset::Family::Inet);
             let entry = |i: u32| {
                 Entry::ip_port(
                     IpAddr::V4(std::net::Ipv4Addr::from(0x0a60_0000 + i / 4)),
@@ -586,7 +583,7 @@ fn ipset_bench(entries: u32, sample: u32) -> Res<Value> {
             };
             let ipset = ipset::Ipset::default();
             let mut empty = IpsetState::new();
-            empty.ensure_set(SetKind::ClusterIp.spec(ipset::Family::V4));
+            empty.ensure_set(SetKind::ClusterIp.spec(ipset::Family::Inet));
             ipset
                 .apply(&diff(&empty, &IpsetState::new()))
                 .map_err(io("ipset"))?;

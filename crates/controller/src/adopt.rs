@@ -171,7 +171,7 @@ fn members(
     cfg: &ProxyConfig,
     keep: impl Fn(SetKind, &Entry) -> bool,
 ) -> BTreeSet<IpsetEntry> {
-    let fam = crate::desired::set_family(cfg.family);
+    let fam = cfg.family;
     let mut out = BTreeSet::new();
     for (name, st) in sets.sets() {
         let Some((kind, f)) = SetKind::from_name(name) else {

@@ -38,7 +38,7 @@ fn netns_sync_with_the_xtables_lock_held_fails_as_iptables_then_recovers() {
             .build()],
     );
     let addrs: BTreeSet<IpAddr> = ["192.168.50.1".parse().unwrap()].into_iter().collect();
-    let ipt = Iptables::new(Backend::Legacy, Family::V4, Runner::in_netns(node.name()));
+    let ipt = Iptables::new(Backend::Legacy, Family::Inet, Runner::in_netns(node.name()));
     let mut p = IptablesProxier::new(cfg4(), RulesConfig::default(), NODE, Box::new(ipt));
 
     let file = std::fs::File::create(&lockfile).unwrap();

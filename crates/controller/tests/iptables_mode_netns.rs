@@ -315,7 +315,7 @@ fn netns_iptables_mode_data_path() {
             slice_of("local", &[3], "node-b"),
         ],
     );
-    let ipt = Iptables::detect(iptables::Family::V4, Runner::in_netns(lab.node.name())).unwrap();
+    let ipt = Iptables::detect(iptables::Family::Inet, Runner::in_netns(lab.node.name())).unwrap();
     println!("backend {:?}", ipt.backend());
     let mut p = IptablesProxier::new(cfg4(), RulesConfig::default(), NODE, Box::new(ipt));
     let r = p.sync(&store, &node_addrs());
@@ -441,7 +441,7 @@ fn netns_iptables_mode_data_path() {
 #[ignore = "netns"]
 fn netns_iptables_mode_handover_from_and_to_ipvs_mode() {
     let node = Netns::new(&format!("ctl-iptm-ho-{}", std::process::id())).unwrap();
-    let fam = iptables::Family::V4;
+    let fam = iptables::Family::Inet;
     // IPVS-mode leftovers: every KUBE-* set and the IPVS-mode rules referencing them.
     let ipset = ipset::Ipset::new(ipset::Runner::in_netns(node.name()));
     let want = ipset::IpsetState::kube(fam);
@@ -557,8 +557,10 @@ fn bench_iptables_mode_sync() {
         // `IPTM_BACKEND=legacy` measures iptables-legacy instead of the detected backend.
         let runner = Runner::in_netns(node.name());
         let ipt = match std::env::var("IPTM_BACKEND").as_deref() {
-            Ok("legacy") => Iptables::new(iptables::Backend::Legacy, iptables::Family::V4, runner),
-            _ => Iptables::detect(iptables::Family::V4, runner).unwrap(),
+            Ok("legacy") => {
+                Iptables::new(iptables::Backend::Legacy, iptables::Family::Inet, runner)
+            }
+            _ => Iptables::detect(iptables::Family::Inet, runner).unwrap(),
         };
         let backend = ipt.backend();
         let mut p = IptablesProxier::new(cfg4(), RulesConfig::default(), NODE, Box::new(ipt));
@@ -618,7 +620,7 @@ fn bench_iptables_mode_sync() {
 #[ignore = "netns"]
 fn netns_handover_cleanup_after_the_new_mode_leaves_its_rules_intact() {
     let node = Netns::new(&format!("ctl-iptm-ho2-{}", std::process::id())).unwrap();
-    let fam = iptables::Family::V4;
+    let fam = iptables::Family::Inet;
     let ipset = ipset::Ipset::new(ipset::Runner::in_netns(node.name()));
     // What an IPVS-mode sync writes (a fresh applier each time, so nothing is skipped as
     // already applied).
@@ -726,7 +728,7 @@ fn netns_iptables_mode_restart_with_an_invalid_service_keeps_its_rules() {
         ]
     };
     let iptables =
-        || Iptables::detect(iptables::Family::V4, Runner::in_netns(lab.node.name())).unwrap();
+        || Iptables::detect(iptables::Family::Inet, Runner::in_netns(lab.node.name())).unwrap();
     let mut first =
         IptablesProxier::new(cfg4(), RulesConfig::default(), NODE, Box::new(iptables()));
     let valid = synced_store(vec![web(true), other.clone()], slices());
@@ -817,7 +819,7 @@ fn netns_iptables_mode_first_sync_without_the_node_keeps_node_ports() {
     let node_ev =
         || SourceEvent::InitApply(Object::Node(Box::new(node_obj(NODE, "zone-a", NODE_IP))));
     let iptables =
-        || Iptables::detect(iptables::Family::V4, Runner::in_netns(lab.node.name())).unwrap();
+        || Iptables::detect(iptables::Family::Inet, Runner::in_netns(lab.node.name())).unwrap();
     let mut with_node = synced_store(vec![np.clone()], vec![slice_of("np", &[0], "node-b")]);
     with_node.apply(SourceEvent::Init(controller::source::Kind::Node));
     with_node.apply(node_ev());

@@ -7,7 +7,7 @@
 
 mod fixtures;
 
-use controller::desired::{set_family, Desired};
+use controller::desired::Desired;
 use controller::model::{ProxyConfig, ServiceName};
 use fixtures::*;
 use ipset::{Ipset, Runner, SetKind};
@@ -85,7 +85,7 @@ fn check(cfg: ProxyConfig, v6: bool) {
     }
     let want = d.ipset_state();
     // Every one of the 17 sets gets members from this fixture except the ones it cannot use.
-    let fam = set_family(cfg.family);
+    let fam = cfg.family;
     let empty: Vec<SetKind> = SetKind::ALL
         .into_iter()
         .filter(|k| want.get(&k.name(fam)).unwrap().entries.is_empty())

@@ -37,11 +37,9 @@ fn vm_timeout_of_a_hung_ipset_fails_the_sync_as_an_ipset_error() {
                 ipset: fake,
                 ..ipset::Runner::default().with_timeout(limit)
             });
-            let tables = iptables::Iptables::detect(
-                controller::desired::set_family(ipvs_netlink::Family::Inet),
-                iptables::Runner::new(),
-            )
-            .unwrap();
+            let tables =
+                iptables::Iptables::detect(ipvs_netlink::Family::Inet, iptables::Runner::new())
+                    .unwrap();
             let mut k = NodeKernel::new(ipvs, netif, ipset, tables, rt.handle().clone());
             let store = synced_store(
                 vec![svc("default", "web", "10.96.0.10")

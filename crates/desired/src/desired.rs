@@ -223,14 +223,6 @@ pub struct Derived {
     pub rejected_slices: Vec<(String, Invalid)>,
 }
 
-/// ipset's family for an IPVS family.
-pub fn set_family(f: Family) -> ipset::Family {
-    match f {
-        Family::Inet => ipset::Family::V4,
-        Family::Inet6 => ipset::Family::V6,
-    }
-}
-
 /// Derives one Service's desired state from the Service, all of its EndpointSlices, the
 /// configuration and the node. `Err` means the Service itself is invalid (skip it).
 pub fn service_desired(
@@ -921,7 +913,7 @@ impl Desired {
     /// The full ipset state (all 17 sets of this family declared, members labelled with the
     /// first service, by name, that needs them).
     pub fn ipset_state(&self) -> ipset::IpsetState {
-        let fam = set_family(self.family);
+        let fam = self.family;
         let mut st = ipset::IpsetState::kube(fam);
         let mut names: Vec<&ServiceName> = self.services.keys().collect();
         names.sort();

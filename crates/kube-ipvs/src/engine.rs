@@ -17,7 +17,7 @@ use ipvs_netlink::{Family, Op};
 
 use crate::config::{Config, DetectLocal, NodePortAddress, ProxyMode};
 use crate::error::Error;
-use crate::health::{IpFamily, ProxyHealth};
+use crate::health::ProxyHealth;
 use crate::metrics::Metrics;
 use crate::service_health::{HealthCheckService, NamespacedName, ServiceHealthServer};
 
@@ -216,11 +216,10 @@ pub async fn ipvs_kernel_parts(
 ) -> crate::error::Result<(controller::kernel::NodeKernel, bool)> {
     let ipvs = ipvs_netlink::Client::new().map_err(Error::Ipvs)?;
     let netif = netif::Netif::new().await.map_err(Error::Netif)?;
-    let set_family = controller::desired::set_family(family);
     let ipset = ipset::Ipset::new(ipset_runner(config));
     ipset.version().map_err(Error::IpsetTool)?;
     let mut tables =
-        detect_iptables(config, set_family).map_err(|source| Error::Iptables { family, source })?;
+        detect_iptables(config, family).map_err(|source| Error::Iptables { family, source })?;
     let random_fully = tables.supports_random_fully().unwrap_or(false);
     tracing::info!(family = ?family, backend = ?tables.backend(), random_fully, "iptables");
     let kernel = controller::kernel::NodeKernel::new(
@@ -468,28 +467,13 @@ impl std::fmt::Debug for Observer {
     }
 }
 
-/// The family's number (4 or 6), as [`crate::metrics::IpFamilyLabel::of`] takes it.
-fn family_num(f: Family) -> u8 {
-    match f {
-        Family::Inet => 4,
-        Family::Inet6 => 6,
-    }
-}
-
-fn ip_family(f: Family) -> IpFamily {
-    match f {
-        Family::Inet => IpFamily::V4,
-        Family::Inet6 => IpFamily::V6,
-    }
-}
-
 impl SyncObserver for Observer {
     fn queued(&self, changes: &Changes) {
         if !changes.dirty.is_empty() || changes.node_changed {
             self.metrics.record_queued(4);
             self.metrics.record_queued(6);
-            self.health.queued_update(IpFamily::V4);
-            self.health.queued_update(IpFamily::V6);
+            self.health.queued_update(Family::Inet);
+            self.health.queued_update(Family::Inet6);
         }
     }
 
@@ -515,11 +499,11 @@ impl SyncObserver for Observer {
         }
         let mut failing = report.retrying.clone();
         failing.extend(report.failed.keys().copied());
-        let num = family_num(family);
+        let num = family.version();
         self.metrics
             .record_sync_outcome(num, report.kind, report.duration.as_secs_f64(), &failing);
         if report.healthy() {
-            self.health.updated(ip_family(family));
+            self.health.updated(family);
         } else {
             // A failed sync is not an update: /healthz turns 503 if this lasts for the
             // health timeout, naming the subsystems.
@@ -529,12 +513,8 @@ impl SyncObserver for Observer {
                 .map(|(s, f)| (s.as_str(), f.last_error.clone()))
                 .collect();
             let retrying: Vec<&'static str> = failing.iter().map(|s| s.as_str()).collect();
-            self.health.sync_failed_at(
-                ip_family(family),
-                &failed,
-                &retrying,
-                std::time::SystemTime::now(),
-            );
+            self.health
+                .sync_failed_at(family, &failed, &retrying, std::time::SystemTime::now());
         }
         for (subsystem, n) in &report.drift {
             self.metrics
@@ -603,7 +583,7 @@ impl SyncObserver for Observer {
             .set(i64::try_from(conflicts).unwrap_or(i64::MAX));
         for (f, v) in seen.iter() {
             self.metrics
-                .set_no_local_endpoints(family_num(*f), v.no_local.0, v.no_local.1);
+                .set_no_local_endpoints(f.version(), v.no_local.0, v.no_local.1);
         }
         let mut merged: BTreeMap<ServiceName, HealthCheck> = BTreeMap::new();
         for (name, hc) in seen.values().flat_map(|f| &f.health) {
@@ -638,7 +618,7 @@ impl SyncObserver for Observer {
 
     fn network_programmed(&self, family: Family, triggers: &[std::time::SystemTime]) {
         self.metrics
-            .record_network_programmed(family_num(family), triggers);
+            .record_network_programmed(family.version(), triggers);
     }
 
     fn rejected(&self, _family: Family, rejected: &[(String, String)]) {
@@ -755,17 +735,14 @@ pub struct Engine {
 /// a single-stack node does not wait forever for an IPv6 sync that never comes.
 struct LoopObserver {
     inner: Observer,
-    families: Vec<IpFamily>,
+    families: Vec<Family>,
 }
 
 impl SyncObserver for LoopObserver {
     fn queued(&self, changes: &Changes) {
         if !changes.dirty.is_empty() || changes.node_changed {
             for f in &self.families {
-                self.inner.metrics.record_queued(match f {
-                    IpFamily::V4 => 4,
-                    IpFamily::V6 => 6,
-                });
+                self.inner.metrics.record_queued(f.version());
                 self.inner.health.queued_update(*f);
             }
         }
@@ -790,7 +767,7 @@ impl Engine {
         observer: Observer,
     ) -> Engine {
         let observer = LoopObserver {
-            families: backends.iter().map(|b| ip_family(b.family())).collect(),
+            families: backends.iter().map(|b| b.family()).collect(),
             inner: observer,
         };
         let (tx, rx) = sync_loop::input_channel(sync_loop::INPUT_CAPACITY);
@@ -897,9 +874,8 @@ pub fn iptables_backend(
     config: &Config,
     family: Family,
 ) -> crate::error::Result<Box<dyn Backend + Send>> {
-    let set_family = controller::desired::set_family(family);
     let mut tables =
-        detect_iptables(config, set_family).map_err(|source| Error::Iptables { family, source })?;
+        detect_iptables(config, family).map_err(|source| Error::Iptables { family, source })?;
     let random_fully = tables.supports_random_fully().unwrap_or(false);
     tracing::info!(family = ?family, backend = ?tables.backend(), random_fully, "iptables");
     if proxy_config(config, family).localhost_node_ports() {
@@ -1042,8 +1018,7 @@ pub fn cleanup(
     let mut done = Vec::new();
     let mut ipvs = ipvs_netlink::Client::new().ok();
     for &family in families {
-        let set_family = controller::desired::set_family(family);
-        let mut tables = match detect_iptables(config, set_family) {
+        let mut tables = match detect_iptables(config, family) {
             Ok(t) => t,
             Err(e) => {
                 tracing::warn!(family = ?family, error = %e, "cleanup: iptables unavailable");

@@ -25,30 +25,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use ipvs_netlink::Family;
 use k8s_openapi::api::core::v1::Node;
 
 use crate::metrics::{CodeLabel, Metrics};
 
 /// The taint the cluster autoscaler puts on nodes it is about to delete.
 pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
-
-/// An IP family (kube-ipvs runs one proxier per family).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum IpFamily {
-    /// IPv4.
-    V4,
-    /// IPv6.
-    V6,
-}
-
-impl IpFamily {
-    fn as_str(self) -> &'static str {
-        match self {
-            IpFamily::V4 => "IPv4",
-            IpFamily::V6 => "IPv6",
-        }
-    }
-}
 
 /// A failure that has lasted since `since`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,33 +42,15 @@ struct Failing {
 
 #[derive(Debug)]
 struct State {
-    last_updated: HashMap<IpFamily, SystemTime>,
-    oldest_pending: HashMap<IpFamily, SystemTime>,
+    last_updated: HashMap<Family, SystemTime>,
+    oldest_pending: HashMap<Family, SystemTime>,
     /// Failing subsystems per family (a bounded set: families × subsystems).
-    failing: BTreeMap<(IpFamilyKey, &'static str), Failing>,
+    failing: BTreeMap<(Family, &'static str), Failing>,
     /// The API source failing since.
     source: Option<Failing>,
     node_eligible: bool,
     /// Why the proxy cannot start syncing yet (e.g. the IPVS probe keeps failing).
     blocked: Option<String>,
-}
-
-/// Orderable key of an [`IpFamily`].
-type IpFamilyKey = u8;
-
-fn family_key(f: IpFamily) -> IpFamilyKey {
-    match f {
-        IpFamily::V4 => 4,
-        IpFamily::V6 => 6,
-    }
-}
-
-fn key_family(k: IpFamilyKey) -> IpFamily {
-    if k == 6 {
-        IpFamily::V6
-    } else {
-        IpFamily::V4
-    }
 }
 
 /// Why the proxy is unhealthy (one per failing subsystem and family).
@@ -94,7 +59,7 @@ pub struct Reason {
     /// `ipvs`, `address`, `ipset`, `iptables`, `conntrack`, `source`, or `pending`.
     pub subsystem: &'static str,
     /// The family (none for `source`).
-    pub family: Option<IpFamily>,
+    pub family: Option<Family>,
     /// Failing (or pending) since.
     pub since: SystemTime,
     /// The last error (empty for `pending`).
@@ -150,27 +115,27 @@ impl ProxyHealth {
     }
 
     /// A change for `family` was received and not yet applied.
-    pub fn queued_update(&self, family: IpFamily) {
+    pub fn queued_update(&self, family: Family) {
         self.queued_update_at(family, SystemTime::now());
     }
 
     /// [`Self::queued_update`] with an explicit time (keeps the oldest pending time).
-    pub fn queued_update_at(&self, family: IpFamily, at: SystemTime) {
+    pub fn queued_update_at(&self, family: Family, at: SystemTime) {
         self.lock().oldest_pending.entry(family).or_insert(at);
     }
 
     /// `family`'s proxier applied everything queued.
-    pub fn updated(&self, family: IpFamily) {
+    pub fn updated(&self, family: Family) {
         self.updated_at(family, SystemTime::now());
     }
 
     /// [`Self::updated`] with an explicit time: clears the family's pending changes and
     /// failures.
-    pub fn updated_at(&self, family: IpFamily, at: SystemTime) {
+    pub fn updated_at(&self, family: Family, at: SystemTime) {
         let mut s = self.lock();
         s.oldest_pending.remove(&family);
         s.last_updated.insert(family, at);
-        let k = family_key(family);
+        let k = family;
         s.failing.retain(|(f, _), _| *f != k);
     }
 
@@ -180,13 +145,13 @@ impl ProxyHealth {
     /// no longer failing are forgotten.
     pub fn sync_failed_at(
         &self,
-        family: IpFamily,
+        family: Family,
         failed: &[(&'static str, String)],
         retrying: &[&'static str],
         at: SystemTime,
     ) {
         let mut s = self.lock();
-        let k = family_key(family);
+        let k = family;
         s.failing.retain(|(f, sub), _| {
             *f != k || retrying.contains(sub) || failed.iter().any(|(x, _)| x == sub)
         });
@@ -264,7 +229,7 @@ impl ProxyHealth {
             if late(failing.since) {
                 reasons.push(Reason {
                     subsystem: sub,
-                    family: Some(key_family(*f)),
+                    family: Some(*f),
                     since: failing.since,
                     last_error: failing.last_error.clone(),
                 });
@@ -438,7 +403,7 @@ fn answer(health: &ProxyHealth, livez: bool) -> Response {
                         "lastError": r.last_error,
                     });
                     if let Some(f) = r.family {
-                        o["family"] = serde_json::Value::String(f.as_str().into());
+                        o["family"] = serde_json::Value::String(f.api_name().into());
                     }
                     o
                 })
@@ -485,22 +450,22 @@ mod tests {
         let st = h.status_at(t(1000), true);
         assert!(st.healthy);
         // Queued, not yet late.
-        h.queued_update_at(IpFamily::V4, t(1000));
+        h.queued_update_at(Family::Inet, t(1000));
         assert!(h.status_at(t(1059), true).healthy);
         // Late: unhealthy, lastUpdated is the real last update (none yet).
         let st = h.status_at(t(1060), true);
         assert!(!st.healthy);
         // A second queue does not reset the oldest pending time.
-        h.queued_update_at(IpFamily::V4, t(1050));
+        h.queued_update_at(Family::Inet, t(1050));
         assert!(!h.status_at(t(1061), true).healthy);
         // Applied: healthy again; lastUpdated reported as "now".
-        h.updated_at(IpFamily::V4, t(1070));
+        h.updated_at(Family::Inet, t(1070));
         let st = h.status_at(t(5000), true);
         assert!(st.healthy);
         assert_eq!(st.last_updated, Some(t(5000)));
         // One late family makes the whole proxy unhealthy; lastUpdated is that family's.
-        h.updated_at(IpFamily::V6, t(1080));
-        h.queued_update_at(IpFamily::V6, t(2000));
+        h.updated_at(Family::Inet6, t(1080));
+        h.queued_update_at(Family::Inet6, t(2000));
         let st = h.status_at(t(2060), true);
         assert!(!st.healthy);
         assert_eq!(st.last_updated, Some(t(1080)));
@@ -527,10 +492,10 @@ mod tests {
     #[test]
     fn failing_syncs_are_unhealthy_after_the_window_with_reasons_and_recover() {
         let h = ProxyHealth::new(Duration::from_secs(60), None);
-        h.updated_at(IpFamily::V4, t(1000));
+        h.updated_at(Family::Inet, t(1000));
         // Failing from t=1100 (iptables), while nothing is queued.
         h.sync_failed_at(
-            IpFamily::V4,
+            Family::Inet,
             &[("iptables", "iptables-restore: resource busy".into())],
             &["iptables"],
             t(1100),
@@ -538,7 +503,7 @@ mod tests {
         assert!(h.status_at(t(1159), true).healthy, "inside the window");
         // Still failing later: the start time is kept, the error updated.
         h.sync_failed_at(
-            IpFamily::V4,
+            Family::Inet,
             &[("iptables", "iptables-restore: lock held".into())],
             &["iptables"],
             t(1130),
@@ -552,7 +517,7 @@ mod tests {
             (r.subsystem, r.family, r.since, r.last_error.as_str()),
             (
                 "iptables",
-                Some(IpFamily::V4),
+                Some(Family::Inet),
                 t(1100),
                 "iptables-restore: lock held"
             )
@@ -560,20 +525,20 @@ mod tests {
         // /livez too: it is the proxy's health, not the node's.
         assert!(!h.status_at(t(1160), false).healthy);
         // A retry still outstanding (no new failure) keeps it unhealthy.
-        h.sync_failed_at(IpFamily::V4, &[], &["iptables"], t(1170));
+        h.sync_failed_at(Family::Inet, &[], &["iptables"], t(1170));
         assert!(!h.status_at(t(1171), true).healthy);
         // Another subsystem recovering does not hide it; recovery does.
-        h.updated_at(IpFamily::V4, t(1180));
+        h.updated_at(Family::Inet, t(1180));
         let st = h.status_at(t(1181), true);
         assert!(st.healthy && st.reasons.is_empty());
         // A failed sync never counts as an update: lastUpdated stays at the success.
         h.sync_failed_at(
-            IpFamily::V4,
+            Family::Inet,
             &[("ipvs", "EBUSY".into())],
             &["ipvs"],
             t(1200),
         );
-        h.queued_update_at(IpFamily::V4, t(1200));
+        h.queued_update_at(Family::Inet, t(1200));
         let st = h.status_at(t(1261), true);
         assert!(!st.healthy);
         assert_eq!(st.last_updated, Some(t(1180)));
@@ -606,11 +571,11 @@ mod tests {
     #[test]
     fn hung_sync_with_pending_changes_reports_pending_and_long_errors_are_cut() {
         let h = ProxyHealth::new(Duration::from_secs(20), None);
-        h.queued_update_at(IpFamily::V6, t(10));
+        h.queued_update_at(Family::Inet6, t(10));
         let st = h.status_at(t(30), true);
         assert!(!st.healthy);
         assert_eq!(st.reasons[0].subsystem, "pending");
-        assert_eq!(st.reasons[0].family, Some(IpFamily::V6));
+        assert_eq!(st.reasons[0].family, Some(Family::Inet6));
         let long = "x".repeat(10_000);
         h.source_failing_at(t(0), &long);
         let st = h.status_at(t(30), true);

@@ -12,10 +12,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use common::{free_port, get};
+use ipvs_netlink::Family;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube_ipvs::config::ProxyMode;
-use kube_ipvs::health::{self, IpFamily, ProxyHealth};
+use kube_ipvs::health::{self, ProxyHealth};
 use kube_ipvs::http;
 use kube_ipvs::metrics::{self, Metrics};
 use kube_ipvs::service_health::{HealthCheckService, NamespacedName, ServiceHealthServer};
@@ -51,15 +52,15 @@ async fn healthz_and_livez_follow_upstream_semantics() {
     assert!(r.json().get("nodeEligible").is_none());
 
     // An update queued two minutes ago and never applied: stale on both endpoints.
-    h.updated_at(IpFamily::V4, SystemTime::now() - Duration::from_secs(300));
-    h.queued_update_at(IpFamily::V4, SystemTime::now() - Duration::from_secs(120));
+    h.updated_at(Family::Inet, SystemTime::now() - Duration::from_secs(300));
+    h.queued_update_at(Family::Inet, SystemTime::now() - Duration::from_secs(120));
     let r = get(srv.addr, "/healthz").await.unwrap();
     assert_eq!(r.status, 503, "{r:?}");
     assert_ne!(r.json()["lastUpdated"], r.json()["currentTime"]);
     assert_eq!(get(srv.addr, "/livez").await.unwrap().status, 503);
 
     // Applied: healthy again.
-    h.updated(IpFamily::V4);
+    h.updated(Family::Inet);
     assert_eq!(get(srv.addr, "/healthz").await.unwrap().status, 200);
 
     // The Node is being deleted: /healthz fails, /livez does not.
@@ -262,11 +263,11 @@ async fn health_check_node_ports_open_answer_and_close() {
     assert_eq!(r.json()["localEndpoints"], 5);
 
     // A stale proxy makes every health check fail, even with endpoints.
-    h.queued_update_at(IpFamily::V4, SystemTime::now() - Duration::from_secs(600));
+    h.queued_update_at(Family::Inet, SystemTime::now() - Duration::from_secs(600));
     let r = get(at(p2), "/").await.unwrap();
     assert_eq!(r.status, 503);
     assert_eq!(r.json()["serviceProxyHealthy"], false);
-    h.updated(IpFamily::V4);
+    h.updated(Family::Inet);
 
     // A port handed to another service is reopened for it; a removed port is closed.
     wanted.remove(&p1);

@@ -41,6 +41,31 @@ impl Family {
         }
     }
 
+    /// The family's word in ipset's `family` option and nftables (`inet` / `inet6`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::Inet => "inet",
+            Family::Inet6 => "inet6",
+        }
+    }
+
+    /// The family's name in the Kubernetes API (`IPv4` / `IPv6`: `ipFamilies`, the
+    /// `ip_family` metric label, the health server's `family`).
+    pub fn api_name(self) -> &'static str {
+        match self {
+            Family::Inet => "IPv4",
+            Family::Inet6 => "IPv6",
+        }
+    }
+
+    /// The IP version (4 / 6).
+    pub fn version(self) -> u8 {
+        match self {
+            Family::Inet => 4,
+            Family::Inet6 => 6,
+        }
+    }
+
     /// The unspecified address of this family.
     pub fn unspecified(self) -> IpAddr {
         match self {
@@ -163,5 +188,12 @@ mod tests {
             assert_eq!(Family::of(&f.unspecified()), f);
         }
         assert_eq!(Family::from_af(0), None);
+        assert_eq!(Family::Inet.as_str(), "inet");
+        assert_eq!(Family::Inet6.as_str(), "inet6");
+        assert_eq!(
+            (Family::Inet.api_name(), Family::Inet6.api_name()),
+            ("IPv4", "IPv6")
+        );
+        assert_eq!((Family::Inet.version(), Family::Inet6.version()), (4, 6));
     }
 }

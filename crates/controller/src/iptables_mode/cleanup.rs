@@ -73,7 +73,7 @@ pub fn cleanup_ipvs_mode_leftovers(
             report.rules_deleted += deleted;
         }
     }
-    let fam = set_family(cfg.family);
+    let fam = cfg.family;
     let names = ipset::SetKind::all_names(fam);
     let current = ipset.read(&names)?;
     let diff = ipset::diff(&ipset::IpsetState::new(), &current);

@@ -29,7 +29,6 @@ use iptables::proxy_mode::{
 use iptables::{Iptables, Table};
 use ipvs_netlink::{Family, Protocol};
 
-use crate::desired::set_family;
 use crate::desired::HealthCheck;
 use crate::kernel::KernelError;
 use crate::model::{
@@ -355,7 +354,7 @@ impl IptablesProxier {
 
     /// The mode's configuration for the renderer.
     pub fn mode_config(&self, node: &NodeInfo) -> ProxyModeConfig {
-        let mut c = ProxyModeConfig::new(set_family(self.cfg.family));
+        let mut c = ProxyModeConfig::new(self.cfg.family);
         c.masquerade_bit = self.rules.masquerade_bit;
         c.masquerade_all = self.cfg.masquerade_all;
         c.random_fully = self.rules.random_fully;

@@ -20,7 +20,7 @@ impl Proxier {
     pub(super) fn repair_sets(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
         let owned_sets: Vec<String> = SetKind::ALL
             .iter()
-            .map(|k| k.name(set_family(self.cfg.family)))
+            .map(|k| k.name(self.cfg.family))
             .collect();
         let actual = match kernel.read_ipsets(&owned_sets) {
             Ok(s) => s,
@@ -58,7 +58,7 @@ impl Proxier {
             }
         }
         let after: BTreeSet<SetKind> = non_empty(&self.set_counts);
-        let fam = set_family(self.cfg.family);
+        let fam = self.cfg.family;
         let grow = IpsetDiff {
             adds: entry_changes(&delta.ipset_add, fam),
             ..IpsetDiff::default()
@@ -128,7 +128,7 @@ impl Proxier {
     /// as non-empty.
     pub fn rules(&self, sets: Option<BTreeSet<SetKind>>) -> iptables::Result<iptables::RuleSet> {
         let inputs = self.desired.iptables();
-        let mut input = iptables::IpvsModeInput::new(set_family(self.cfg.family));
+        let mut input = iptables::IpvsModeInput::new(self.cfg.family);
         input.masquerade_bit = self.rules.masquerade_bit;
         input.masquerade_all = inputs.masquerade_all;
         input.random_fully = self.rules.random_fully;

@@ -28,9 +28,7 @@ use conntrack::ConntrackFilter;
 use ipset::{EntryChange, IpsetDiff, SetKind};
 use ipvs_netlink::{Destination, Family, Op, ServiceKey};
 
-use crate::desired::{
-    owned_by_proxy, service_desired_except, set_family, Delta, Desired, IpsetEntry,
-};
+use crate::desired::{owned_by_proxy, service_desired_except, Delta, Desired, IpsetEntry};
 use crate::diff::{diff_ipvs, diff_set, IpvsOps, IpvsTable};
 use crate::kernel::{Kernel, KernelError};
 use crate::model::{NodeInfo, ProxyConfig, Rejections, ServiceName};

@@ -75,7 +75,7 @@ impl Proxier {
         }
         let owned_sets: Vec<String> = SetKind::ALL
             .iter()
-            .map(|k| k.name(set_family(self.cfg.family)))
+            .map(|k| k.name(self.cfg.family))
             .collect();
         let actual_sets = match kernel.read_ipsets(&owned_sets) {
             Ok(s) => Some(s),
@@ -154,7 +154,7 @@ impl Proxier {
             None => (Vec::new(), Vec::new()),
         };
         if let Some(expected) = expected {
-            let fam = set_family(self.cfg.family);
+            let fam = self.cfg.family;
             let (n_ipvs, n_sets, n_addr) = unexplained(
                 &expected,
                 fam,

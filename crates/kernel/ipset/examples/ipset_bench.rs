@@ -35,7 +35,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("ip netns add failed (run as root)".into());
     }
     let ipset = Ipset::new(Runner::in_netns(&ns.0));
-    let set = SetKind::ClusterIp.name(Family::V4);
+    let set = SetKind::ClusterIp.name(Family::Inet);
     let entry = |i: u32| {
         Entry::ip_port(
             IpAddr::V4(Ipv4Addr::from(0x0a60_0000 + i / 4)),
@@ -46,7 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Create the empty set first so both runs measure only member adds.
     let mut empty = IpsetState::new();
-    empty.ensure_set(SetKind::ClusterIp.spec(Family::V4));
+    empty.ensure_set(SetKind::ClusterIp.spec(Family::Inet));
     ipset.apply(&diff(&empty, &IpsetState::new()))?;
 
     let mut want = empty.clone();

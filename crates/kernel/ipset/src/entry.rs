@@ -280,6 +280,9 @@ mod tests {
         let e = Entry::ip_port_ip(ip("10.0.0.1"), Protocol::Tcp, 1, ip("fd00::1"));
         assert!(e.family().is_err());
         assert_eq!(Entry::Port(1).family().unwrap(), None);
-        assert_eq!(Entry::Ip(ip("fd00::1")).family().unwrap(), Some(Family::V6));
+        assert_eq!(
+            Entry::Ip(ip("fd00::1")).family().unwrap(),
+            Some(Family::Inet6)
+        );
     }
 }

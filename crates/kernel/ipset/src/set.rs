@@ -2,33 +2,8 @@
 
 use std::fmt;
 
-/// Address family of a hash set (`family inet` / `family inet6`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Family {
-    /// IPv4 (`inet`).
-    V4,
-    /// IPv6 (`inet6`).
-    V6,
-}
-
-impl Family {
-    /// The word ipset uses for this family.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Family::V4 => "inet",
-            Family::V6 => "inet6",
-        }
-    }
-
-    /// Family of an address.
-    pub fn of(ip: &std::net::IpAddr) -> Family {
-        if ip.is_ipv4() {
-            Family::V4
-        } else {
-            Family::V6
-        }
-    }
-}
+/// Address family of a hash set (`family inet` / `family inet6`): the one [`net_types::Family`].
+pub use net_types::Family;
 
 /// ipset set types used by kube-proxy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -172,8 +147,8 @@ impl SetKind {
     /// truncated to 31 characters like upstream (`KUBE-6-LOAD-BALANCER-SOURCE-CID`).
     pub fn name(self, family: Family) -> String {
         match family {
-            Family::V4 => self.base_name().to_string(),
-            Family::V6 => {
+            Family::Inet => self.base_name().to_string(),
+            Family::Inet6 => {
                 let rest = self.base_name().trim_start_matches("KUBE-");
                 let mut n = format!("KUBE-6-{rest}");
                 n.truncate(MAX_NAME_LEN);
@@ -256,7 +231,7 @@ impl SetKind {
 
     /// Which set (and family) a name belongs to.
     pub fn from_name(name: &str) -> Option<(SetKind, Family)> {
-        for fam in [Family::V4, Family::V6] {
+        for fam in [Family::Inet, Family::Inet6] {
             for k in SetKind::ALL {
                 if k.name(fam) == name {
                     return Some((k, fam));

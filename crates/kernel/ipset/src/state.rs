@@ -316,15 +316,15 @@ pub fn parse_save(text: &str, keep: impl Fn(&str) -> bool) -> Result<IpsetState,
             "create" => {
                 let mut words = rest.split_whitespace();
                 let ty = words.next().unwrap_or_default();
-                let mut family = Family::V4;
+                let mut family = Family::Inet;
                 let mut hash_size = 1024;
                 let mut max_elem = 65536;
                 while let Some(w) = words.next() {
                     match w {
                         "family" => {
                             family = match words.next() {
-                                Some("inet6") => Family::V6,
-                                _ => Family::V4,
+                                Some("inet6") => Family::Inet6,
+                                _ => Family::Inet,
                             }
                         }
                         "hashsize" => {
@@ -390,7 +390,7 @@ mod tests {
 
     #[test]
     fn kube_state_has_17_sets_with_upstream_names_and_types() {
-        let st = IpsetState::kube(Family::V4);
+        let st = IpsetState::kube(Family::Inet);
         let names: Vec<_> = st
             .sets()
             .map(|(n, s)| (n.clone(), s.spec.set_type))
@@ -400,7 +400,7 @@ mod tests {
         assert!(names.contains(&("KUBE-NODE-PORT-SCTP-HASH".into(), SetType::HashIpPort)));
         assert!(names.contains(&("KUBE-HEALTH-CHECK-NODE-PORT".into(), SetType::BitmapPort)));
         assert!(names.contains(&("KUBE-IPVS-IPS".into(), SetType::HashIp)));
-        let v6 = IpsetState::kube(Family::V6);
+        let v6 = IpsetState::kube(Family::Inet6);
         let v6names: Vec<_> = v6.sets().map(|(n, _)| n.clone()).collect();
         assert!(v6names
             .iter()
@@ -410,7 +410,7 @@ mod tests {
         assert!(v6names.contains(&"KUBE-6-NODE-PORT-LOCAL-SCTP-HAS".to_string()));
         assert_eq!(
             SetKind::from_name("KUBE-6-LOAD-BALANCER-SOURCE-CID"),
-            Some((SetKind::LoadBalancerSourceCidr, Family::V6))
+            Some((SetKind::LoadBalancerSourceCidr, Family::Inet6))
         );
         let s = v6.get("KUBE-6-CLUSTER-IP").unwrap();
         assert_eq!(
@@ -421,7 +421,7 @@ mod tests {
 
     #[test]
     fn insert_checks_type_and_family() {
-        let mut st = IpsetState::kube(Family::V4);
+        let mut st = IpsetState::kube(Family::Inet);
         let e = Entry::ip_port(ip("10.96.0.1"), Protocol::Tcp, 80);
         assert!(st.insert("KUBE-CLUSTER-IP", e.clone(), "a/b:c").unwrap());
         assert!(!st.insert("KUBE-CLUSTER-IP", e.clone(), "a/b:c").unwrap());
@@ -437,8 +437,8 @@ mod tests {
 
     fn sample() -> IpsetState {
         let mut st = IpsetState::new();
-        st.ensure_set(SetKind::ClusterIp.spec(Family::V4));
-        st.ensure_set(SetKind::NodePortTcp.spec(Family::V4));
+        st.ensure_set(SetKind::ClusterIp.spec(Family::Inet));
+        st.ensure_set(SetKind::NodePortTcp.spec(Family::Inet));
         st
     }
 
@@ -447,7 +447,7 @@ mod tests {
         let mut want = sample();
         want.add(
             SetKind::ClusterIp,
-            Family::V4,
+            Family::Inet,
             Entry::ip_port(ip("10.96.0.1"), Protocol::Tcp, 443),
             "default/kubernetes:https",
         )
@@ -503,11 +503,15 @@ mod tests {
         )
         .unwrap();
         let mut have = IpsetState::new();
-        have.ensure_set(SetSpec::new("KUBE-CLUSTER-IP", SetType::HashIp, Family::V4));
+        have.ensure_set(SetSpec::new(
+            "KUBE-CLUSTER-IP",
+            SetType::HashIp,
+            Family::Inet,
+        ));
         have.insert("KUBE-CLUSTER-IP", Entry::Ip(ip("10.96.0.10")), "")
             .unwrap();
-        have.ensure_set(SetKind::NodePortTcp.spec(Family::V4));
-        have.ensure_set(SetKind::LoopBack.spec(Family::V4));
+        have.ensure_set(SetKind::NodePortTcp.spec(Family::Inet));
+        have.ensure_set(SetKind::LoopBack.spec(Family::Inet));
         let d = diff(&want, &have);
         assert_eq!(d.recreates.len(), 1);
         assert_eq!(d.destroys, vec!["KUBE-LOOP-BACK".to_string()]);
@@ -522,9 +526,9 @@ mod tests {
         have6.ensure_set(SetSpec::new(
             "KUBE-CLUSTER-IP",
             SetType::HashIpPort,
-            Family::V6,
+            Family::Inet6,
         ));
-        have6.ensure_set(SetKind::NodePortTcp.spec(Family::V6));
+        have6.ensure_set(SetKind::NodePortTcp.spec(Family::Inet6));
         let d = diff(&want, &have6);
         assert_eq!(d.recreates.len(), 1, "{d:?}");
         assert_eq!(d.recreates[0].name, "KUBE-CLUSTER-IP");
@@ -555,7 +559,7 @@ add KUBE-IPVS-IPS 192.168.0.0/16
         let cidr = st.get("KUBE-LOAD-BALANCER-SOURCE-CIDR").unwrap();
         assert_eq!(cidr.spec.set_type, SetType::HashIpPortNet);
         let v6 = st.get("KUBE-6-LOOP-BACK").unwrap();
-        assert_eq!(v6.spec.family, Family::V6);
+        assert_eq!(v6.spec.family, Family::Inet6);
         assert_eq!(st.entry_count(), 6);
         // an owned set of a foreign type is marked and recreated by the diff
         assert_eq!(
@@ -563,17 +567,17 @@ add KUBE-IPVS-IPS 192.168.0.0/16
             Some("hash:net")
         );
         let mut want = IpsetState::new();
-        want.ensure_set(SetKind::IpvsIps.spec(Family::V4));
+        want.ensure_set(SetKind::IpvsIps.spec(Family::Inet));
         let d = diff(&want, &parse_save(SAVE, |n| n == "KUBE-IPVS-IPS").unwrap());
         assert_eq!(d.recreates.len(), 1);
     }
 
     #[test]
     fn render_save_round_trips() {
-        let mut st = IpsetState::kube(Family::V4);
+        let mut st = IpsetState::kube(Family::Inet);
         st.add(
             SetKind::LoadBalancerSourceCidr,
-            Family::V4,
+            Family::Inet,
             Entry::ip_port_net(
                 ip("1.2.3.4"),
                 Protocol::Tcp,
@@ -585,7 +589,7 @@ add KUBE-IPVS-IPS 192.168.0.0/16
         .unwrap();
         st.add(
             SetKind::LoopBack,
-            Family::V4,
+            Family::Inet,
             Entry::ip_port_ip(ip("10.244.0.5"), Protocol::Sctp, 9, ip("10.244.0.5")),
             "o",
         )

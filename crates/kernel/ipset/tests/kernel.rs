@@ -41,7 +41,7 @@ fn ip4(n: u32) -> IpAddr {
 
 fn all_17_sets_created(ns: &Netns) {
     let ipset = ipset_in(ns);
-    for fam in [Family::V4, Family::V6] {
+    for fam in [Family::Inet, Family::Inet6] {
         let owned = SetKind::all_names(fam);
         let want = IpsetState::kube(fam);
         let d = diff(&want, &ipset.read(&owned).unwrap());
@@ -89,12 +89,12 @@ fn all_17_sets_created(ns: &Netns) {
 
 fn ten_thousand_entries_in_one_batch(ns: &Netns) {
     let ipset = ipset_in(ns);
-    let owned = SetKind::all_names(Family::V4);
-    let mut want = IpsetState::kube(Family::V4);
+    let owned = SetKind::all_names(Family::Inet);
+    let mut want = IpsetState::kube(Family::Inet);
     for i in 0..10_000u32 {
         want.add(
             SetKind::ClusterIp,
-            Family::V4,
+            Family::Inet,
             Entry::ip_port(ip4(i / 4), Protocol::Tcp, 80 + (i % 4) as u16),
             &format!("ns/svc-{}:p{}", i / 4, i % 4),
         )
@@ -125,12 +125,12 @@ fn ten_thousand_entries_in_one_batch(ns: &Netns) {
     assert_eq!(adds, expect(&want));
 
     // Change half of it: 5,000 removed, 5,000 new, still one process.
-    let mut want2 = IpsetState::kube(Family::V4);
+    let mut want2 = IpsetState::kube(Family::Inet);
     for i in 5_000..15_000u32 {
         want2
             .add(
                 SetKind::ClusterIp,
-                Family::V4,
+                Family::Inet,
                 Entry::ip_port(ip4(i / 4), Protocol::Tcp, 80 + (i % 4) as u16),
                 "x",
             )
@@ -154,16 +154,16 @@ fn wrong_type_fixed_and_foreign_sets_untouched(ns: &Netns) {
     )
     .unwrap();
     let ipset = ipset_in(ns);
-    let owned = SetKind::all_names(Family::V4);
-    let mut want = IpsetState::kube(Family::V4);
+    let owned = SetKind::all_names(Family::Inet);
+    let mut want = IpsetState::kube(Family::Inet);
     want.add(
         SetKind::ClusterIp,
-        Family::V4,
+        Family::Inet,
         Entry::ip_port(ip4(1), Protocol::Tcp, 443),
         "default/kubernetes:https",
     )
     .unwrap();
-    want.add(SetKind::NodePortTcp, Family::V4, Entry::Port(30080), "a")
+    want.add(SetKind::NodePortTcp, Family::Inet, Entry::Port(30080), "a")
         .unwrap();
     let current = ipset.read(&owned).unwrap();
     assert!(current.get("SOMEONE-ELSE").is_none());
@@ -191,8 +191,8 @@ fn wrong_type_fixed_and_foreign_sets_untouched(ns: &Netns) {
 
 fn rejected_entry_reported_rest_applied(ns: &Netns) {
     let ipset = ipset_in(ns);
-    let owned = SetKind::all_names(Family::V4);
-    let mut want = IpsetState::kube(Family::V4);
+    let owned = SetKind::all_names(Family::Inet);
+    let mut want = IpsetState::kube(Family::Inet);
     let lb = ip4(100);
     for (i, cidr) in ["10.0.0.0/8", "0.0.0.0/0", "192.168.0.0/16"]
         .iter()
@@ -200,14 +200,14 @@ fn rejected_entry_reported_rest_applied(ns: &Netns) {
     {
         want.add(
             SetKind::LoadBalancerSourceCidr,
-            Family::V4,
+            Family::Inet,
             Entry::ip_port_net(lb, Protocol::Tcp, 80, cidr.parse().unwrap()),
             &format!("default/lb-{i}:http"),
         )
         .unwrap();
     }
     for p in [30001u16, 30002] {
-        want.add(SetKind::NodePortTcp, Family::V4, Entry::Port(p), "n")
+        want.add(SetKind::NodePortTcp, Family::Inet, Entry::Port(p), "n")
             .unwrap();
     }
     let rep = ipset
@@ -243,14 +243,14 @@ fn wrong_type_set_in_use_is_reported(ns: &Netns) {
     let mut want = IpsetState::new();
     want.add(
         SetKind::ClusterIp,
-        Family::V4,
+        Family::Inet,
         Entry::ip_port(ip4(1), Protocol::Udp, 53),
         "kube-system/dns:dns",
     )
     .unwrap();
-    want.add(SetKind::NodePortUdp, Family::V4, Entry::Port(30053), "k")
+    want.add(SetKind::NodePortUdp, Family::Inet, Entry::Port(30053), "k")
         .unwrap();
-    let owned = SetKind::all_names(Family::V4);
+    let owned = SetKind::all_names(Family::Inet);
     let rep = ipset
         .apply(&diff(&want, &ipset.read(&owned).unwrap()))
         .unwrap();
@@ -267,7 +267,7 @@ fn wrong_type_set_in_use_is_reported(ns: &Netns) {
 
 /// The 17 sets of both families, created with one restore each.
 fn create_all(ipset: &Ipset) {
-    for fam in [Family::V4, Family::V6] {
+    for fam in [Family::Inet, Family::Inet6] {
         let owned = SetKind::all_names(fam);
         let d = diff(&IpsetState::kube(fam), &ipset.read(&owned).unwrap());
         let rep = ipset.apply(&d).unwrap();
@@ -288,8 +288,8 @@ fn ip(s: &str) -> IpAddr {
 fn members(fam: Family) -> IpsetState {
     let mut st = IpsetState::kube(fam);
     let (a, b, c) = match fam {
-        Family::V4 => (ip("10.96.0.1"), ip("10.244.1.5"), "10.1.2.3/8"),
-        Family::V6 => (ip("fd00::1"), ip("fd00:244::5"), "fd00:1:2::3/48"),
+        Family::Inet => (ip("10.96.0.1"), ip("10.244.1.5"), "10.1.2.3/8"),
+        Family::Inet6 => (ip("fd00::1"), ip("fd00:244::5"), "fd00:1:2::3/48"),
     };
     for k in SetKind::ALL {
         let (e1, e2) = match k.set_type() {
@@ -336,7 +336,7 @@ fn expected_members(st: &IpsetState) -> Vec<String> {
 fn netlink_adds_and_deletes_every_type(ns: &Netns) {
     let ipset = ipset_in(ns);
     create_all(&ipset);
-    for fam in [Family::V4, Family::V6] {
+    for fam in [Family::Inet, Family::Inet6] {
         let owned = SetKind::all_names(fam);
         let want = members(fam);
         let d = diff(&want, &ipset.read(&owned).unwrap());
@@ -362,8 +362,8 @@ fn netlink_adds_and_deletes_every_type(ns: &Netns) {
             dels: vec![EntryChange {
                 set: SetKind::IpvsIps.name(fam),
                 entry: Entry::Ip(match fam {
-                    Family::V4 => ip("192.0.2.99"),
-                    Family::V6 => ip("2001:db8::99"),
+                    Family::Inet => ip("192.0.2.99"),
+                    Family::Inet6 => ip("2001:db8::99"),
                 }),
                 owner: "gone".into(),
             }],
@@ -501,11 +501,11 @@ fn netlink_rejects_one_member_rest_lands(ns: &Netns) {
 fn large_or_structural_diffs_use_restore(ns: &Netns) {
     let ipset = ipset_in(ns);
     create_all(&ipset);
-    let owned = SetKind::all_names(Family::V4);
+    let owned = SetKind::all_names(Family::Inet);
     let fill = |n: u32| {
-        let mut st = IpsetState::kube(Family::V4);
+        let mut st = IpsetState::kube(Family::Inet);
         for i in 0..n {
-            st.add(SetKind::IpvsIps, Family::V4, Entry::Ip(ip4(i)), "o")
+            st.add(SetKind::IpvsIps, Family::Inet, Entry::Ip(ip4(i)), "o")
                 .unwrap();
         }
         st
@@ -524,20 +524,20 @@ fn large_or_structural_diffs_use_restore(ns: &Netns) {
         ),
         (1, 0)
     );
-    assert_eq!(saved_members(ns, Family::V4), expected_members(&want));
+    assert_eq!(saved_members(ns, Family::Inet), expected_members(&want));
     // At the threshold: netlink (here deleting 256 of the 257).
     let want = fill(1);
     let d = diff(&want, &ipset.read(&owned).unwrap());
     assert_eq!(d.dels.len(), ipset::NETLINK_MAX_MEMBERS);
     let rep = ipset.apply(&d).unwrap();
     assert_eq!((rep.processes, rep.requests), (0, 256));
-    assert_eq!(saved_members(ns, Family::V4), expected_members(&want));
+    assert_eq!(saved_members(ns, Family::Inet), expected_members(&want));
     // A create in the diff: restore, even for one member.
     let mut want2 = want.clone();
     want2.ensure_set(ipset::SetSpec::new(
         "KUBE-EXTRA",
         SetType::HashIp,
-        Family::V4,
+        Family::Inet,
     ));
     want2.insert("KUBE-EXTRA", Entry::Ip(ip4(7)), "x").unwrap();
     let mut owned2 = owned.clone();
@@ -565,7 +565,7 @@ fn large_or_structural_diffs_use_restore(ns: &Netns) {
     let rep = big.apply(&d).unwrap();
     assert!(rep.rejected.is_empty(), "{:?}", rep.rejected);
     assert_eq!((rep.processes, rep.requests), (0, 2_998));
-    assert_eq!(saved_members(ns, Family::V4), expected_members(&want));
+    assert_eq!(saved_members(ns, Family::Inet), expected_members(&want));
 }
 
 // ---------------------------------------------------------------- native (netns)

@@ -21,8 +21,8 @@ impl Backend {
 
     fn prefix(family: Family) -> &'static str {
         match family {
-            Family::V4 => "iptables",
-            Family::V6 => "ip6tables",
+            Family::Inet => "iptables",
+            Family::Inet6 => "ip6tables",
         }
     }
 
@@ -138,9 +138,9 @@ mod tests {
         );
         assert_eq!(pick_backend(None, None, None), Backend::Nft);
         assert_eq!(
-            Backend::Legacy.restore_program(Family::V6),
+            Backend::Legacy.restore_program(Family::Inet6),
             "ip6tables-legacy-restore"
         );
-        assert_eq!(Backend::Nft.save_program(Family::V4), "iptables-nft-save");
+        assert_eq!(Backend::Nft.save_program(Family::Inet), "iptables-nft-save");
     }
 }

@@ -186,8 +186,8 @@ impl Iptables {
     /// chosen backend, and the chosen backend's tables for the first [`Iptables::apply`].
     pub fn detect(family: Family, runner: Runner) -> Result<Iptables> {
         let prefix = match family {
-            Family::V4 => "iptables",
-            Family::V6 => "ip6tables",
+            Family::Inet => "iptables",
+            Family::Inet6 => "ip6tables",
         };
         let mut spawned = 0;
         let mut save = |b: Backend| -> Option<String> {

@@ -277,8 +277,8 @@ pub fn render_ipvs_mode(input: &IpvsModeInput) -> Result<RuleSet> {
 
     // Connections to localhost leave KUBE-SERVICES early.
     let lo = match fam {
-        Family::V4 => "127.0.0.0/8",
-        Family::V6 => "::1/128",
+        Family::Inet => "127.0.0.0/8",
+        Family::Inet6 => "::1/128",
     };
     nat(&mut rs, format!("-A {SERVICES} -s {lo} -j RETURN"));
 
@@ -325,8 +325,8 @@ pub fn render_ipvs_mode(input: &IpvsModeInput) -> Result<RuleSet> {
             ),
         );
         let host = match fam {
-            Family::V4 => 32,
-            Family::V6 => 128,
+            Family::Inet => 32,
+            Family::Inet6 => 128,
         };
         for m in &input.in_cluster {
             if Family::of(&m.ip) != fam {
@@ -587,8 +587,8 @@ pub fn render_ipvs_mode(input: &IpvsModeInput) -> Result<RuleSet> {
             // Spelled out the way iptables-save prints the default, so a drift check can
             // compare the kernel's rules with ours line by line.
             match fam {
-                Family::V4 => "icmp-port-unreachable",
-                Family::V6 => "icmp6-port-unreachable",
+                Family::Inet => "icmp-port-unreachable",
+                Family::Inet6 => "icmp6-port-unreachable",
             }
         ),
     );
@@ -650,7 +650,7 @@ mod tests {
 
     #[test]
     fn empty_sets_give_the_base_rules() {
-        let rs = render_ipvs_mode(&IpvsModeInput::new(Family::V4)).unwrap();
+        let rs = render_ipvs_mode(&IpvsModeInput::new(Family::Inet)).unwrap();
         let nat = rs.nat();
         assert_eq!(
             lines(&nat),
@@ -701,7 +701,7 @@ mod tests {
 
     #[test]
     fn masquerade_decision_follows_upstream() {
-        let mut input = IpvsModeInput::new(Family::V4);
+        let mut input = IpvsModeInput::new(Family::Inet);
         input.non_empty_sets.insert(SetKind::ClusterIp);
         let m = "-m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set KUBE-CLUSTER-IP";
         let c = format!("-A KUBE-SERVICES {m}");
@@ -750,7 +750,7 @@ mod tests {
     /// LOCAL traffic", "route LOCAL traffic").
     #[test]
     fn in_cluster_traffic_to_local_destinations_is_marked() {
-        let mut input = IpvsModeInput::new(Family::V4);
+        let mut input = IpvsModeInput::new(Family::Inet);
         input.non_empty_sets = [SetKind::LoadBalancerLocal, SetKind::NodePortLocalTcp].into();
         let none = render_ipvs_mode(&input).unwrap().nat();
         assert!(!none.contains("-j KUBE-IPVS-IN-CLUSTER"), "{none}");
@@ -817,7 +817,7 @@ mod tests {
 
     #[test]
     fn mark_bit_and_random_fully() {
-        let mut input = IpvsModeInput::new(Family::V4);
+        let mut input = IpvsModeInput::new(Family::Inet);
         input.masquerade_bit = 0;
         input.random_fully = false;
         let nat = render_ipvs_mode(&input).unwrap().nat();
@@ -839,7 +839,7 @@ mod tests {
 
     #[test]
     fn set_rules_appear_only_for_non_empty_sets_in_upstream_order() {
-        let mut input = IpvsModeInput::new(Family::V6);
+        let mut input = IpvsModeInput::new(Family::Inet6);
         input.non_empty_sets = SetKind::ALL.into_iter().collect();
         input.no_node_access.push(NoNodeAccess {
             ip: "fd00::5".parse().unwrap(),
@@ -884,15 +884,15 @@ mod tests {
 
     #[test]
     fn non_empty_sets_come_from_ipset_state() {
-        let mut st = IpsetState::kube(Family::V4);
+        let mut st = IpsetState::kube(Family::Inet);
         st.add(
             SetKind::NodePortUdp,
-            Family::V4,
+            Family::Inet,
             ipset::Entry::Port(30053),
             "x",
         )
         .unwrap();
-        let mut input = IpvsModeInput::new(Family::V4);
+        let mut input = IpvsModeInput::new(Family::Inet);
         input.set_non_empty_from(&st);
         assert_eq!(
             input.non_empty_sets,

@@ -303,7 +303,7 @@ impl ProxyModeConfig {
     /// True when the anti-martian rule in [`KUBELET_FIREWALL`] is written: IPv4 with localhost
     /// NodePorts (upstream: `!isIPv6 && proxier.localhostNodePorts` in syncProxyRules).
     pub fn localhost_firewall(&self) -> bool {
-        self.family == Family::V4 && self.localhost_node_ports
+        self.family == Family::Inet && self.localhost_node_ports
     }
 
     /// The filter/nat chains a restore with this configuration declares (flushes and refills):
@@ -329,22 +329,22 @@ impl ProxyModeConfig {
 
     fn host_len(&self) -> u8 {
         match self.family {
-            Family::V4 => 32,
-            Family::V6 => 128,
+            Family::Inet => 32,
+            Family::Inet6 => 128,
         }
     }
 
     fn reject(&self) -> &'static str {
         match self.family {
-            Family::V4 => "REJECT --reject-with icmp-port-unreachable",
-            Family::V6 => "REJECT --reject-with icmp6-port-unreachable",
+            Family::Inet => "REJECT --reject-with icmp-port-unreachable",
+            Family::Inet6 => "REJECT --reject-with icmp6-port-unreachable",
         }
     }
 
     fn recent_mask(&self) -> &'static str {
         match self.family {
-            Family::V4 => "255.255.255.255",
-            Family::V6 => "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            Family::Inet => "255.255.255.255",
+            Family::Inet6 => "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
         }
     }
 
@@ -940,9 +940,9 @@ pub fn static_rules(cfg: &ProxyModeConfig) -> Result<Vec<(Table, &'static str, S
             // Upstream syncProxyRules: localhost NodePorts never work on IPv6, and on IPv4
             // only with route_localnet (localhostNodePorts), so exclude loopback otherwise.
             let not_lo = match cfg.family {
-                Family::V6 => "! -d ::1/128 ",
-                Family::V4 if !cfg.localhost_node_ports => "! -d 127.0.0.0/8 ",
-                Family::V4 => "",
+                Family::Inet6 => "! -d ::1/128 ",
+                Family::Inet if !cfg.localhost_node_ports => "! -d 127.0.0.0/8 ",
+                Family::Inet => "",
             };
             v.push((
                 Table::Nat,

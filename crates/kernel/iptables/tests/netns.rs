@@ -29,8 +29,8 @@ fn chain_rules(save: &str, chain: &str) -> Vec<String> {
 fn sets_with_members(ns: &Netns, family: Family) -> IpsetState {
     let mut st = IpsetState::kube(family);
     let (a, b): (std::net::IpAddr, std::net::IpAddr) = match family {
-        Family::V4 => ("10.96.0.1".parse().unwrap(), "10.244.0.2".parse().unwrap()),
-        Family::V6 => ("fd00::1".parse().unwrap(), "fd01::2".parse().unwrap()),
+        Family::Inet => ("10.96.0.1".parse().unwrap(), "10.244.0.2".parse().unwrap()),
+        Family::Inet6 => ("fd00::1".parse().unwrap(), "fd01::2".parse().unwrap()),
     };
     for k in SetKind::ALL {
         let e = match k.set_type() {
@@ -60,15 +60,15 @@ fn full_input(ns: &Netns, family: Family) -> (IpvsModeInput, RuleSet) {
     let mut input = IpvsModeInput::new(family);
     input.set_non_empty_from(&st);
     input.local_detect = LocalDetect::Cidrs(vec![match family {
-        Family::V4 => "10.244.0.0/16".parse().unwrap(),
-        Family::V6 => "fd01::/48".parse().unwrap(),
+        Family::Inet => "10.244.0.0/16".parse().unwrap(),
+        Family::Inet6 => "fd01::/48".parse().unwrap(),
     }]);
     assert_eq!(input.non_empty_sets.len(), 17);
     // In-cluster marks of externalTrafficPolicy=Local destinations (TCP, UDP, SCTP).
     input.in_cluster_mask = 0x0400_3fff;
     let dest = |v4: &str, v6: &str| match family {
-        Family::V4 => v4.parse().unwrap(),
-        Family::V6 => v6.parse().unwrap(),
+        Family::Inet => v4.parse().unwrap(),
+        Family::Inet6 => v6.parse().unwrap(),
     };
     input.in_cluster = vec![
         iptables::InClusterMark {
@@ -98,8 +98,8 @@ fn rules_applied_and_second_apply_is_free(backend: Backend, family: Family) {
     let ns = Netns::new("apply").unwrap();
     // someone else's rules, which must survive everything we do
     let foreign_cmd = match family {
-        Family::V4 => "iptables",
-        Family::V6 => "ip6tables",
+        Family::Inet => "iptables",
+        Family::Inet6 => "ip6tables",
     };
     let b = match backend {
         Backend::Nft => "nft",
@@ -160,8 +160,8 @@ fn rules_applied_and_second_apply_is_free(backend: Backend, family: Family) {
     );
     assert!(chain_rules(&nat, "KUBE-MARK-MASQ")[0].contains("--set-xmark 0x4000/0x4000"));
     let cluster_masq = match family {
-        Family::V4 => "! -s 10.244.0.0/16 -m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ",
-        Family::V6 => "! -s fd01::/48 -m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set KUBE-6-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ",
+        Family::Inet => "! -s 10.244.0.0/16 -m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ",
+        Family::Inet6 => "! -s fd01::/48 -m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set KUBE-6-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ",
     };
     assert!(nat.contains(cluster_masq), "{nat}");
     // foreign rules untouched
@@ -231,37 +231,37 @@ fn rules_applied_and_second_apply_is_free(backend: Backend, family: Family) {
 #[test]
 #[ignore = "netns"]
 fn netns_ipvs_rules_nft_v4() {
-    rules_applied_and_second_apply_is_free(Backend::Nft, Family::V4);
+    rules_applied_and_second_apply_is_free(Backend::Nft, Family::Inet);
 }
 
 #[test]
 #[ignore = "netns"]
 fn netns_ipvs_rules_legacy_v4() {
-    rules_applied_and_second_apply_is_free(Backend::Legacy, Family::V4);
+    rules_applied_and_second_apply_is_free(Backend::Legacy, Family::Inet);
 }
 
 #[test]
 #[ignore = "netns"]
 fn netns_ipvs_rules_nft_v6() {
-    rules_applied_and_second_apply_is_free(Backend::Nft, Family::V6);
+    rules_applied_and_second_apply_is_free(Backend::Nft, Family::Inet6);
 }
 
 #[test]
 #[ignore = "netns"]
 fn netns_ipvs_rules_legacy_v6() {
-    rules_applied_and_second_apply_is_free(Backend::Legacy, Family::V6);
+    rules_applied_and_second_apply_is_free(Backend::Legacy, Family::Inet6);
 }
 
 #[test]
 #[ignore = "netns"]
 fn netns_duplicate_jumps_are_removed() {
     let ns = Netns::new("dup").unwrap();
-    let (_, rs) = full_input(&ns, Family::V4);
+    let (_, rs) = full_input(&ns, Family::Inet);
     ns.sh(
         "iptables-nft -w -t nat -N KUBE-SERVICES && \
          for i in 1 2 3; do iptables-nft -w -t nat -A OUTPUT -m comment --comment 'kubernetes service portals' -j KUBE-SERVICES; done",
     ).unwrap();
-    let mut ipt = Iptables::new(Backend::Nft, Family::V4, Runner::in_netns(ns.name()));
+    let mut ipt = Iptables::new(Backend::Nft, Family::Inet, Runner::in_netns(ns.name()));
     let out = ipt.apply(&rs).unwrap();
     assert_eq!(out.jumps_removed, 2);
     assert_eq!(out.jumps_added, 8);
@@ -279,7 +279,7 @@ fn netns_duplicate_jumps_are_removed() {
 #[ignore = "netns"]
 fn netns_rejected_rule_names_the_line() {
     let ns = Netns::new("bad").unwrap();
-    let mut ipt = Iptables::new(Backend::Nft, Family::V4, Runner::in_netns(ns.name()));
+    let mut ipt = Iptables::new(Backend::Nft, Family::Inet, Runner::in_netns(ns.name()));
     let text = "*filter\n:KUBE-TEST - [0:0]\n-A KUBE-TEST -j ACCEPT\n-A KUBE-TEST -m set --match-set NO-SUCH-SET dst -j ACCEPT\nCOMMIT\n";
     let err = ipt.apply_restore(Table::Filter, text).unwrap_err();
     match &err {
@@ -309,7 +309,7 @@ fn netns_backend_detection_follows_kubelet_chains() {
         let ns = Netns::new("detect").unwrap();
         ns.sh(&format!("iptables-{b} -w -t mangle -N KUBE-IPTABLES-HINT"))
             .unwrap();
-        let ipt = Iptables::detect(Family::V4, Runner::in_netns(ns.name())).unwrap();
+        let ipt = Iptables::detect(Family::Inet, Runner::in_netns(ns.name())).unwrap();
         assert_eq!(ipt.backend(), expect, "hint in {b}");
     }
     // No Kubernetes chains anywhere: what `iptables --version` says.
@@ -321,7 +321,7 @@ fn netns_backend_detection_follows_kubelet_chains() {
         Backend::Legacy
     };
     assert_eq!(
-        Iptables::detect(Family::V4, Runner::in_netns(ns.name()))
+        Iptables::detect(Family::Inet, Runner::in_netns(ns.name()))
             .unwrap()
             .backend(),
         want
@@ -348,7 +348,7 @@ fn netns_detection_reads_each_table_once() {
          iptables-{b} -w -t nat -N OTHER-CHAIN && iptables-{b} -w -t nat -A OTHER-CHAIN -j RETURN"
     ))
     .unwrap();
-    let mut ipt = Iptables::detect(Family::V4, Runner::in_netns(ns.name())).unwrap();
+    let mut ipt = Iptables::detect(Family::Inet, Runner::in_netns(ns.name())).unwrap();
     assert_eq!(ipt.backend(), backend);
     assert_eq!(
         ipt.processes_spawned(),
@@ -365,7 +365,7 @@ fn netns_detection_reads_each_table_once() {
     let (version, _) = iptables::parse_version(&printed).unwrap();
     assert_eq!(rf, iptables::random_fully_supported(version));
 
-    let (_, rs) = full_input(&ns, Family::V4);
+    let (_, rs) = full_input(&ns, Family::Inet);
     // A daemon's first sync is a full one: it forces a resync before its first apply, which
     // still needs no read (detection's is as fresh).
     ipt.force_resync();
@@ -399,8 +399,8 @@ fn netns_detection_reads_each_table_once() {
     // A node whose tables do not exist yet: detection's read shows none, which is what reading
     // each would show; the first apply restores them without reading.
     let ns = Netns::new("detect2").unwrap();
-    let mut ipt = Iptables::detect(Family::V4, Runner::in_netns(ns.name())).unwrap();
-    let (_, rs) = full_input(&ns, Family::V4);
+    let mut ipt = Iptables::detect(Family::Inet, Runner::in_netns(ns.name())).unwrap();
+    let (_, rs) = full_input(&ns, Family::Inet);
     let out = ipt.apply(&rs).unwrap();
     assert_eq!(out.restored, vec![Table::Nat, Table::Filter]);
     assert_eq!(out.jumps_added, 9);
@@ -419,7 +419,7 @@ fn netns_detection_reads_each_table_once() {
 #[ignore = "netns"]
 fn netns_random_fully_detected() {
     let ns = Netns::new("rf").unwrap();
-    let mut ipt = Iptables::new(Backend::Nft, Family::V4, Runner::in_netns(ns.name()));
+    let mut ipt = Iptables::new(Backend::Nft, Family::Inet, Runner::in_netns(ns.name()));
     let v = ipt.version().unwrap();
     let printed = ns.sh("iptables-nft --version").unwrap();
     assert!(
@@ -434,17 +434,17 @@ fn netns_random_fully_detected() {
 #[ignore = "vm"]
 fn vm_ipvs_out_filter_rule_applies() {
     let ns = Netns::new("ipvsmatch").unwrap();
-    let (mut input, _) = full_input(&ns, Family::V4);
+    let (mut input, _) = full_input(&ns, Family::Inet);
     input.no_node_access.push(iptables::NoNodeAccess {
         ip: "10.96.0.100".parse().unwrap(),
         proto: Protocol::Tcp,
         port: 443,
     });
     let rs = render_ipvs_mode(&input).unwrap();
-    let mut ipt = Iptables::detect(Family::V4, Runner::in_netns(ns.name())).unwrap();
+    let mut ipt = Iptables::detect(Family::Inet, Runner::in_netns(ns.name())).unwrap();
     ipt.apply(&rs).unwrap();
     let save = ns
-        .sh(&format!("{} -t filter", prog(ipt.backend(), Family::V4)))
+        .sh(&format!("{} -t filter", prog(ipt.backend(), Family::Inet)))
         .unwrap();
     assert_eq!(
         chain_rules(&save, "KUBE-IPVS-OUT-FILTER"),

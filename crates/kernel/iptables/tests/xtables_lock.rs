@@ -25,7 +25,7 @@ fn netns_restore_with_the_xtables_lock_held_fails_then_succeeds_after_release() 
     // The only test in this binary: no other thread reads the environment concurrently.
     std::env::set_var("XTABLES_LOCKFILE", &lockfile);
     let ns = Netns::new("xtlock").unwrap();
-    let mut ipt = Iptables::new(Backend::Legacy, Family::V4, Runner::in_netns(ns.name()));
+    let mut ipt = Iptables::new(Backend::Legacy, Family::Inet, Runner::in_netns(ns.name()));
 
     // Another program holds the lock (flock(2), as iptables-legacy takes it).
     let file = std::fs::File::create(&lockfile).unwrap();
@@ -55,7 +55,7 @@ fn netns_restore_with_the_xtables_lock_held_fails_then_succeeds_after_release() 
     // killed and the call fails with a timeout.
     let mut short = Iptables::new(
         Backend::Legacy,
-        Family::V4,
+        Family::Inet,
         Runner::in_netns(ns.name()).with_timeout(Duration::from_secs(1)),
     );
     let err = short.apply_restore(Table::Nat, PAYLOAD).unwrap_err();
