@@ -567,10 +567,94 @@ impl Ctx {
     }
 }
 
+/// The whole configuration, read section by section in a fixed order (errors are reported in
+/// that order).
 fn build(cx: &mut Ctx, hostname: impl FnOnce() -> Result<String>) -> Result<Config> {
-    // Mode.
+    let mode = proxy_mode(cx);
+    let (bind_address, healthz_bind_address, metrics_bind_address) = addresses(cx);
+    let bind_address_hard_fail = cx.boolean("bindAddressHardFail");
+    let ipvs = ipvs_config(cx);
+    let iptables = iptables_config(cx);
+    // Typed checks of ignored fields, so a typo there is still caught.
+    for f in ["nftables.syncPeriod", "nftables.minSyncPeriod"] {
+        cx.duration(f);
+    }
+    cx.int("nftables.masqueradeBit", 0, 31);
+    let cluster_cidrs = cluster_cidrs(cx);
+    let detect_local = detect_local(cx);
+    let node_port_addresses = node_port_addresses(cx);
+    let conntrack = ConntrackConfig {
+        max_per_core: cx.int("conntrack.maxPerCore", 0, i64::from(i32::MAX)) as u32,
+        min: cx.int("conntrack.min", 0, i64::from(i32::MAX)) as u32,
+        tcp_established_timeout: cx.duration("conntrack.tcpEstablishedTimeout"),
+        tcp_close_wait_timeout: cx.duration("conntrack.tcpCloseWaitTimeout"),
+        tcp_be_liberal: cx.boolean("conntrack.tcpBeLiberal"),
+        udp_timeout: cx.duration("conntrack.udpTimeout"),
+        udp_stream_timeout: cx.duration("conntrack.udpStreamTimeout"),
+    };
+    let config_sync_period = cx.duration("configSyncPeriod");
+    if config_sync_period.is_zero() && !cx.has_error("configSyncPeriod") {
+        cx.err("configSyncPeriod", "must be greater than 0");
+    }
+    let oom_score_adj = cx.int("oomScoreAdj", -1000, 1000) as i32;
+    let kube = kube_client(cx);
+    let verbosity = cx.int("logging.verbosity", 0, 255) as u8;
+    let log_format = log_format(cx);
+    let feature_gates = feature_gates(cx);
+
+    // kube-ipvs's own.
+    let source_dir = cx.string("source-dir");
+    let drain_timeout = cx.duration("drain-timeout");
+    let ipset_timeout = positive(cx, "ipset-timeout");
+    let iptables_timeout = positive(cx, "iptables-timeout");
+    let sysctl_root = cx.string("sysctl-root");
+    let sysfs_root = cx.string("sysfs-root");
+    let config_file = cx.string("config");
+    let once = cx.boolean("once");
+    let cleanup = cx.boolean("cleanup");
+    let ipvs_fallback = cx.boolean("ipvs-fallback");
+    // Remaining typed checks of ignored fields.
+    cx.boolean("enableProfiling");
+    cx.string("showHiddenMetricsForVersion");
+    let node_name = node_name(cx, hostname)?;
+
+    let path_or = |s: String, default: &str| PathBuf::from(if s.is_empty() { default } else { &s });
+    Ok(Config {
+        config_file: (!config_file.is_empty()).then(|| PathBuf::from(config_file)),
+        mode,
+        ipvs_fallback,
+        node_name,
+        kube,
+        source_dir: (!source_dir.is_empty()).then(|| PathBuf::from(source_dir)),
+        once,
+        cleanup,
+        drain_timeout,
+        ipset_timeout,
+        iptables_timeout,
+        sysctl_root: path_or(sysctl_root, "/proc/sys"),
+        sysfs_root: path_or(sysfs_root, sysctl::SYS),
+        bind_address,
+        healthz_bind_address,
+        metrics_bind_address,
+        bind_address_hard_fail,
+        ipvs,
+        iptables,
+        cluster_cidrs,
+        detect_local,
+        node_port_addresses,
+        oom_score_adj,
+        conntrack,
+        config_sync_period,
+        feature_gates,
+        verbosity,
+        log_format,
+    })
+}
+
+/// `mode`: ipvs (the default) or iptables.
+fn proxy_mode(cx: &mut Ctx) -> ProxyMode {
     let mode_text = cx.string("mode");
-    let mode = match mode_text.as_str() {
+    match mode_text.as_str() {
         "" | "ipvs" => ProxyMode::Ipvs,
         "iptables" => ProxyMode::Iptables,
         "nftables" => {
@@ -587,9 +671,12 @@ fn build(cx: &mut Ctx, hostname: impl FnOnce() -> Result<String>) -> Result<Conf
             );
             ProxyMode::Ipvs
         }
-    };
+    }
+}
 
-    // Addresses.
+/// `bindAddress`, and the health and metrics servers' addresses (their default IPs follow
+/// `bindAddress`'s family).
+fn addresses(cx: &mut Ctx) -> (IpAddr, SocketAddr, SocketAddr) {
     let bind_text = cx.string("bindAddress");
     let bind_address = match bind_text.parse::<IpAddr>() {
         Ok(ip) => ip,
@@ -609,26 +696,38 @@ fn build(cx: &mut Ctx, hostname: impl FnOnce() -> Result<String>) -> Result<Conf
             IpAddr::V4(Ipv4Addr::LOCALHOST),
         )
     };
-    let healthz_bind_address = cx.bind("healthzBindAddress", HEALTHZ_PORT, hz_ip);
-    let metrics_bind_address = cx.bind("metricsBindAddress", METRICS_PORT, m_ip);
-    let bind_address_hard_fail = cx.boolean("bindAddressHardFail");
+    let healthz = cx.bind("healthzBindAddress", HEALTHZ_PORT, hz_ip);
+    let metrics = cx.bind("metricsBindAddress", METRICS_PORT, m_ip);
+    (bind_address, healthz, metrics)
+}
 
-    // IPVS.
-    let ipvs_sync = cx.duration("ipvs.syncPeriod");
-    if ipvs_sync.is_zero() && !cx.has_error("ipvs.syncPeriod") {
-        cx.err("ipvs.syncPeriod", "must be greater than 0");
+/// `SECTION.syncPeriod` (> 0) and `SECTION.minSyncPeriod` (<= syncPeriod).
+fn sync_periods(cx: &mut Ctx, section: &str) -> (Duration, Duration) {
+    let (sync_key, min_key) = (
+        format!("{section}.syncPeriod"),
+        format!("{section}.minSyncPeriod"),
+    );
+    let sync = cx.duration(&sync_key);
+    if sync.is_zero() && !cx.has_error(&sync_key) {
+        cx.err(&sync_key, "must be greater than 0");
     }
-    let ipvs_min = cx.duration("ipvs.minSyncPeriod");
-    if !ipvs_sync.is_zero() && ipvs_min > ipvs_sync {
+    let min = cx.duration(&min_key);
+    if !sync.is_zero() && min > sync {
         cx.err(
-            "ipvs.minSyncPeriod",
+            &min_key,
             format!(
-                "{} must be less than or equal to ipvs.syncPeriod {}",
-                crate::duration::format(ipvs_min),
-                crate::duration::format(ipvs_sync)
+                "{} must be less than or equal to {sync_key} {}",
+                crate::duration::format(min),
+                crate::duration::format(sync)
             ),
         );
     }
+    (sync, min)
+}
+
+/// The `ipvs` section.
+fn ipvs_config(cx: &mut Ctx) -> IpvsConfig {
+    let (sync_period, min_sync_period) = sync_periods(cx, "ipvs");
     let scheduler = cx.string("ipvs.scheduler");
     let scheduler = if scheduler.is_empty() {
         "rr".to_string()
@@ -650,47 +749,32 @@ fn build(cx: &mut Ctx, hostname: impl FnOnce() -> Result<String>) -> Result<Conf
         .enumerate()
         .filter_map(|(i, s)| cx.cidr("ipvs.excludeCIDRs", Some(i), s))
         .collect();
-    let ipvs = IpvsConfig {
-        sync_period: ipvs_sync,
-        min_sync_period: ipvs_min,
+    IpvsConfig {
+        sync_period,
+        min_sync_period,
         scheduler,
         exclude_cidrs,
         strict_arp: cx.boolean("ipvs.strictARP"),
         tcp_timeout: cx.duration("ipvs.tcpTimeout"),
         tcp_fin_timeout: cx.duration("ipvs.tcpFinTimeout"),
         udp_timeout: cx.duration("ipvs.udpTimeout"),
-    };
+    }
+}
 
-    // iptables.
-    let ipt_sync = cx.duration("iptables.syncPeriod");
-    if ipt_sync.is_zero() && !cx.has_error("iptables.syncPeriod") {
-        cx.err("iptables.syncPeriod", "must be greater than 0");
-    }
-    let ipt_min = cx.duration("iptables.minSyncPeriod");
-    if !ipt_sync.is_zero() && ipt_min > ipt_sync {
-        cx.err(
-            "iptables.minSyncPeriod",
-            format!(
-                "{} must be less than or equal to iptables.syncPeriod {}",
-                crate::duration::format(ipt_min),
-                crate::duration::format(ipt_sync)
-            ),
-        );
-    }
-    let iptables = IptablesConfig {
+/// The `iptables` section.
+fn iptables_config(cx: &mut Ctx) -> IptablesConfig {
+    let (sync_period, min_sync_period) = sync_periods(cx, "iptables");
+    IptablesConfig {
         masquerade_all: cx.boolean("iptables.masqueradeAll"),
         masquerade_bit: cx.int("iptables.masqueradeBit", 0, 31) as u8,
         localhost_node_ports: cx.boolean("iptables.localhostNodePorts"),
-        sync_period: ipt_sync,
-        min_sync_period: ipt_min,
-    };
-    // Typed checks of ignored fields, so a typo there is still caught.
-    for f in ["nftables.syncPeriod", "nftables.minSyncPeriod"] {
-        cx.duration(f);
+        sync_period,
+        min_sync_period,
     }
-    cx.int("nftables.masqueradeBit", 0, 31);
+}
 
-    // Cluster CIDRs and local detection.
+/// `clusterCIDR`: at most one CIDR per family, comma-separated.
+fn cluster_cidrs(cx: &mut Ctx) -> Vec<IpNet> {
     let cc = cx.string("clusterCIDR");
     let mut cluster_cidrs: Vec<IpNet> = Vec::new();
     for part in cc.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -707,10 +791,15 @@ fn build(cx: &mut Ctx, hostname: impl FnOnce() -> Result<String>) -> Result<Conf
             format!("{cc:?}: at most one IPv4 and one IPv6 CIDR (a dual-stack pair)"),
         );
     }
+    cluster_cidrs
+}
+
+/// `detectLocalMode` with its `detectLocal` parameters.
+fn detect_local(cx: &mut Ctx) -> DetectLocal {
     let mode_name = cx.string("detectLocalMode");
     let bridge = cx.string("detectLocal.bridgeInterface");
     let prefix = cx.string("detectLocal.interfaceNamePrefix");
-    let detect_local = match mode_name.as_str() {
+    match mode_name.as_str() {
         "" | "ClusterCIDR" => DetectLocal::ClusterCidr,
         // The Node's spec.podCIDRs (see `controller::proxier::RulesConfig::node_cidr`).
         "NodeCIDR" => DetectLocal::NodeCidr,
@@ -741,9 +830,11 @@ fn build(cx: &mut Ctx, hostname: impl FnOnce() -> Result<String>) -> Result<Conf
             );
             DetectLocal::ClusterCidr
         }
-    };
+    }
+}
 
-    // NodePort addresses.
+/// `nodePortAddresses`: CIDRs, `primary`, or `all` (both families' default routes).
+fn node_port_addresses(cx: &mut Ctx) -> Vec<NodePortAddress> {
     let npa = cx.list("nodePortAddresses");
     let mut node_port_addresses = Vec::new();
     for (i, s) in npa.iter().enumerate() {
@@ -762,30 +853,16 @@ fn build(cx: &mut Ctx, hostname: impl FnOnce() -> Result<String>) -> Result<Conf
             }
         }
     }
+    node_port_addresses
+}
 
-    // conntrack.
-    let conntrack = ConntrackConfig {
-        max_per_core: cx.int("conntrack.maxPerCore", 0, i64::from(i32::MAX)) as u32,
-        min: cx.int("conntrack.min", 0, i64::from(i32::MAX)) as u32,
-        tcp_established_timeout: cx.duration("conntrack.tcpEstablishedTimeout"),
-        tcp_close_wait_timeout: cx.duration("conntrack.tcpCloseWaitTimeout"),
-        tcp_be_liberal: cx.boolean("conntrack.tcpBeLiberal"),
-        udp_timeout: cx.duration("conntrack.udpTimeout"),
-        udp_stream_timeout: cx.duration("conntrack.udpStreamTimeout"),
-    };
-
-    let config_sync_period = cx.duration("configSyncPeriod");
-    if config_sync_period.is_zero() && !cx.has_error("configSyncPeriod") {
-        cx.err("configSyncPeriod", "must be greater than 0");
-    }
-    let oom_score_adj = cx.int("oomScoreAdj", -1000, 1000) as i32;
-
-    // Client.
+/// `clientConnection` and `master`, with the daemon's API time limits.
+fn kube_client(cx: &mut Ctx) -> KubeClientConfig {
     let kubeconfig = cx.string("clientConnection.kubeconfig");
     let master = cx.string("master");
     let qps = cx.float("clientConnection.qps");
     let burst = cx.int("clientConnection.burst", 0, i64::from(u32::MAX)) as u32;
-    let kube = KubeClientConfig {
+    KubeClientConfig {
         kubeconfig: (!kubeconfig.is_empty()).then(|| PathBuf::from(kubeconfig)),
         master: (!master.is_empty()).then_some(master),
         qps,
@@ -793,11 +870,12 @@ fn build(cx: &mut Ctx, hostname: impl FnOnce() -> Result<String>) -> Result<Conf
         connect_timeout: crate::daemon::KUBE_CONNECT_TIMEOUT,
         write_timeout: crate::daemon::KUBE_WRITE_TIMEOUT,
         read_timeout: crate::daemon::KUBE_READ_TIMEOUT,
-    };
+    }
+}
 
-    // Logging.
-    let verbosity = cx.int("logging.verbosity", 0, 255) as u8;
-    let log_format = match cx.string("logging.format").as_str() {
+/// `logging.format`: text or json.
+fn log_format(cx: &mut Ctx) -> LogFormat {
+    match cx.string("logging.format").as_str() {
         "" | "text" => LogFormat::Text,
         "json" => LogFormat::Json,
         other => {
@@ -807,9 +885,12 @@ fn build(cx: &mut Ctx, hostname: impl FnOnce() -> Result<String>) -> Result<Conf
             );
             LogFormat::Text
         }
-    };
+    }
+}
 
-    let feature_gates = match cx.value("featureGates") {
+/// `featureGates`: a map of name to bool.
+fn feature_gates(cx: &mut Ctx) -> BTreeMap<String, bool> {
+    match cx.value("featureGates") {
         Value::Object(m) => {
             let mut out = BTreeMap::new();
             for (k, v) in m {
@@ -833,29 +914,20 @@ fn build(cx: &mut Ctx, hostname: impl FnOnce() -> Result<String>) -> Result<Conf
             );
             BTreeMap::new()
         }
-    };
-
-    // kube-ipvs's own.
-    let source_dir = cx.string("source-dir");
-    let drain_timeout = cx.duration("drain-timeout");
-    let ipset_timeout = cx.duration("ipset-timeout");
-    if ipset_timeout.is_zero() {
-        cx.err("ipset-timeout", "must be greater than 0");
     }
-    let iptables_timeout = cx.duration("iptables-timeout");
-    if iptables_timeout.is_zero() {
-        cx.err("iptables-timeout", "must be greater than 0");
-    }
-    let sysctl_root = cx.string("sysctl-root");
-    let sysfs_root = cx.string("sysfs-root");
-    let config_file = cx.string("config");
-    let once = cx.boolean("once");
-    let cleanup = cx.boolean("cleanup");
-    let ipvs_fallback = cx.boolean("ipvs-fallback");
-    // Remaining typed checks of ignored fields.
-    cx.boolean("enableProfiling");
-    cx.string("showHiddenMetricsForVersion");
+}
 
+/// A duration that must be greater than 0.
+fn positive(cx: &mut Ctx, key: &str) -> Duration {
+    let d = cx.duration(key);
+    if d.is_zero() {
+        cx.err(key, "must be greater than 0");
+    }
+    d
+}
+
+/// The node's name: `hostnameOverride`, else the host name; trimmed and lower-cased.
+fn node_name(cx: &mut Ctx, hostname: impl FnOnce() -> Result<String>) -> Result<String> {
     let host_override = cx.string("hostnameOverride");
     let raw_name = if host_override.trim().is_empty() {
         hostname().map_err(|e| Error::NodeName(Box::new(e)))?
@@ -866,43 +938,5 @@ fn build(cx: &mut Ctx, hostname: impl FnOnce() -> Result<String>) -> Result<Conf
     if node_name.is_empty() {
         return Err(Error::NodeName(Box::new(Error::HostnameEmpty)));
     }
-
-    Ok(Config {
-        config_file: (!config_file.is_empty()).then(|| PathBuf::from(config_file)),
-        mode,
-        ipvs_fallback,
-        node_name,
-        kube,
-        source_dir: (!source_dir.is_empty()).then(|| PathBuf::from(source_dir)),
-        once,
-        cleanup,
-        drain_timeout,
-        ipset_timeout,
-        iptables_timeout,
-        sysctl_root: PathBuf::from(if sysctl_root.is_empty() {
-            "/proc/sys"
-        } else {
-            sysctl_root.as_str()
-        }),
-        sysfs_root: PathBuf::from(if sysfs_root.is_empty() {
-            sysctl::SYS
-        } else {
-            sysfs_root.as_str()
-        }),
-        bind_address,
-        healthz_bind_address,
-        metrics_bind_address,
-        bind_address_hard_fail,
-        ipvs,
-        iptables,
-        cluster_cidrs,
-        detect_local,
-        node_port_addresses,
-        oom_score_adj,
-        conntrack,
-        config_sync_period,
-        feature_gates,
-        verbosity,
-        log_format,
-    })
+    Ok(node_name)
 }

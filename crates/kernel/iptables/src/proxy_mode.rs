@@ -424,6 +424,15 @@ pub struct ServicePortRules {
 }
 
 impl ServicePortRules {
+    /// The endpoints under the local (node-local) or cluster traffic policy.
+    fn policy_endpoints(&self, local: bool) -> &[EndpointRule] {
+        if local {
+            &self.local_endpoints
+        } else {
+            &self.cluster_endpoints
+        }
+    }
+
     fn externally_accessible(&self) -> bool {
         self.node_port.is_some()
             || !self.external_ips.is_empty()
@@ -520,11 +529,38 @@ impl Line {
     }
 }
 
-/// Renders the rules of one service port.
+/// Renders the rules of one service port: its entry lines in the shared chains (ClusterIP,
+/// external IPs, load-balancer IPs, NodePort, health-check port), then its own chains
+/// (`KUBE-EXT`, `KUBE-FW`, `KUBE-SVC` / `KUBE-SVL` and the endpoint chains).
 pub fn render_service_port(
     cfg: &ProxyModeConfig,
     sp: &ServicePortRules,
 ) -> Result<RenderedServicePort> {
+    check_families(cfg, sp)?;
+    let plan = PortPlan::new(cfg, sp);
+    let mut out = RenderedServicePort::default();
+    plan.cluster_ip_rules(&mut out);
+    plan.external_ip_rules(&mut out);
+    plan.load_balancer_rules(&mut out);
+    plan.node_port_rules(&mut out);
+    if plan.uses_ext {
+        let rules = plan.ext_chain_rules()?;
+        out.chains.insert(plan.ext.clone(), rules);
+    }
+    if plan.uses_fw {
+        out.chains.insert(plan.fw.clone(), plan.fw_chain_rules());
+    }
+    if plan.has_svc {
+        plan.policy_chain(&plan.svc, &sp.cluster_endpoints, &mut out)?;
+    }
+    if plan.has_svl {
+        plan.policy_chain(&plan.svl, &sp.local_endpoints, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// Every address of the service port is of the configuration's family.
+fn check_families(cfg: &ProxyModeConfig, sp: &ServicePortRules) -> Result<()> {
     for ip in [&sp.cluster_ip]
         .into_iter()
         .chain(&sp.external_ips)
@@ -539,206 +575,208 @@ pub fn render_service_port(
             )));
         }
     }
-    let mut out = RenderedServicePort::default();
-    let name = sp.name.as_str();
-    let proto = sp.protocol;
-    let hl = cfg.host_len();
-    let host = |ip: &IpAddr| format!("{ip}/{hl}");
+    Ok(())
+}
 
-    let externally = sp.externally_accessible();
-    let uses_cluster = !sp.internal_local || externally;
-    let uses_local = sp.internal_local || (sp.external_local && externally);
-    let svc = svc_chain(name, proto);
-    let svl = svl_chain(name, proto);
-    let ext = ext_chain(name, proto);
-    let fw = fw_chain(name, proto);
-    let has_svc = uses_cluster && !sp.cluster_endpoints.is_empty();
-    let has_svl = uses_local && !sp.local_endpoints.is_empty();
-    let (internal_chain, internal_eps) = if sp.internal_local {
-        (&svl, &sp.local_endpoints)
-    } else {
-        (&svc, &sp.cluster_endpoints)
-    };
-    let (external_policy, external_eps) = if sp.external_local {
-        (&svl, &sp.local_endpoints)
-    } else {
-        (&svc, &sp.cluster_endpoints)
-    };
-    let has_internal = !internal_eps.is_empty();
-    let has_external = !external_eps.is_empty();
-    let uses_ext = externally && has_external;
-    let uses_fw = sp.firewall && !sp.load_balancer_ips.is_empty() && has_external;
+/// What the rules of one service port hinge on, worked out once from its inputs (upstream's
+/// `syncProxyRules` per-port prelude: which policy chains exist and which ones each entry
+/// point uses).
+struct PortPlan<'a> {
+    cfg: &'a ProxyModeConfig,
+    sp: &'a ServicePortRules,
+    svc: String,
+    svl: String,
+    ext: String,
+    fw: String,
+    /// The cluster policy chain is written (used and has endpoints).
+    has_svc: bool,
+    /// The local policy chain is written.
+    has_svl: bool,
+    /// In-cluster traffic has endpoints under its policy.
+    has_internal: bool,
+    /// External traffic has endpoints under its policy.
+    has_external: bool,
+    /// The external entry points jump to `KUBE-EXT`.
+    uses_ext: bool,
+    /// Load-balancer traffic goes through the `KUBE-FW` firewall chain.
+    uses_fw: bool,
+}
 
-    let mut shared = |t: Table, c: &'static str, l: String| {
-        out.shared.entry((t, c)).or_default().push(l);
-    };
+impl<'a> PortPlan<'a> {
+    fn new(cfg: &'a ProxyModeConfig, sp: &'a ServicePortRules) -> PortPlan<'a> {
+        let (name, proto) = (sp.name.as_str(), sp.protocol);
+        let externally = sp.externally_accessible();
+        let uses_cluster = !sp.internal_local || externally;
+        let uses_local = sp.internal_local || (sp.external_local && externally);
+        let has_internal = !sp.policy_endpoints(sp.internal_local).is_empty();
+        let has_external = !sp.policy_endpoints(sp.external_local).is_empty();
+        PortPlan {
+            cfg,
+            sp,
+            svc: svc_chain(name, proto),
+            svl: svl_chain(name, proto),
+            ext: ext_chain(name, proto),
+            fw: fw_chain(name, proto),
+            has_svc: uses_cluster && !sp.cluster_endpoints.is_empty(),
+            has_svl: uses_local && !sp.local_endpoints.is_empty(),
+            has_internal,
+            has_external,
+            uses_ext: externally && has_external,
+            uses_fw: sp.firewall && !sp.load_balancer_ips.is_empty() && has_external,
+        }
+    }
 
-    // Filter targets when there are no endpoints: DROP when only local ones are missing.
-    let no_eps = |local_policy: bool| -> (String, &'static str) {
-        if local_policy && !sp.cluster_endpoints.is_empty() {
+    fn name(&self) -> &str {
+        &self.sp.name
+    }
+
+    /// The policy chain for local (`KUBE-SVL`) or cluster (`KUBE-SVC`) traffic policy.
+    fn policy_chain_name(&self, local: bool) -> &str {
+        if local {
+            &self.svl
+        } else {
+            &self.svc
+        }
+    }
+
+    fn host(&self, ip: &IpAddr) -> String {
+        format!("{ip}/{}", self.cfg.host_len())
+    }
+
+    /// A filter line's comment and target when a policy has no endpoints: DROP when only
+    /// local ones are missing, the configured reject otherwise.
+    fn no_endpoints(&self, local_policy: bool) -> (String, &'static str) {
+        let name = self.name();
+        if local_policy && !self.sp.cluster_endpoints.is_empty() {
             (format!("{name} has no local endpoints"), "DROP")
         } else {
-            (format!("{name} has no endpoints"), cfg.reject())
+            (format!("{name} has no endpoints"), self.cfg.reject())
         }
-    };
-
-    // ClusterIP.
-    if has_internal {
-        shared(
-            Table::Nat,
-            SERVICES,
-            Line::new(SERVICES)
-                .dst(host(&sp.cluster_ip))
-                .proto(proto)
-                .comment(&format!("{name} cluster IP"))
-                .dport(proto, sp.port)
-                .j(internal_chain),
-        );
-    } else {
-        let (c, target) = no_eps(sp.internal_local);
-        shared(
-            Table::Filter,
-            SERVICES,
-            Line::new(SERVICES)
-                .dst(host(&sp.cluster_ip))
-                .proto(proto)
-                .comment(&c)
-                .dport(proto, sp.port)
-                .j(target),
-        );
     }
 
-    // externalIPs.
-    for ip in &sp.external_ips {
-        if uses_ext {
-            shared(
-                Table::Nat,
+    /// A `-d ADDR -p PROTO ... --dport PORT` line of a shared chain.
+    fn to_port(&self, chain: &str, ip: &IpAddr, comment: &str, target: &str) -> String {
+        let proto = self.sp.protocol;
+        Line::new(chain)
+            .dst(self.host(ip))
+            .proto(proto)
+            .comment(comment)
+            .dport(proto, self.sp.port)
+            .j(target)
+    }
+
+    /// The "no endpoints" filter line of an external entry point.
+    fn no_external_endpoints(&self, chain: &str, ip: &IpAddr) -> String {
+        let (c, target) = self.no_endpoints(self.sp.external_local);
+        self.to_port(chain, ip, &c, target)
+    }
+
+    fn cluster_ip_rules(&self, out: &mut RenderedServicePort) {
+        let sp = self.sp;
+        if self.has_internal {
+            let line = self.to_port(
                 SERVICES,
-                Line::new(SERVICES)
-                    .dst(host(ip))
-                    .proto(proto)
-                    .comment(&format!("{name} external IP"))
-                    .dport(proto, sp.port)
-                    .j(&ext),
+                &sp.cluster_ip,
+                &format!("{} cluster IP", self.name()),
+                self.policy_chain_name(sp.internal_local),
             );
+            out.push_shared(Table::Nat, SERVICES, line);
         } else {
-            let (c, target) = no_eps(sp.external_local);
-            shared(
-                Table::Filter,
-                EXTERNAL_SERVICES,
-                Line::new(EXTERNAL_SERVICES)
-                    .dst(host(ip))
-                    .proto(proto)
-                    .comment(&c)
-                    .dport(proto, sp.port)
-                    .j(target),
-            );
+            let (c, target) = self.no_endpoints(sp.internal_local);
+            let line = self.to_port(SERVICES, &sp.cluster_ip, &c, target);
+            out.push_shared(Table::Filter, SERVICES, line);
         }
     }
 
-    // Load-balancer IPs.
-    for ip in &sp.load_balancer_ips {
-        if uses_ext {
-            shared(
-                Table::Nat,
-                SERVICES,
-                Line::new(SERVICES)
-                    .dst(host(ip))
-                    .proto(proto)
-                    .comment(&format!("{name} loadbalancer IP"))
-                    .dport(proto, sp.port)
-                    .j(if uses_fw { &fw } else { &ext }),
-            );
-        }
-        if uses_fw {
-            shared(
-                Table::Filter,
-                PROXY_FIREWALL,
-                Line::new(PROXY_FIREWALL)
-                    .dst(host(ip))
-                    .proto(proto)
-                    .comment(&format!("{name} traffic not accepted by {fw}"))
-                    .dport(proto, sp.port)
-                    .j("DROP"),
-            );
-        }
-        if !has_external {
-            let (c, target) = no_eps(sp.external_local);
-            shared(
-                Table::Filter,
-                EXTERNAL_SERVICES,
-                Line::new(EXTERNAL_SERVICES)
-                    .dst(host(ip))
-                    .proto(proto)
-                    .comment(&c)
-                    .dport(proto, sp.port)
-                    .j(target),
-            );
+    fn external_ip_rules(&self, out: &mut RenderedServicePort) {
+        for ip in &self.sp.external_ips {
+            if self.uses_ext {
+                let c = format!("{} external IP", self.name());
+                let line = self.to_port(SERVICES, ip, &c, &self.ext);
+                out.push_shared(Table::Nat, SERVICES, line);
+            } else {
+                let line = self.no_external_endpoints(EXTERNAL_SERVICES, ip);
+                out.push_shared(Table::Filter, EXTERNAL_SERVICES, line);
+            }
         }
     }
 
-    // NodePort.
-    if let Some(np) = sp.node_port {
-        if uses_ext {
-            shared(
-                Table::Nat,
-                NODEPORTS,
-                Line::new(NODEPORTS)
+    fn load_balancer_rules(&self, out: &mut RenderedServicePort) {
+        let name = self.name();
+        for ip in &self.sp.load_balancer_ips {
+            if self.uses_ext {
+                let target = if self.uses_fw { &self.fw } else { &self.ext };
+                let line = self.to_port(SERVICES, ip, &format!("{name} loadbalancer IP"), target);
+                out.push_shared(Table::Nat, SERVICES, line);
+            }
+            if self.uses_fw {
+                let c = format!("{name} traffic not accepted by {}", self.fw);
+                let line = self.to_port(PROXY_FIREWALL, ip, &c, "DROP");
+                out.push_shared(Table::Filter, PROXY_FIREWALL, line);
+            }
+            if !self.has_external {
+                let line = self.no_external_endpoints(EXTERNAL_SERVICES, ip);
+                out.push_shared(Table::Filter, EXTERNAL_SERVICES, line);
+            }
+        }
+    }
+
+    /// The NodePort and the health-check node port.
+    fn node_port_rules(&self, out: &mut RenderedServicePort) {
+        let (sp, name, proto) = (self.sp, self.name(), self.sp.protocol);
+        if let Some(np) = sp.node_port {
+            if self.uses_ext {
+                let line = Line::new(NODEPORTS)
                     .proto(proto)
                     .comment(name)
                     .dport(proto, np)
-                    .j(&ext),
-            );
-        } else {
-            let (c, target) = no_eps(sp.external_local);
-            shared(
-                Table::Filter,
-                EXTERNAL_SERVICES,
-                Line::new(EXTERNAL_SERVICES)
+                    .j(&self.ext);
+                out.push_shared(Table::Nat, NODEPORTS, line);
+            } else {
+                let (c, target) = self.no_endpoints(sp.external_local);
+                let line = Line::new(EXTERNAL_SERVICES)
                     .proto(proto)
                     .comment(&c)
                     .m("-m addrtype --dst-type LOCAL")
                     .dport(proto, np)
-                    .j(target),
-            );
+                    .j(target);
+                out.push_shared(Table::Filter, EXTERNAL_SERVICES, line);
+            }
         }
-    }
-
-    // Health-check node port.
-    if let Some(hc) = sp.health_check_node_port {
-        shared(
-            Table::Filter,
-            NODEPORTS,
-            Line::new(NODEPORTS)
+        if let Some(hc) = sp.health_check_node_port {
+            let line = Line::new(NODEPORTS)
                 .proto(Protocol::Tcp)
                 .comment(&format!("{name} health check node port"))
                 .dport(Protocol::Tcp, hc)
-                .j("ACCEPT"),
-        );
+                .j("ACCEPT");
+            out.push_shared(Table::Filter, NODEPORTS, line);
+        }
     }
 
-    // KUBE-EXT.
-    if uses_ext {
+    /// `KUBE-EXT`: masquerade (cluster policy) or keep local pod and host traffic on the
+    /// cluster chain (local policy), then the external policy chain.
+    fn ext_chain_rules(&self) -> Result<Vec<String>> {
+        let (name, ext, svc) = (self.name(), &self.ext, &self.svc);
         let mut rules = Vec::new();
-        if !sp.external_local {
+        if !self.sp.external_local {
             rules.push(
-                Line::new(&ext)
+                Line::new(ext)
                     .comment(&format!(
                         "masquerade traffic for {name} external destinations"
                     ))
                     .j(MARK_MASQ),
             );
-        } else if has_svc {
-            if let Some(local) = cfg.local_match(false)? {
+        } else if self.has_svc {
+            if let Some(local) = self.cfg.local_match(false)? {
                 rules.push(
-                    Line::new(&ext)
+                    Line::new(ext)
                         .part(Some(local))
                         .comment(&format!("pod traffic for {name} external destinations"))
-                        .j(&svc),
+                        .j(svc),
                 );
             }
             rules.push(
-                Line::new(&ext)
+                Line::new(ext)
                     .comment(&format!(
                         "masquerade LOCAL traffic for {name} external destinations"
                     ))
@@ -746,59 +784,72 @@ pub fn render_service_port(
                     .j(MARK_MASQ),
             );
             rules.push(
-                Line::new(&ext)
+                Line::new(ext)
                     .comment(&format!(
                         "route LOCAL traffic for {name} external destinations"
                     ))
                     .m("-m addrtype --src-type LOCAL")
-                    .j(&svc),
+                    .j(svc),
             );
         }
-        rules.push(Line::new(&ext).j(external_policy));
-        out.chains.insert(ext.clone(), rules);
+        rules.push(Line::new(ext).j(self.policy_chain_name(self.sp.external_local)));
+        Ok(rules)
     }
 
-    // KUBE-FW.
-    if uses_fw {
+    /// `KUBE-FW`: the source ranges (and the node's own LB IPs when allowed) go on to
+    /// `KUBE-EXT`; the rest falls through to the DROP in `KUBE-PROXY-FIREWALL`.
+    fn fw_chain_rules(&self) -> Vec<String> {
+        let (sp, fw) = (self.sp, &self.fw);
+        let c = format!("{} loadbalancer IP", self.name());
         let mut rules = Vec::new();
-        let c = format!("{name} loadbalancer IP");
         for r in &sp.source_ranges {
             rules.push(
-                Line::new(&fw)
+                Line::new(fw)
                     .src(r.trunc().to_string())
                     .comment(&c)
-                    .j(&ext),
+                    .j(&self.ext),
             );
         }
         if sp.allow_from_node {
             for ip in &sp.load_balancer_ips {
-                rules.push(Line::new(&fw).src(host(ip)).comment(&c).j(&ext));
+                rules.push(Line::new(fw).src(self.host(ip)).comment(&c).j(&self.ext));
             }
         }
-        out.chains.insert(fw.clone(), rules);
+        rules
     }
 
-    // KUBE-SVC / KUBE-SVL and the endpoint chains.
-    let masq_cluster_ip = |chain: &str| -> Result<Option<String>> {
+    /// The masquerade line of the in-cluster policy chain for ClusterIP traffic from outside
+    /// the cluster (or all of it with `masqueradeAll`).
+    fn masquerade_cluster_ip(&self, chain: &str) -> Result<Option<String>> {
+        let (sp, proto) = (self.sp, self.sp.protocol);
         let base = |part: Option<Part>| {
             Line::new(chain)
                 .part(part)
-                .dst(host(&sp.cluster_ip))
+                .dst(self.host(&sp.cluster_ip))
                 .proto(proto)
-                .comment(&format!("{name} cluster IP"))
+                .comment(&format!("{} cluster IP", self.name()))
                 .dport(proto, sp.port)
                 .j(MARK_MASQ)
         };
-        if cfg.masquerade_all {
+        if self.cfg.masquerade_all {
             Ok(Some(base(None)))
         } else {
-            Ok(cfg.local_match(true)?.map(|p| base(Some(p))))
+            Ok(self.cfg.local_match(true)?.map(|p| base(Some(p))))
         }
-    };
-    let mut write_policy_chain = |chain: &str, eps: &[EndpointRule]| -> Result<()> {
+    }
+
+    /// A policy chain (`KUBE-SVC` / `KUBE-SVL`): affinity checks, then the random split over
+    /// the endpoints; and the endpoints' own `KUBE-SEP` chains.
+    fn policy_chain(
+        &self,
+        chain: &str,
+        eps: &[EndpointRule],
+        out: &mut RenderedServicePort,
+    ) -> Result<()> {
+        let (name, proto) = (self.name(), self.sp.protocol);
         let mut rules = Vec::new();
-        if chain == internal_chain.as_str() {
-            if let Some(l) = masq_cluster_ip(chain)? {
+        if chain == self.policy_chain_name(self.sp.internal_local) {
+            if let Some(l) = self.masquerade_cluster_ip(chain)? {
                 rules.push(l);
             }
         }
@@ -806,14 +857,14 @@ pub fn render_service_port(
             .iter()
             .map(|e| (sep_chain(name, proto, e.ip, e.port), e))
             .collect();
-        if let Some(t) = sp.affinity_timeout {
+        if let Some(t) = self.sp.affinity_timeout {
             for (sep, e) in &seps {
                 rules.push(
                     Line::new(chain)
                         .comment(&format!("{name} -> {}", endpoint_string(e.ip, e.port)))
                         .m(format!(
                             "-m recent --rcheck --seconds {t} --reap --name {sep} --mask {} --rsource",
-                            cfg.recent_mask()
+                            self.cfg.recent_mask()
                         ))
                         .j(sep),
                 );
@@ -833,34 +884,42 @@ pub fn render_service_port(
         }
         out.chains.insert(chain.to_string(), rules);
         for (sep, e) in seps {
-            if out.chains.contains_key(&sep) {
-                continue;
+            if let std::collections::btree_map::Entry::Vacant(v) = out.chains.entry(sep) {
+                let rules = self.endpoint_chain_rules(v.key(), e);
+                v.insert(rules);
             }
-            let mut dnat = Line::new(&sep).proto(proto).comment(name);
-            if sp.affinity_timeout.is_some() {
-                dnat = dnat.m(format!(
-                    "-m recent --set --name {sep} --mask {} --rsource",
-                    cfg.recent_mask()
-                ));
-            }
-            let rules = vec![
-                Line::new(&sep).src(host(&e.ip)).comment(name).j(MARK_MASQ),
-                dnat.m(format!("-m {}", proto.as_str())).j(&format!(
-                    "DNAT --to-destination {}",
-                    endpoint_string(e.ip, e.port)
-                )),
-            ];
-            out.chains.insert(sep, rules);
         }
         Ok(())
-    };
-    if has_svc {
-        write_policy_chain(&svc, &sp.cluster_endpoints)?;
     }
-    if has_svl {
-        write_policy_chain(&svl, &sp.local_endpoints)?;
+
+    /// A `KUBE-SEP` chain: hairpin masquerade, then the DNAT (recording the client for
+    /// affinity).
+    fn endpoint_chain_rules(&self, sep: &str, e: &EndpointRule) -> Vec<String> {
+        let (name, proto) = (self.name(), self.sp.protocol);
+        let mut dnat = Line::new(sep).proto(proto).comment(name);
+        if self.sp.affinity_timeout.is_some() {
+            dnat = dnat.m(format!(
+                "-m recent --set --name {sep} --mask {} --rsource",
+                self.cfg.recent_mask()
+            ));
+        }
+        vec![
+            Line::new(sep)
+                .src(self.host(&e.ip))
+                .comment(name)
+                .j(MARK_MASQ),
+            dnat.m(format!("-m {}", proto.as_str())).j(&format!(
+                "DNAT --to-destination {}",
+                endpoint_string(e.ip, e.port)
+            )),
+        ]
     }
-    Ok(out)
+}
+
+impl RenderedServicePort {
+    fn push_shared(&mut self, table: Table, chain: &'static str, line: String) {
+        self.shared.entry((table, chain)).or_default().push(line);
+    }
 }
 
 /// The rules of the shared chains that do not depend on services, per (table, chain), in order.
