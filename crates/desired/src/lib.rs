@@ -12,6 +12,10 @@
 
 mod desired;
 pub mod diff;
+mod service;
+mod types;
 pub mod vip;
 
 pub use desired::*;
+pub use service::*;
+pub use types::*;
