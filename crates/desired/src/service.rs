@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ipset::{Entry, SetKind};
-use ipvs_netlink::{Destination, Family, Protocol, Service, ServiceFlags, ServiceKey};
+use ipvs_netlink::{Destination, Protocol, Service, ServiceFlags, ServiceKey};
 
 use crate::diff::VirtualServer;
 use crate::types::{
@@ -44,13 +44,7 @@ pub fn service_desired_except(
     let mut d = ServiceDesired::default();
     let mut rejected: BTreeMap<String, Invalid> = BTreeMap::new();
     let node_ports = node.node_port_ips(cfg);
-    let node_ips: BTreeSet<IpAddr> = node
-        .addresses
-        .iter()
-        .chain(node.primary_ips.iter())
-        .filter(|ip| Family::of(ip) == cfg.family)
-        .copied()
-        .collect();
+    let node_ips: BTreeSet<IpAddr> = node.ips_of(cfg.family).collect();
     let mut entry = |set: SetKind, entry: Entry| {
         d.ipset_entries.insert(IpsetEntry {
             set,

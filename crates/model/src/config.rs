@@ -104,6 +104,16 @@ pub struct NodeInfo {
 }
 
 impl NodeInfo {
+    /// The node's addresses of `family`: its local interface addresses, then its primary IPs
+    /// (a primary IP that is also local comes twice; callers collect into what they need).
+    pub fn ips_of(&self, family: Family) -> impl Iterator<Item = IpAddr> + '_ {
+        self.addresses
+            .iter()
+            .chain(self.primary_ips.iter())
+            .filter(move |ip| Family::of(ip) == family)
+            .copied()
+    }
+
     /// Node info from the Node object (zone label, primary IPs) and local interface addresses.
     /// Unparsable `status.addresses` entries are ignored (they are informational only).
     pub fn from_node(name: &str, node: Option<&Node>, addresses: BTreeSet<IpAddr>) -> NodeInfo {

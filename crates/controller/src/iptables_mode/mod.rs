@@ -212,13 +212,7 @@ pub fn service_port_rules(
     node: &NodeInfo,
 ) -> Result<PortRules, Invalid> {
     let ports = service_ports(svc, cfg)?;
-    let node_ips: Vec<IpAddr> = node
-        .addresses
-        .iter()
-        .chain(node.primary_ips.iter())
-        .filter(|ip| Family::of(ip) == cfg.family)
-        .copied()
-        .collect();
+    let node_ips: Vec<IpAddr> = node.ips_of(cfg.family).collect();
     let mut out = Vec::with_capacity(ports.len());
     let mut rejected = Vec::new();
     for sp in &ports {
