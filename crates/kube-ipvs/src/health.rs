@@ -135,8 +135,7 @@ impl ProxyHealth {
         let mut s = self.lock();
         s.oldest_pending.remove(&family);
         s.last_updated.insert(family, at);
-        let k = family;
-        s.failing.retain(|(f, _), _| *f != k);
+        s.failing.retain(|(f, _), _| *f != family);
     }
 
     /// A sync of `family` did not succeed: `failed` are the subsystems that failed in it (with
@@ -151,19 +150,18 @@ impl ProxyHealth {
         at: SystemTime,
     ) {
         let mut s = self.lock();
-        let k = family;
         s.failing.retain(|(f, sub), _| {
-            *f != k || retrying.contains(sub) || failed.iter().any(|(x, _)| x == sub)
+            *f != family || retrying.contains(sub) || failed.iter().any(|(x, _)| x == sub)
         });
         for (sub, err) in failed {
-            let e = s.failing.entry((k, *sub)).or_insert_with(|| Failing {
+            let e = s.failing.entry((family, *sub)).or_insert_with(|| Failing {
                 since: at,
                 last_error: String::new(),
             });
             e.last_error = controller::proxier::truncate_text(err, MAX_ERROR);
         }
         for sub in retrying {
-            s.failing.entry((k, *sub)).or_insert_with(|| Failing {
+            s.failing.entry((family, *sub)).or_insert_with(|| Failing {
                 since: at,
                 last_error: String::new(),
             });
