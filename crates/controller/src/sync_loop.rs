@@ -516,6 +516,7 @@ fn log_report(family: Family, r: &SyncReport) {
         iptables_restored = r.iptables_restored,
         errors = r.errors.len(),
         elapsed_ms = r.duration.as_millis() as u64,
+        phases = %r.phases_text(),
         "sync done"
     );
 }

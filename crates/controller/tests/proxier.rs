@@ -110,6 +110,40 @@ fn first_sync_programs_everything_from_one_read_per_subsystem() {
 }
 
 #[test]
+fn a_syncs_report_says_where_its_time_went_phase_by_phase() {
+    let store = store_with(50);
+    let mut p = Proxier::new(cfg4(), RulesConfig::default(), NODE);
+    let mut k = FakeKernel::default();
+    let full = p.sync(&store, &node_addrs(), &mut k);
+    let names: Vec<&str> = full.phases.iter().map(|(n, _)| *n).collect();
+    assert_eq!(
+        names,
+        [
+            "derive",
+            "read",
+            "diff",
+            "ipset",
+            "iptables",
+            "ipvs",
+            "addresses",
+            "remove"
+        ]
+    );
+    let summed: std::time::Duration = full.phases.iter().map(|(_, d)| *d).sum();
+    assert!(summed <= full.duration, "{summed:?} > {:?}", full.duration);
+    let text = full.phases_text();
+    assert!(
+        text.starts_with("derive=") && text.contains(" ipvs="),
+        "{text}"
+    );
+    p.note(&store_with(0).apply(SourceEvent::Apply(slice_ev(7, 9, 0))));
+    let inc = p.sync(&store, &node_addrs(), &mut k);
+    assert_eq!(inc.kind, SyncKind::Incremental);
+    let names: Vec<&str> = inc.phases.iter().map(|(n, _)| *n).collect();
+    assert_eq!(names, ["derive", "apply"]);
+}
+
+#[test]
 fn one_endpoint_change_is_a_few_requests_and_no_dump() {
     let (mut store, mut p, mut k) = programmed(1000);
     let before = k.counters();

@@ -54,6 +54,9 @@ pub struct SyncReport {
     pub duration: Duration,
     /// External VIP claims lost to another Service after this sync (see [`crate::vip`]).
     pub vip_conflicts: usize,
+    /// Where the wall time went, phase by phase in the order they ran (for the log: which
+    /// part of a slow sync was slow).
+    pub phases: Vec<(&'static str, Duration)>,
 }
 
 /// How one subsystem failed in one sync.
@@ -101,7 +104,26 @@ impl SyncReport {
             retrying: BTreeSet::new(),
             duration: Duration::ZERO,
             vip_conflicts: 0,
+            phases: Vec::new(),
         }
+    }
+
+    /// Records that `phase` ran from `since` until now; returns now (the next phase's start).
+    pub fn lap(&mut self, phase: &'static str, since: Instant) -> Instant {
+        let now = Instant::now();
+        self.phases
+            .push((phase, now.saturating_duration_since(since)));
+        now
+    }
+
+    /// The phases as `name=seconds` pairs, e.g. `derive=0.012 ipvs=1.204`.
+    pub fn phases_text(&self) -> String {
+        let parts: Vec<String> = self
+            .phases
+            .iter()
+            .map(|(name, d)| format!("{name}={:.3}", d.as_secs_f64()))
+            .collect();
+        parts.join(" ")
     }
 
     /// True when the sync had no error.

@@ -13,6 +13,7 @@ impl Proxier {
         kernel: &mut dyn Kernel,
     ) -> SyncReport {
         let mut report = SyncReport::new(SyncKind::Incremental);
+        let t = Instant::now();
         let node = self.node_info(store, node_addresses);
         let names = self.dirty_names(store, &node);
         let udp_before = self.udp_with_reals(names.iter());
@@ -31,7 +32,9 @@ impl Proxier {
                 }
             }
         }
+        let t = report.lap("derive", t);
         self.apply_delta(delta, kernel, &mut report);
+        report.lap("apply", t);
         report
     }
 
@@ -42,6 +45,7 @@ impl Proxier {
         kernel: &mut dyn Kernel,
     ) -> SyncReport {
         let mut report = SyncReport::new(SyncKind::Full);
+        let t = Instant::now();
         let node = self.node_info(store, node_addresses);
         self.zone = node.zone.clone();
         let mut names = std::mem::take(&mut self.dirty);
@@ -64,6 +68,7 @@ impl Proxier {
             None
         };
         self.set_counts = count_sets(&self.desired);
+        let t = report.lap("derive", t);
 
         // One read per subsystem. A subsystem whose read fails is neither diffed nor cleaned
         // (nothing is deleted on the strength of a failed read) and the full sync stays
@@ -109,6 +114,7 @@ impl Proxier {
             }
         };
 
+        let t = report.lap("read", t);
         self.adopt_kept_state(
             store,
             &node,
@@ -175,17 +181,23 @@ impl Proxier {
             Some(d) => split_set_diff(d),
             None => (IpsetDiff::default(), IpsetDiff::default()),
         };
+        let t = report.lap("diff", t);
         self.apply_sets(&set_grow, kernel, &mut report);
+        let t = report.lap("ipset", t);
         self.apply_rules(kernel, true, None, &mut report);
+        let t = report.lap("iptables", t);
         let ops = ipvs_ops.unwrap_or_default();
         match &actual_ipvs {
             Some(actual) if !drift_counted => self.apply_ipvs_program(actual, kernel, &mut report),
             _ => self.apply_ipvs(&ops.apply, kernel, &mut report),
         }
+        let t = report.lap("ipvs", t);
         self.apply_addrs(&addr_add, &[], kernel, &mut report);
         self.apply_addrs(&[], &addr_del, kernel, &mut report);
+        let t = report.lap("addresses", t);
         self.apply_ipvs(&ops.remove, kernel, &mut report);
         self.apply_sets(&set_shrink, kernel, &mut report);
+        report.lap("remove", t);
         let now = self.now;
         if read_failed.is_empty() {
             self.applied_once = true;
