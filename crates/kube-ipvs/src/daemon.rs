@@ -397,15 +397,7 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         .unwrap_or_default();
     let families = crate::engine::families(&config, &node_ips);
     let first_sync = crate::handover::FirstSync::new(&families);
-    daemon.metrics.init_families(
-        &families
-            .iter()
-            .map(|f| match f {
-                ipvs_netlink::Family::Inet => 4,
-                ipvs_netlink::Family::Inet6 => 6,
-            })
-            .collect::<Vec<u8>>(),
-    );
+    daemon.metrics.init_families(&families);
     let handover = crate::handover::spawn_cleanup(
         config.clone(),
         families.clone(),

@@ -470,8 +470,8 @@ impl std::fmt::Debug for Observer {
 impl SyncObserver for Observer {
     fn queued(&self, changes: &Changes) {
         if !changes.dirty.is_empty() || changes.node_changed {
-            self.metrics.record_queued(4);
-            self.metrics.record_queued(6);
+            self.metrics.record_queued(Family::Inet);
+            self.metrics.record_queued(Family::Inet6);
             self.health.queued_update(Family::Inet);
             self.health.queued_update(Family::Inet6);
         }
@@ -499,9 +499,12 @@ impl SyncObserver for Observer {
         }
         let mut failing = report.retrying.clone();
         failing.extend(report.failed.keys().copied());
-        let num = family.version();
-        self.metrics
-            .record_sync_outcome(num, report.kind, report.duration.as_secs_f64(), &failing);
+        self.metrics.record_sync_outcome(
+            family,
+            report.kind,
+            report.duration.as_secs_f64(),
+            &failing,
+        );
         if report.healthy() {
             self.health.updated(family);
         } else {
@@ -527,14 +530,14 @@ impl SyncObserver for Observer {
         if report.iptables_restore_failed {
             self.metrics
                 .iptables_restore_failures_total
-                .get_or_create(&crate::metrics::IpFamilyLabel::of(num))
+                .get_or_create(&crate::metrics::IpFamilyLabel::of(family))
                 .inc();
         }
         self.metrics
             .draining_destinations
             .set(backend.draining() as i64);
         self.metrics.record_conntrack(
-            num,
+            family,
             report.conntrack_duration.map(|d| d.as_secs_f64()),
             report.conntrack_deleted,
         );
@@ -583,7 +586,7 @@ impl SyncObserver for Observer {
             .set(i64::try_from(conflicts).unwrap_or(i64::MAX));
         for (f, v) in seen.iter() {
             self.metrics
-                .set_no_local_endpoints(f.version(), v.no_local.0, v.no_local.1);
+                .set_no_local_endpoints(*f, v.no_local.0, v.no_local.1);
         }
         let mut merged: BTreeMap<ServiceName, HealthCheck> = BTreeMap::new();
         for (name, hc) in seen.values().flat_map(|f| &f.health) {
@@ -617,8 +620,7 @@ impl SyncObserver for Observer {
     }
 
     fn network_programmed(&self, family: Family, triggers: &[std::time::SystemTime]) {
-        self.metrics
-            .record_network_programmed(family.version(), triggers);
+        self.metrics.record_network_programmed(family, triggers);
     }
 
     fn rejected(&self, _family: Family, rejected: &[(String, String)]) {
@@ -742,7 +744,7 @@ impl SyncObserver for LoopObserver {
     fn queued(&self, changes: &Changes) {
         if !changes.dirty.is_empty() || changes.node_changed {
             for f in &self.families {
-                self.inner.metrics.record_queued(f.version());
+                self.inner.metrics.record_queued(*f);
                 self.inner.health.queued_update(*f);
             }
         }

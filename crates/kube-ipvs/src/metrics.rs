@@ -28,6 +28,7 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 use crate::config::ProxyMode;
+use ipvs_netlink::Family as AddressFamily;
 
 /// The content type of [`Metrics::encode`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -50,10 +51,10 @@ pub struct IpFamilyLabel {
 }
 
 impl IpFamilyLabel {
-    /// The label of address family `family` (4 or 6; anything but 6 is IPv4).
-    pub fn of(family: u8) -> IpFamilyLabel {
+    /// The label of address family `family` (`IPv4` or `IPv6`, the API's names).
+    pub fn of(family: AddressFamily) -> IpFamilyLabel {
         IpFamilyLabel {
-            ip_family: if family == 6 { "IPv6" } else { "IPv4" }.to_string(),
+            ip_family: family.api_name().to_string(),
         }
     }
 }
@@ -173,7 +174,8 @@ pub struct Metrics {
     /// `kube_ipvs_last_successful_sync_age_seconds{subsystem}`: seconds since the subsystem was
     /// last known in sync (worst family), computed at scrape time.
     pub last_successful_sync_age_seconds: Family<SubsystemLabel, Gauge<f64, AtomicU64>>,
-    /// Last time each (family, subsystem) was in sync; the source's under family 0.
+    /// Last time each (IP version, subsystem) was in sync; the source's, and the start-time
+    /// placeholders, under version 0.
     last_success: Mutex<BTreeMap<(u8, Subsystem), Instant>>,
     /// The API source is healthy now (its age is then 0).
     source_ok: Mutex<bool>,
@@ -516,9 +518,9 @@ impl Metrics {
         Metrics { registry: r, ..m }
     }
 
-    /// Creates the per-family series of `families` (4 and/or 6) at 0, so they are visible
+    /// Creates the per-family series of `families` at 0, so they are visible
     /// before the first sync (upstream sets the no-local-endpoints gauges every sync).
-    pub fn init_families(&self, families: &[u8]) {
+    pub fn init_families(&self, families: &[AddressFamily]) {
         for family in families {
             let label = IpFamilyLabel::of(*family);
             for policy in ["internal", "external"] {
@@ -549,7 +551,7 @@ impl Metrics {
 
     /// Records a conntrack cleanup of `family` that took `seconds` and deleted `deleted`
     /// entries (upstream's `CleanStaleEntries` observations).
-    pub fn record_conntrack(&self, family: u8, seconds: Option<f64>, deleted: u64) {
+    pub fn record_conntrack(&self, family: AddressFamily, seconds: Option<f64>, deleted: u64) {
         let label = IpFamilyLabel::of(family);
         if let Some(s) = seconds {
             self.conntrack_reconciler_sync_duration_seconds
@@ -565,7 +567,7 @@ impl Metrics {
     /// `triggers` and programmed now (upstream: `NetworkProgrammingLatency.Observe(
     /// SinceInSeconds(lastChangeTriggerTime))` in `syncProxyRules`). A trigger time in the
     /// future (clock skew between the control plane and this node) counts as 0.
-    pub fn record_network_programmed(&self, family: u8, triggers: &[SystemTime]) {
+    pub fn record_network_programmed(&self, family: AddressFamily, triggers: &[SystemTime]) {
         let now = SystemTime::now();
         let h = self
             .network_programming_duration_seconds
@@ -577,7 +579,7 @@ impl Metrics {
     }
 
     /// Sets `kubeproxy_sync_proxy_rules_no_local_endpoints_total` of `family`.
-    pub fn set_no_local_endpoints(&self, family: u8, internal: usize, external: usize) {
+    pub fn set_no_local_endpoints(&self, family: AddressFamily, internal: usize, external: usize) {
         let ip_family = IpFamilyLabel::of(family).ip_family;
         for (policy, n) in [("internal", internal), ("external", external)] {
             self.no_local_endpoints_total
@@ -610,9 +612,9 @@ impl Metrics {
             .inc();
     }
 
-    /// Observes a sync of `family` (4 or 6) and `kind` that took `seconds`: the duration of
+    /// Observes a sync of `family` and `kind` that took `seconds`: the duration of
     /// all syncs and of full or partial ones.
-    pub fn observe_sync(&self, family: u8, kind: SyncKind, seconds: f64) {
+    pub fn observe_sync(&self, family: AddressFamily, kind: SyncKind, seconds: f64) {
         let label = IpFamilyLabel::of(family);
         self.sync_proxy_rules_duration_seconds
             .get_or_create(&label)
@@ -625,7 +627,7 @@ impl Metrics {
     }
 
     /// Records a successful sync of `family` and `kind` that took `seconds`, now.
-    pub fn record_sync(&self, family: u8, kind: SyncKind, seconds: f64) {
+    pub fn record_sync(&self, family: AddressFamily, kind: SyncKind, seconds: f64) {
         self.observe_sync(family, kind, seconds);
         self.sync_proxy_rules_last_timestamp_seconds
             .get_or_create(&IpFamilyLabel::of(family))
@@ -656,12 +658,12 @@ impl Metrics {
             .inc();
     }
 
-    /// Records a sync of `family` (4 or 6) and `kind` that took `seconds` and left `failing`
+    /// Records a sync of `family` and `kind` that took `seconds` and left `failing`
     /// subsystems failing: the others are in sync as of now. The last-sync timestamp moves
     /// only when nothing is failing (upstream sets it only after a successful sync).
     pub fn record_sync_outcome(
         &self,
-        family: u8,
+        family: AddressFamily,
         kind: SyncKind,
         seconds: f64,
         failing: &std::collections::BTreeSet<Subsystem>,
@@ -684,9 +686,9 @@ impl Metrics {
             let placeholder = last.remove(&(0, sub));
             if failing.contains(&sub) {
                 let since = placeholder.unwrap_or(now);
-                last.entry((family, sub)).or_insert(since);
+                last.entry((family.version(), sub)).or_insert(since);
             } else {
-                last.insert((family, sub), now);
+                last.insert((family.version(), sub), now);
             }
         }
     }
@@ -724,8 +726,8 @@ impl Metrics {
         }
     }
 
-    /// Records that a sync of `family` (4 or 6) was queued, now.
-    pub fn record_queued(&self, family: u8) {
+    /// Records that a sync of `family` was queued, now.
+    pub fn record_queued(&self, family: AddressFamily) {
         self.sync_proxy_rules_last_queued_timestamp_seconds
             .get_or_create(&IpFamilyLabel::of(family))
             .set(unix_now());

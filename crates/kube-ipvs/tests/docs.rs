@@ -183,13 +183,21 @@ fn exported() -> BTreeSet<String> {
             op: "new_service".into(),
         })
         .inc();
-    m.init_families(&[4]);
+    m.init_families(&[ipvs_netlink::Family::Inet]);
     // The per-family histograms print only once a family has a series.
-    m.record_sync(4, controller::proxier::SyncKind::Full, 0.01);
-    m.record_sync(4, controller::proxier::SyncKind::Incremental, 0.01);
-    m.record_queued(4);
-    m.record_conntrack(4, Some(0.001), 0);
-    m.record_network_programmed(4, &[std::time::SystemTime::now()]);
+    m.record_sync(
+        ipvs_netlink::Family::Inet,
+        controller::proxier::SyncKind::Full,
+        0.01,
+    );
+    m.record_sync(
+        ipvs_netlink::Family::Inet,
+        controller::proxier::SyncKind::Incremental,
+        0.01,
+    );
+    m.record_queued(ipvs_netlink::Family::Inet);
+    m.record_conntrack(ipvs_netlink::Family::Inet, Some(0.001), 0);
+    m.record_network_programmed(ipvs_netlink::Family::Inet, &[std::time::SystemTime::now()]);
     let code = CodeLabel { code: "200".into() };
     m.proxy_healthz_total.get_or_create(&code).inc();
     m.proxy_livez_total.get_or_create(&code).inc();

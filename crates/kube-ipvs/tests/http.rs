@@ -100,11 +100,18 @@ async fn healthz_and_livez_follow_upstream_semantics() {
 async fn metrics_endpoint_exposes_upstream_and_own_names() {
     let m = Arc::new(Metrics::new());
     m.set_proxy_mode(ProxyMode::Ipvs);
-    m.init_families(&[4]);
-    m.record_sync(4, controller::proxier::SyncKind::Incremental, 0.004);
-    m.record_queued(4);
+    m.init_families(&[ipvs_netlink::Family::Inet]);
+    m.record_sync(
+        ipvs_netlink::Family::Inet,
+        controller::proxier::SyncKind::Incremental,
+        0.004,
+    );
+    m.record_queued(ipvs_netlink::Family::Inet);
     // A change triggered 2 s ago, programmed now.
-    m.record_network_programmed(4, &[SystemTime::now() - Duration::from_secs(2)]);
+    m.record_network_programmed(
+        ipvs_netlink::Family::Inet,
+        &[SystemTime::now() - Duration::from_secs(2)],
+    );
     m.endpoint_changes_total.inc_by(3);
     m.drift_repairs_total
         .get_or_create(&metrics::SubsystemLabel {
