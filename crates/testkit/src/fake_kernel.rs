@@ -185,10 +185,14 @@ impl Kernel for FakeKernel {
         if diff.is_empty() {
             return Ok(Vec::new());
         }
-        // Like the real applier: small member-only diffs are one netlink request per member,
-        // anything else one `ipset restore`.
+        // Like the real applier: members are one netlink request each, after one
+        // `ipset restore` that creates or recreates sets (if any); a diff that destroys a set
+        // is one `ipset restore`, members included.
         if ipset::netlink_eligible(diff, ipset::NETLINK_MAX_MEMBERS) {
             self.counters.ipset_requests += (diff.adds.len() + diff.dels.len()) as u64;
+            if !diff.creates.is_empty() || !diff.recreates.is_empty() {
+                self.counters.ipset_processes += 1;
+            }
         } else {
             self.counters.ipset_processes += 1;
         }

@@ -87,8 +87,9 @@ fn all_17_sets_created(ns: &Netns) {
     assert_eq!(seen, 34);
 }
 
+/// `ipset restore` (netlink off: the fallback path) takes 10,000 members in one process.
 fn ten_thousand_entries_in_one_batch(ns: &Netns) {
-    let ipset = ipset_in(ns);
+    let ipset = ipset_in(ns).with_netlink_threshold(0);
     let owned = SetKind::all_names(Family::Inet);
     let mut want = IpsetState::kube(Family::Inet);
     for i in 0..10_000u32 {
@@ -145,6 +146,53 @@ fn ten_thousand_entries_in_one_batch(ns: &Netns) {
     assert!(diff(&want2, &ipset.read(&owned).unwrap()).is_empty());
 }
 
+/// The default applier: a first load creates the sets with one `ipset restore` and sends its
+/// 10,000 members as netlink requests; a change of half of them is requests only.
+fn ten_thousand_members_over_netlink(ns: &Netns) {
+    let ipset = ipset_in(ns);
+    let owned = SetKind::all_names(Family::Inet);
+    let fill = |from: u32, to: u32| {
+        let mut st = IpsetState::kube(Family::Inet);
+        for i in from..to {
+            st.add(
+                SetKind::ClusterIp,
+                Family::Inet,
+                Entry::ip_port(ip4(i / 4), Protocol::Tcp, 80 + (i % 4) as u16),
+                "x",
+            )
+            .unwrap();
+        }
+        st
+    };
+    let want = fill(0, 10_000);
+    let d = diff(&want, &ipset.read(&owned).unwrap());
+    assert_eq!(d.adds.len(), 10_000);
+    assert!(!d.creates.is_empty());
+    let (p0, r0) = (ipset.processes_spawned(), ipset.netlink_requests());
+    let rep = ipset.apply(&d).unwrap();
+    assert!(rep.rejected.is_empty(), "{:?}", rep.rejected);
+    assert_eq!((rep.processes, rep.requests), (1, 10_000));
+    assert_eq!(
+        ipset.processes_spawned() - p0,
+        1,
+        "one restore creates the sets"
+    );
+    assert!(ipset.netlink_requests() - r0 >= 10_000);
+    assert_eq!(saved_members(ns, Family::Inet), expected_members(&want));
+
+    let want2 = fill(5_000, 15_000);
+    let d = diff(&want2, &ipset.read(&owned).unwrap());
+    assert_eq!(
+        (d.adds.len(), d.dels.len(), d.creates.len()),
+        (5_000, 5_000, 0)
+    );
+    let rep = ipset.apply(&d).unwrap();
+    assert!(rep.rejected.is_empty(), "{:?}", rep.rejected);
+    assert_eq!((rep.processes, rep.requests), (0, 10_000));
+    assert_eq!(saved_members(ns, Family::Inet), expected_members(&want2));
+    assert!(diff(&want2, &ipset.read(&owned).unwrap()).is_empty());
+}
+
 fn wrong_type_fixed_and_foreign_sets_untouched(ns: &Netns) {
     ns.sh(
         "ipset create KUBE-CLUSTER-IP hash:ip && ipset add KUBE-CLUSTER-IP 10.96.0.1 && \
@@ -189,8 +237,16 @@ fn wrong_type_fixed_and_foreign_sets_untouched(ns: &Netns) {
     assert_eq!(names.trim(), "SOMEONE-ELSE");
 }
 
+/// A member the kernel refuses is reported with its owner and the rest lands: over netlink (the
+/// sets' creation is the one process) and, with netlink off, by `ipset restore` (a second
+/// process retries without the rejected line).
 fn rejected_entry_reported_rest_applied(ns: &Netns) {
-    let ipset = ipset_in(ns);
+    rejected_entry_reported_rest_applied_by(ns, ipset_in(ns), 1);
+    let off = Netns::new(&format!("{}r", ns.name())).unwrap();
+    rejected_entry_reported_rest_applied_by(&off, ipset_in(&off).with_netlink_threshold(0), 2);
+}
+
+fn rejected_entry_reported_rest_applied_by(ns: &Netns, ipset: Ipset, processes: u64) {
     let owned = SetKind::all_names(Family::Inet);
     let mut want = IpsetState::kube(Family::Inet);
     let lb = ip4(100);
@@ -222,7 +278,7 @@ fn rejected_entry_reported_rest_applied(ns: &Netns) {
         "add KUBE-LOAD-BALANCER-SOURCE-CIDR 10.96.0.100,tcp:80,0.0.0.0/0"
     );
     assert!(r.message.contains("CIDR"), "{}", r.message);
-    assert_eq!(rep.processes, 2);
+    assert_eq!(rep.processes, processes);
     let (_, adds) = save_of(ns, "KUBE-LOAD-BALANCER-SOURCE-CIDR");
     assert_eq!(
         adds,
@@ -498,8 +554,11 @@ fn netlink_rejects_one_member_rest_lands(ns: &Netns) {
     assert!(save_of(ns, "KUBE-LOAD-BALANCER-SOURCE-CIDR").1.is_empty());
 }
 
+/// With a member threshold (256 here; the default has none): bigger diffs and diffs that destroy
+/// a set are one `ipset restore`; a diff that creates a set is one restore for the set and
+/// requests for the members.
 fn large_or_structural_diffs_use_restore(ns: &Netns) {
-    let ipset = ipset_in(ns);
+    let ipset = ipset_in(ns).with_netlink_threshold(256);
     create_all(&ipset);
     let owned = SetKind::all_names(Family::Inet);
     let fill = |n: u32| {
@@ -511,7 +570,7 @@ fn large_or_structural_diffs_use_restore(ns: &Netns) {
         st
     };
     // Over the threshold: one restore, no netlink request.
-    let want = fill(ipset::NETLINK_MAX_MEMBERS as u32 + 1);
+    let want = fill(257);
     let d = diff(&want, &ipset.read(&owned).unwrap());
     assert!(!ipset.uses_netlink(&d));
     let (p0, r0) = (ipset.processes_spawned(), ipset.netlink_requests());
@@ -528,11 +587,11 @@ fn large_or_structural_diffs_use_restore(ns: &Netns) {
     // At the threshold: netlink (here deleting 256 of the 257).
     let want = fill(1);
     let d = diff(&want, &ipset.read(&owned).unwrap());
-    assert_eq!(d.dels.len(), ipset::NETLINK_MAX_MEMBERS);
+    assert_eq!(d.dels.len(), 256);
     let rep = ipset.apply(&d).unwrap();
     assert_eq!((rep.processes, rep.requests), (0, 256));
     assert_eq!(saved_members(ns, Family::Inet), expected_members(&want));
-    // A create in the diff: restore, even for one member.
+    // A create in the diff: one restore creates the set, its member is a request.
     let mut want2 = want.clone();
     want2.ensure_set(ipset::SetSpec::new(
         "KUBE-EXTRA",
@@ -545,21 +604,29 @@ fn large_or_structural_diffs_use_restore(ns: &Netns) {
     let d = diff(&want2, &ipset.read(&owned2).unwrap());
     assert_eq!((d.creates.len(), d.adds.len()), (1, 1));
     let rep = ipset.apply(&d).unwrap();
-    assert_eq!((rep.processes, rep.requests), (1, 0));
+    assert_eq!((rep.processes, rep.requests), (1, 1));
     assert_eq!(
         save_of(ns, "KUBE-EXTRA").1,
         vec!["add KUBE-EXTRA 10.96.0.7"]
     );
-    // A destroy in the diff: restore.
-    let d = diff(&want, &ipset.read(&owned2).unwrap());
+    // A destroy in the diff: restore (with a member: still one process, no request).
+    let mut want3 = want.clone();
+    want3
+        .add(SetKind::IpvsIps, Family::Inet, Entry::Ip(ip4(9)), "o")
+        .unwrap();
+    let d = diff(&want3, &ipset.read(&owned2).unwrap());
     assert_eq!(d.destroys, vec!["KUBE-EXTRA".to_string()]);
-    assert_eq!(ipset.apply(&d).unwrap().processes, 1);
+    assert_eq!(d.adds.len(), 1);
+    let rep = ipset.apply(&d).unwrap();
+    assert_eq!((rep.processes, rep.requests), (1, 0));
+    assert_eq!(saved_members(ns, Family::Inet), expected_members(&want3));
     // Threshold 0 turns netlink off; a bigger one pipelines several windows.
     let off = ipset_in(ns).with_netlink_threshold(0);
     let d = diff(&fill(2), &off.read(&owned).unwrap());
+    assert!(!d.adds.is_empty() || !d.dels.is_empty());
     let rep = off.apply(&d).unwrap();
     assert_eq!((rep.processes, rep.requests), (1, 0));
-    let big = ipset_in(ns).with_netlink_threshold(5_000);
+    let big = ipset_in(ns);
     let want = fill(3_000);
     let d = diff(&want, &big.read(&owned).unwrap());
     let rep = big.apply(&d).unwrap();
@@ -598,6 +665,12 @@ fn netns_all_17_sets_created_with_right_types() {
 #[ignore = "netns"]
 fn netns_ten_thousand_entries_in_one_batch() {
     ten_thousand_entries_in_one_batch(&Netns::new("10k").unwrap());
+}
+
+#[test]
+#[ignore = "netns"]
+fn netns_ten_thousand_members_over_netlink() {
+    ten_thousand_members_over_netlink(&Netns::new("10knl").unwrap());
 }
 
 #[test]
@@ -661,6 +734,12 @@ fn vm_all_17_sets_created_with_right_types() {
 #[ignore = "vm"]
 fn vm_ten_thousand_entries_in_one_batch() {
     ten_thousand_entries_in_one_batch(&Netns::new("10k").unwrap());
+}
+
+#[test]
+#[ignore = "vm"]
+fn vm_ten_thousand_members_over_netlink() {
+    ten_thousand_members_over_netlink(&Netns::new("10knl").unwrap());
 }
 
 #[test]
