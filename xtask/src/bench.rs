@@ -180,7 +180,7 @@ fn build_release(pkg: &str, args: &[&str], rel: &str) -> Result<PathBuf> {
 
 fn build_driver() -> Result<PathBuf> {
     build_release(
-        "controller",
+        "proxier",
         &["--example", "controller-bench"],
         "release/examples/controller-bench",
     )

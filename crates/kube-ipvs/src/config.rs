@@ -801,7 +801,7 @@ fn detect_local(cx: &mut Ctx) -> DetectLocal {
     let prefix = cx.string("detectLocal.interfaceNamePrefix");
     match mode_name.as_str() {
         "" | "ClusterCIDR" => DetectLocal::ClusterCidr,
-        // The Node's spec.podCIDRs (see `controller::proxier::RulesConfig::node_cidr`).
+        // The Node's spec.podCIDRs (see `proxier::ipvs_mode::RulesConfig::node_cidr`).
         "NodeCIDR" => DetectLocal::NodeCidr,
         "BridgeInterface" => {
             if bridge.is_empty() {

@@ -12,8 +12,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use controller::source::static_dir::StaticDirSource;
-use controller::source::{Kind, Object, SourceEvent};
+use proxier::source::static_dir::StaticDirSource;
+use proxier::source::{Kind, Object, SourceEvent};
 use tokio::sync::mpsc;
 
 use crate::config::{Config, KubeClientConfig, ProxyMode};
@@ -24,7 +24,7 @@ use crate::metrics::Metrics;
 use crate::service_health::ServiceHealthServer;
 
 /// Longest wait for this node's Node object before the first sync (upstream kube-proxy waits
-/// about as long for its Node at startup); see `controller::sync_loop::NodeGate`.
+/// about as long for its Node at startup); see `proxier::sync_loop::NodeGate`.
 const NODE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Everything the running daemon shares.
@@ -265,7 +265,7 @@ pub const SOURCE_ERROR_FRESH: std::time::Duration = std::time::Duration::from_se
 /// [`SOURCE_ERROR_FRESH`] of the last) or a kind has never been listed; a successful event of
 /// every failing kind (a relist, a change) ends it at once.
 pub async fn forward_source_health(
-    mut rx: tokio::sync::watch::Receiver<controller::source::kube::SourceHealth>,
+    mut rx: tokio::sync::watch::Receiver<proxier::source::kube::SourceHealth>,
     health: Arc<ProxyHealth>,
     metrics: Arc<Metrics>,
 ) {
@@ -274,7 +274,7 @@ pub async fn forward_source_health(
         let (errors, last_error, synced) = {
             let h = rx.borrow_and_update();
             let kinds = [&h.services, &h.endpoint_slices, &h.node];
-            let failing_kind = |k: &controller::source::kube::KindHealth| {
+            let failing_kind = |k: &proxier::source::kube::KindHealth| {
                 k.consecutive_errors > 0
                     && (!k.synced
                         || k.last_error
@@ -476,7 +476,7 @@ pub async fn run_daemon(config: Config) -> Result<()> {
     let engine = crate::engine::Engine::start(
         backends,
         node_ips,
-        controller::sync_loop::LoopConfig {
+        proxier::sync_loop::LoopConfig {
             min_sync_period: config.min_sync_period(mode),
             sync_period: config.sync_period(mode),
             once: config.once,
@@ -499,14 +499,14 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         (None, Some(client)) => {
             let node = config.node_name.clone();
             let (health_tx, health_rx) =
-                tokio::sync::watch::channel(controller::source::kube::SourceHealth::default());
+                tokio::sync::watch::channel(proxier::source::kube::SourceHealth::default());
             source_health_task = Some(tokio::spawn(forward_source_health(
                 health_rx,
                 daemon.health.clone(),
                 daemon.metrics.clone(),
             )));
             tokio::spawn(async move {
-                controller::source::kube::run(client, node, tx, health_tx).await;
+                proxier::source::kube::run(client, node, tx, health_tx).await;
                 Ok(())
             })
         }
@@ -559,7 +559,7 @@ pub async fn run_daemon(config: Config) -> Result<()> {
     daemon.stop().await;
     result?;
     match exit {
-        controller::sync_loop::Exit::Once { ok: false } => Err(Error::Engine(
+        proxier::sync_loop::Exit::Once { ok: false } => Err(Error::Engine(
             "--once: the sync had errors (see the log)".into(),
         )),
         _ => Ok(()),
@@ -567,8 +567,8 @@ pub async fn run_daemon(config: Config) -> Result<()> {
 }
 
 /// Reads every object once: from `--source-dir`, or a full list from the API server.
-async fn load_store(config: &Config) -> Result<controller::store::Store> {
-    let mut store = controller::store::Store::new();
+async fn load_store(config: &Config) -> Result<proxier::store::Store> {
+    let mut store = proxier::store::Store::new();
     match &config.source_dir {
         Some(dir) => {
             let loaded = StaticDirSource::new(dir.clone(), config.node_name.clone()).load()?;
@@ -583,10 +583,10 @@ async fn load_store(config: &Config) -> Result<controller::store::Store> {
             let client = kube_client(&config.kube).await?;
             let (tx, mut rx) = mpsc::channel::<SourceEvent>(1024);
             let (health_tx, _health_rx) =
-                tokio::sync::watch::channel(controller::source::kube::SourceHealth::default());
+                tokio::sync::watch::channel(proxier::source::kube::SourceHealth::default());
             let node = config.node_name.clone();
             let task = tokio::spawn(async move {
-                controller::source::kube::run(client, node, tx, health_tx).await;
+                proxier::source::kube::run(client, node, tx, health_tx).await;
             });
             let mut node_listed = false;
             while let Some(ev) = rx.recv().await {
@@ -611,7 +611,7 @@ pub async fn plan(
     section: Option<&str>,
     out: &mut dyn Write,
 ) -> Result<()> {
-    use controller::plan::Section;
+    use proxier::plan::Section;
     let section: Option<Section> = match section {
         Some(s) => Some(s.parse().map_err(Error::Unsupported)?),
         None => None,
@@ -633,7 +633,7 @@ pub async fn plan(
         }
         let mut plans = Vec::new();
         for &family in &families {
-            plans.push(controller::plan::iptables_mode_plan(
+            plans.push(proxier::plan::iptables_mode_plan(
                 crate::engine::proxy_config(config, family),
                 crate::engine::rules_config(config, true),
                 &config.node_name,
@@ -641,20 +641,20 @@ pub async fn plan(
                 &node_ips,
             )?);
         }
-        out.write_all(controller::plan::render(&plans, section).as_bytes())?;
+        out.write_all(proxier::plan::render(&plans, section).as_bytes())?;
         return Ok(());
     }
     if diff {
         let mut writes = Vec::new();
         for &family in &families {
             let mut backend = crate::engine::ipvs_kernel(config, family).await?;
-            let mut p = controller::proxier::Proxier::new(
+            let mut p = proxier::ipvs_mode::Proxier::new(
                 crate::engine::proxy_config(config, family),
                 crate::engine::rules_config(config, true),
                 config.node_name.clone(),
             );
             let w = tokio::task::block_in_place(|| {
-                let mut dry = controller::plan::DryRun::new(&mut backend);
+                let mut dry = proxier::plan::DryRun::new(&mut backend);
                 let report = p.sync(&store, &node_ips, &mut dry);
                 for e in &report.errors {
                     tracing::warn!("{e}");
@@ -670,7 +670,7 @@ pub async fn plan(
     }
     let mut plans = Vec::new();
     for &family in &families {
-        let mut p = controller::proxier::Proxier::new(
+        let mut p = proxier::ipvs_mode::Proxier::new(
             crate::engine::proxy_config(config, family),
             crate::engine::rules_config(config, true),
             config.node_name.clone(),
@@ -684,7 +684,7 @@ pub async fn plan(
             );
         }
     }
-    out.write_all(controller::plan::render(&plans, section).as_bytes())?;
+    out.write_all(proxier::plan::render(&plans, section).as_bytes())?;
     Ok(())
 }
 

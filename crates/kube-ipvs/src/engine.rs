@@ -6,14 +6,14 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
 
-use controller::desired::HealthCheck;
-use controller::model::{ProxyConfig, ServiceName};
-use controller::proxier::{DrainConfig, Proxier, RulesConfig, SyncReport};
-use controller::retry::{RetryPolicy, Subsystem};
-use controller::source::SourceEvent;
-use controller::store::{Changes, Store};
-use controller::sync_loop::{self, Backend, Exit, FamilyProxier, Input, LoopConfig, SyncObserver};
 use ipvs_netlink::{Family, Op};
+use proxier::desired::HealthCheck;
+use proxier::ipvs_mode::{DrainConfig, Proxier, RulesConfig, SyncReport};
+use proxier::model::{ProxyConfig, ServiceName};
+use proxier::retry::{RetryPolicy, Subsystem};
+use proxier::source::SourceEvent;
+use proxier::store::{Changes, Store};
+use proxier::sync_loop::{self, Backend, Exit, FamilyProxier, Input, LoopConfig, SyncObserver};
 
 use crate::config::{Config, DetectLocal, NodePortAddress, ProxyMode};
 use crate::error::Error;
@@ -213,7 +213,7 @@ fn detect_iptables(config: &Config, family: ipset::Family) -> iptables::Result<i
 pub async fn ipvs_kernel_parts(
     config: &Config,
     family: Family,
-) -> crate::error::Result<(controller::kernel::NodeKernel, bool)> {
+) -> crate::error::Result<(proxier::kernel::NodeKernel, bool)> {
     let ipvs = ipvs_netlink::Client::new().map_err(Error::Ipvs)?;
     let netif = netif::Netif::new().await.map_err(Error::Netif)?;
     let ipset = ipset::Ipset::new(ipset_runner(config));
@@ -222,7 +222,7 @@ pub async fn ipvs_kernel_parts(
         detect_iptables(config, family).map_err(|source| Error::Iptables { family, source })?;
     let random_fully = tables.supports_random_fully().unwrap_or(false);
     tracing::info!(family = ?family, backend = ?tables.backend(), random_fully, "iptables");
-    let kernel = controller::kernel::NodeKernel::new(
+    let kernel = proxier::kernel::NodeKernel::new(
         ipvs,
         netif,
         ipset,
@@ -236,7 +236,7 @@ pub async fn ipvs_kernel_parts(
 pub async fn ipvs_kernel(
     config: &Config,
     family: Family,
-) -> crate::error::Result<controller::kernel::NodeKernel> {
+) -> crate::error::Result<proxier::kernel::NodeKernel> {
     Ok(ipvs_kernel_parts(config, family).await?.0)
 }
 
@@ -350,7 +350,7 @@ impl Rejection {
             "EndpointSlice" => ("discovery.k8s.io/v1", "EndpointSlice"),
             _ => ("v1", "Service"),
         };
-        let conflict = self.reason.starts_with(controller::vip::CONFLICT_PREFIX);
+        let conflict = self.reason.starts_with(proxier::vip::CONFLICT_PREFIX);
         crate::events::EventRequest {
             regarding: crate::events::Regarding {
                 api_version,
@@ -431,7 +431,7 @@ pub const INVALID_REASON_LABELS: &[&str] = &[
 /// `10000 endpoints (max 1000)` → `too_many_endpoints`; always one of
 /// [`INVALID_REASON_LABELS`] (`other` for anything unknown, e.g. a quoted value with spaces).
 pub fn reason_label(reason: &str) -> &'static str {
-    if reason.starts_with(controller::vip::CONFLICT_PREFIX) {
+    if reason.starts_with(proxier::vip::CONFLICT_PREFIX) {
         return "vip_conflict";
     }
     let words: Vec<String> = reason
@@ -858,11 +858,11 @@ pub fn other_mode(mode: ProxyMode) -> ProxyMode {
 
 /// The iptables-mode backend of one family, with UDP conntrack cleanup after each sync.
 pub struct IptablesBackend {
-    inner: controller::iptables_mode::IptablesProxier,
+    inner: proxier::iptables_mode::IptablesProxier,
     conntrack: Option<conntrack::Conntrack>,
     /// Filters of failed cleanups, retried with backoff (bounded by the services' VIPs).
     conntrack_pending: Vec<conntrack::ConntrackFilter>,
-    conntrack_retry: controller::retry::Backoff,
+    conntrack_retry: proxier::retry::Backoff,
 }
 
 impl std::fmt::Debug for IptablesBackend {
@@ -884,7 +884,7 @@ pub fn iptables_backend(
         crate::localhost::enable_route_localnet(&config.sysctl_root)?;
     }
     let policy = retry_policy(config, ProxyMode::Iptables);
-    let inner = controller::iptables_mode::IptablesProxier::new(
+    let inner = proxier::iptables_mode::IptablesProxier::new(
         proxy_config(config, family),
         rules_config(config, random_fully),
         config.node_name.clone(),
@@ -895,7 +895,7 @@ pub fn iptables_backend(
         inner,
         conntrack: None,
         conntrack_pending: Vec::new(),
-        conntrack_retry: controller::retry::Backoff::new(policy),
+        conntrack_retry: proxier::retry::Backoff::new(policy),
     }))
 }
 
@@ -1003,7 +1003,7 @@ impl Backend for IptablesBackend {
     }
     fn health_checks(
         &self,
-    ) -> BTreeMap<controller::model::ServiceName, controller::desired::HealthCheck> {
+    ) -> BTreeMap<proxier::model::ServiceName, proxier::desired::HealthCheck> {
         self.inner.health_checks()
     }
 }
@@ -1029,7 +1029,7 @@ pub fn cleanup(
         };
         if mode != Some(ProxyMode::Iptables) {
             // iptables-mode chains (a handover keeps the chains both modes share).
-            match controller::iptables_mode::cleanup_iptables_mode(&mut tables, mode.is_some()) {
+            match proxier::iptables_mode::cleanup_iptables_mode(&mut tables, mode.is_some()) {
                 Ok(r) => done.push(format!("{family:?} iptables mode: {r:?}")),
                 Err(e) => tracing::warn!(error = %e, "cleanup of iptables-mode chains"),
             }
@@ -1041,7 +1041,7 @@ pub fn cleanup(
             } else {
                 None
             };
-            match controller::iptables_mode::cleanup_ipvs_mode_leftovers(
+            match proxier::iptables_mode::cleanup_ipvs_mode_leftovers(
                 &proxy_config(config, family),
                 &mut tables,
                 &ipset,

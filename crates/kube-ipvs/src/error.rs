@@ -129,7 +129,7 @@ pub enum Error {
     },
     /// The static directory source failed.
     #[error(transparent)]
-    StaticDir(#[from] controller::source::static_dir::StaticDirError),
+    StaticDir(#[from] proxier::source::static_dir::StaticDirError),
     /// The Kubernetes client could not be configured.
     #[error("kubernetes client: {0}")]
     Kube(String),
@@ -166,7 +166,7 @@ pub enum Error {
     RouteLocalnet(#[from] crate::localhost::RouteLocalnetError),
     /// `plan` could not render a family's plan.
     #[error(transparent)]
-    Plan(#[from] controller::plan::PlanError),
+    Plan(#[from] proxier::plan::PlanError),
     /// The sync engine could not start or finished with errors (IPVS, kube-ipvs0, ipset,
     /// iptables, or a `--once` sync that failed).
     #[error("{0}")]

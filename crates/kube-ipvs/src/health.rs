@@ -158,7 +158,7 @@ impl ProxyHealth {
                 since: at,
                 last_error: String::new(),
             });
-            e.last_error = controller::proxier::truncate_text(err, MAX_ERROR);
+            e.last_error = proxier::ipvs_mode::truncate_text(err, MAX_ERROR);
         }
         for sub in retrying {
             s.failing.entry((family, *sub)).or_insert_with(|| Failing {
@@ -175,7 +175,7 @@ impl ProxyHealth {
         let since = s.source.as_ref().map_or(since, |f| f.since.min(since));
         s.source = Some(Failing {
             since,
-            last_error: controller::proxier::truncate_text(error, MAX_ERROR),
+            last_error: proxier::ipvs_mode::truncate_text(error, MAX_ERROR),
         });
     }
 

@@ -16,8 +16,8 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use controller::proxier::SyncKind;
-use controller::retry::Subsystem;
+use proxier::ipvs_mode::SyncKind;
+use proxier::retry::Subsystem;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -210,7 +210,7 @@ pub struct Metrics {
     /// `error`).
     pub events_published_total: Family<ResultLabel, Counter>,
     /// `kube_ipvs_vip_conflicts`: external/load-balancer VIP claims lost to an older Service
-    /// (see `controller::vip`).
+    /// (see `proxier::vip`).
     pub vip_conflicts: Gauge,
 }
 

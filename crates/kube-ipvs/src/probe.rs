@@ -562,7 +562,7 @@ pub async fn read_state(config: &Config, ipvs_absent: bool) -> Result<NodeIpvsSt
         .iter()
         .filter(|s| {
             cfgs.iter()
-                .any(|c| controller::desired::owned_by_proxy(c)(&s.key))
+                .any(|c| proxier::desired::owned_by_proxy(c)(&s.key))
         })
         .count();
     Ok(NodeIpvsState {

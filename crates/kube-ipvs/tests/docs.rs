@@ -187,12 +187,12 @@ fn exported() -> BTreeSet<String> {
     // The per-family histograms print only once a family has a series.
     m.record_sync(
         ipvs_netlink::Family::Inet,
-        controller::proxier::SyncKind::Full,
+        proxier::ipvs_mode::SyncKind::Full,
         0.01,
     );
     m.record_sync(
         ipvs_netlink::Family::Inet,
-        controller::proxier::SyncKind::Incremental,
+        proxier::ipvs_mode::SyncKind::Incremental,
         0.01,
     );
     m.record_queued(ipvs_netlink::Family::Inet);

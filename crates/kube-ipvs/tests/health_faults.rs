@@ -10,17 +10,17 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use controller::model::ProxyConfig;
-use controller::proxier::{Proxier, RulesConfig};
-use controller::retry::RetryPolicy;
-use controller::source::{Kind, Object, SourceEvent};
-use controller::store::Store;
-use controller::sync_loop::{FamilyProxier, SyncObserver};
 use ipvs_netlink::Family;
 use kube_ipvs::engine::Observer;
 use kube_ipvs::health::ProxyHealth;
 use kube_ipvs::metrics::Metrics;
 use kube_ipvs::service_health::ServiceHealthServer;
+use proxier::ipvs_mode::{Proxier, RulesConfig};
+use proxier::model::ProxyConfig;
+use proxier::retry::RetryPolicy;
+use proxier::source::{Kind, Object, SourceEvent};
+use proxier::store::Store;
+use proxier::sync_loop::{FamilyProxier, SyncObserver};
 use testkit::fake_kernel::FakeKernel;
 use testkit::faults::{Calls, Fault, FaultKernel, KernelOp, EBUSY};
 

@@ -103,7 +103,7 @@ async fn metrics_endpoint_exposes_upstream_and_own_names() {
     m.init_families(&[ipvs_netlink::Family::Inet]);
     m.record_sync(
         ipvs_netlink::Family::Inet,
-        controller::proxier::SyncKind::Incremental,
+        proxier::ipvs_mode::SyncKind::Incremental,
         0.004,
     );
     m.record_queued(ipvs_netlink::Family::Inet);

@@ -6,10 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use conntrack::ConntrackFilter;
-use controller::diff::{IpvsTable, VirtualServer};
-use controller::kernel::{Kernel, KernelCounters, KernelError};
 use ipset::{IpsetDiff, IpsetState};
 use ipvs_netlink::{Op, OpKind, ServiceKey};
+use proxier::diff::{IpvsTable, VirtualServer};
+use proxier::kernel::{Kernel, KernelCounters, KernelError};
 
 /// An in-memory kernel for tests: applies operations like the kernel would (EEXIST/ENOENT
 /// semantics included) and counts every request.

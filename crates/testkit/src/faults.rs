@@ -1,8 +1,8 @@
 //! Fault injection for the controller's kernel boundary.
 //!
-//! [`FaultKernel`] wraps any [`controller::kernel::Kernel`] (the in-memory [`crate::fake_kernel::FakeKernel`], or a
+//! [`FaultKernel`] wraps any [`proxier::kernel::Kernel`] (the in-memory [`crate::fake_kernel::FakeKernel`], or a
 //! real `NodeKernel`) and [`FaultRunner`] wraps any iptables-mode
-//! [`controller::iptables_mode::RestoreRunner`]. A shared [`FaultHandle`] says which operation
+//! [`proxier::iptables_mode::RestoreRunner`]. A shared [`FaultHandle`] says which operation
 //! (or every operation of a subsystem) misbehaves, how, and on which calls:
 //!
 //! - [`Action::Errno`]: fail at once with that errno, as the subsystem's own error type;
@@ -20,12 +20,12 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use conntrack::{ConntrackError, ConntrackFilter};
-use controller::diff::IpvsTable;
-use controller::iptables_mode::RestoreRunner;
-use controller::kernel::{Kernel, KernelCounters, KernelError};
-use controller::retry::Subsystem;
 use ipset::{IpsetDiff, IpsetState};
 use ipvs_netlink::{Op, OpKind, ServiceKey};
+use proxier::diff::IpvsTable;
+use proxier::iptables_mode::RestoreRunner;
+use proxier::kernel::{Kernel, KernelCounters, KernelError};
+use proxier::retry::Subsystem;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 

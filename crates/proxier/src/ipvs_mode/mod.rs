@@ -1,0 +1,595 @@
+//! The IPVS-mode proxier: keeps one address family of the node's kernel equal to the desired state.
+//!
+//! Two kinds of sync:
+//! - **incremental**: only the services marked dirty since the last sync are re-derived; the
+//!   [`Delta`] of those services is applied in the order written in [`crate::diff`]. No kernel
+//!   read, no dump: work is proportional to the change.
+//! - **full** (startup and every `syncPeriod`): one read of each subsystem (one IPVS dump, the
+//!   kube-ipvs0 addresses, one `ipset save`), a diff against the whole desired state, and only
+//!   the differences are written. At startup this adopts what a previous run (or kube-proxy)
+//!   left behind without a flush; later it repairs drift and counts the repairs.
+//!
+//! Failures are isolated: an IPVS operation that fails marks its virtual server for a targeted
+//! re-check (read just that virtual server, diff, apply); a failed address change re-reads and
+//! repairs kube-ipvs0; a failed ipset apply re-reads and repairs the sets; a failed
+//! iptables-restore is retried (forced); failed conntrack deletions keep their filters. Every one of
+//! these retries follows the one policy of [`crate::retry`] (backoff from minSyncPeriod to
+//! syncPeriod, jittered, reset on success), one [`Backoff`] per subsystem. A full sync whose kernel
+//! read failed is not done: it stays requested and is retried with backoff, and nothing is
+//! deleted from a subsystem whose read failed. Each [`SyncReport`] names the subsystems that
+//! failed ([`SyncReport::failed`]) and those still waiting for a retry
+//! ([`SyncReport::retrying`]). A rejected ipset entry is reported with the service it came from.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use conntrack::ConntrackFilter;
+use ipset::{EntryChange, IpsetDiff, SetKind};
+use ipvs_netlink::{Destination, Family, Op, ServiceKey};
+
+use crate::desired::{owned_by_proxy, service_desired_except, Delta, Desired, IpsetEntry};
+use crate::diff::{diff_ipvs, diff_set, IpvsOps, IpvsTable};
+use crate::kernel::{Kernel, KernelError};
+use crate::model::{NodeInfo, ProxyConfig, Rejections, ServiceName};
+use crate::retry::{Backoff, RetryPolicy, Subsystem};
+use crate::store::{Changes, Store};
+
+/// iptables settings that do not come from services.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RulesConfig {
+    /// Bit of the masquerade mark (`masqueradeBit`, default 14).
+    pub masquerade_bit: u32,
+    /// Local-traffic detection.
+    pub local_detect: iptables::LocalDetect,
+    /// `--random-fully` on MASQUERADE.
+    pub random_fully: bool,
+    /// `detectLocalMode: NodeCIDR`: traffic from the Node object's `spec.podCIDRs` (of the
+    /// proxy's family) is local, and `local_detect` is ignored. Upstream (`NewDetectLocalByCIDR`
+    /// with the node's podCIDRs, cmd/kube-proxy/app/server.go) waits for them at start and
+    /// restarts when they change; here the rules follow the Node object, and until it has
+    /// podCIDRs no traffic counts as local (node-originated traffic to a VIP is masqueraded).
+    pub node_cidr: bool,
+}
+
+impl RulesConfig {
+    /// The local-traffic detection to render for one family: the Node's podCIDRs under
+    /// NodeCIDR (none until it has some), the family's cluster CIDRs when no other detection is
+    /// configured, else the configured one.
+    pub fn local_detect_for(
+        &self,
+        cluster_cidrs: &[ipnet::IpNet],
+        pod_cidrs: &[ipnet::IpNet],
+    ) -> iptables::LocalDetect {
+        match &self.local_detect {
+            _ if self.node_cidr => {
+                if pod_cidrs.is_empty() {
+                    iptables::LocalDetect::None
+                } else {
+                    iptables::LocalDetect::Cidrs(pod_cidrs.to_vec())
+                }
+            }
+            iptables::LocalDetect::None if !cluster_cidrs.is_empty() => {
+                iptables::LocalDetect::Cidrs(cluster_cidrs.to_vec())
+            }
+            other => other.clone(),
+        }
+    }
+
+    /// Under NodeCIDR, takes the Node's podCIDRs of `family` into `held`; true when they
+    /// changed (the rules must be rendered again). Always false otherwise.
+    pub fn refresh_pod_cidrs(
+        &self,
+        held: &mut Vec<ipnet::IpNet>,
+        store: &Store,
+        family: ipvs_netlink::Family,
+    ) -> bool {
+        if !self.node_cidr {
+            return false;
+        }
+        let cidrs = NodeInfo::pod_cidrs_of(store.node(), family);
+        if cidrs == *held {
+            return false;
+        }
+        tracing::info!(?family, old = ?held, new = ?cidrs,
+            "detectLocalMode NodeCIDR: the Node's podCIDRs changed; re-rendering the rules");
+        *held = cidrs;
+        true
+    }
+}
+
+impl Default for RulesConfig {
+    fn default() -> Self {
+        RulesConfig {
+            masquerade_bit: 14,
+            local_detect: iptables::LocalDetect::None,
+            random_fully: true,
+            node_cidr: false,
+        }
+    }
+}
+
+mod apply;
+mod graceful;
+mod ops;
+mod report;
+mod sync;
+
+use ops::*;
+
+pub use report::{truncate_text, SubsystemFailure, SyncKind, SyncReport, MAX_ERROR_LEN};
+
+/// One [`Backoff`] per subsystem of one proxier.
+#[derive(Debug, Clone)]
+struct Retries {
+    /// The kernel reads of a full sync.
+    full: Backoff,
+    ipvs: Backoff,
+    address: Backoff,
+    ipset: Backoff,
+    iptables: Backoff,
+    conntrack: Backoff,
+}
+
+impl Retries {
+    fn new(p: RetryPolicy) -> Retries {
+        Retries {
+            full: Backoff::new(p),
+            ipvs: Backoff::new(p),
+            address: Backoff::new(p),
+            ipset: Backoff::new(p),
+            iptables: Backoff::new(p),
+            conntrack: Backoff::new(p),
+        }
+    }
+}
+
+/// IPVS operations sent per [`Kernel::apply_ipvs`] call (see `Proxier::apply_ipvs`).
+pub const IPVS_APPLY_CHUNK: usize = 4096;
+
+/// The proxier of one address family.
+#[derive(Debug)]
+pub struct Proxier {
+    cfg: ProxyConfig,
+    rules: RulesConfig,
+    node_name: String,
+    desired: Desired,
+    dirty: BTreeSet<ServiceName>,
+    node_dirty: bool,
+    /// The Node's podCIDRs of the family (detectLocalMode NodeCIDR).
+    pod_cidrs: Vec<ipnet::IpNet>,
+    zone: Option<String>,
+    applied_once: bool,
+    full_requested: bool,
+    repair: BTreeSet<ServiceKey>,
+    recheck_addresses: bool,
+    set_counts: BTreeMap<SetKind, usize>,
+    rejections: Rejections,
+    vips: crate::vip::VipClaims,
+    drain: DrainConfig,
+    draining: BTreeMap<(ServiceKey, IpAddr, u16), Instant>,
+    drain_due: Option<Instant>,
+    drain_stats: DrainStats,
+    conntrack: Vec<ConntrackFilter>,
+    last_rules: Option<String>,
+    /// Invalid Services in the store with no last-good state: their kernel state is adopted
+    /// at the next full sync (see [`crate::adopt`]).
+    to_adopt: BTreeSet<ServiceName>,
+    retry: Retries,
+    /// An ipset apply failed: re-read and repair the sets when the backoff allows.
+    recheck_sets: bool,
+    /// An iptables-restore failed: restore again (forced) when the backoff allows.
+    recheck_rules: bool,
+    /// Subsystems whose kernel read failed in the last full sync (the full sync is not done).
+    full_failed: BTreeSet<Subsystem>,
+    /// The time the current sync runs at (see [`Proxier::sync_at`]).
+    now: Instant,
+}
+
+/// Graceful termination of real servers.
+///
+/// A TCP or SCTP real server that leaves its virtual server is not deleted at once: its weight
+/// goes to 0 so no new connection picks it, and it is deleted as soon as the kernel reports no
+/// active (established) connection on it, or when `cap` has passed. Closed connections linger
+/// in IPVS's table as TIME_WAIT (counted in InActConn) for about two minutes; with
+/// `expire_nodest_conn=1` deleting a real server that only has those is harmless, so only
+/// ActiveConn is waited for. UDP real servers are deleted at once (UDP has no end of
+/// connection to wait for; stale conntrack entries are cleaned instead).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainConfig {
+    /// Drain instead of deleting (false: delete at once, like a plain diff).
+    pub enabled: bool,
+    /// Longest time a real server drains (`--drain-timeout`).
+    pub cap: Duration,
+    /// How often draining real servers are checked (only those are read).
+    pub interval: Duration,
+}
+
+impl Default for DrainConfig {
+    fn default() -> Self {
+        DrainConfig {
+            enabled: true,
+            // IPVS's own idle timeout for an established TCP connection: a connection idle
+            // that long is gone from IPVS's table anyway.
+            cap: Duration::from_secs(15 * 60),
+            interval: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Counters of graceful termination.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DrainStats {
+    /// Real servers deleted after their last active connection ended.
+    pub removed_drained: u64,
+    /// Real servers deleted because the cap passed.
+    pub removed_cap: u64,
+    /// Real servers that came back while draining (weight restored).
+    pub restored: u64,
+}
+
+impl Proxier {
+    /// A proxier for `cfg.family` on node `node_name`.
+    pub fn new(cfg: ProxyConfig, rules: RulesConfig, node_name: impl Into<String>) -> Proxier {
+        let desired = Desired::new(&cfg);
+        Proxier {
+            cfg,
+            rules,
+            node_name: node_name.into(),
+            desired,
+            dirty: BTreeSet::new(),
+            node_dirty: false,
+            zone: None,
+            applied_once: false,
+            full_requested: true,
+            repair: BTreeSet::new(),
+            recheck_addresses: false,
+            set_counts: BTreeMap::new(),
+            rejections: Rejections::default(),
+            vips: crate::vip::VipClaims::default(),
+            drain: DrainConfig::default(),
+            draining: BTreeMap::new(),
+            drain_due: None,
+            drain_stats: DrainStats::default(),
+            conntrack: Vec::new(),
+            last_rules: None,
+            to_adopt: BTreeSet::new(),
+            retry: Retries::new(RetryPolicy::default()),
+            recheck_sets: false,
+            recheck_rules: false,
+            pod_cidrs: Vec::new(),
+            full_failed: BTreeSet::new(),
+            now: Instant::now(),
+        }
+    }
+
+    /// Sets the retry policy of every subsystem (minSyncPeriod to syncPeriod).
+    pub fn with_retry(mut self, policy: RetryPolicy) -> Proxier {
+        self.retry = Retries::new(policy);
+        self
+    }
+
+    /// Consecutive failures of a subsystem's retries (0 when it is in sync); `None` for a
+    /// subsystem this proxier does not retry. `Source` and `Sysctl` are not the proxier's.
+    pub fn retry_failures(&self, subsystem: Subsystem) -> Option<u32> {
+        self.backoff(subsystem).map(Backoff::failures)
+    }
+
+    /// When a subsystem's next retry is due, if one is outstanding.
+    pub fn retry_due_of(&self, subsystem: Subsystem) -> Option<Instant> {
+        self.backoff(subsystem).and_then(Backoff::due)
+    }
+
+    /// A full sync is requested (or adoption has not completed).
+    pub fn full_pending(&self) -> bool {
+        self.full_requested || !self.applied_once
+    }
+
+    fn backoff(&self, subsystem: Subsystem) -> Option<&Backoff> {
+        match subsystem {
+            Subsystem::Ipvs => Some(&self.retry.ipvs),
+            Subsystem::Address => Some(&self.retry.address),
+            Subsystem::Ipset => Some(&self.retry.ipset),
+            Subsystem::Iptables => Some(&self.retry.iptables),
+            Subsystem::Conntrack => Some(&self.retry.conntrack),
+            Subsystem::Sysctl | Subsystem::Source => None,
+        }
+    }
+
+    /// Subsystems with a retry outstanding.
+    fn retrying(&self) -> BTreeSet<Subsystem> {
+        let mut out = BTreeSet::new();
+        if !self.repair.is_empty() {
+            out.insert(Subsystem::Ipvs);
+        }
+        if self.recheck_addresses {
+            out.insert(Subsystem::Address);
+        }
+        if self.recheck_sets {
+            out.insert(Subsystem::Ipset);
+        }
+        if self.recheck_rules {
+            out.insert(Subsystem::Iptables);
+        }
+        if !self.conntrack.is_empty() && self.retry.conntrack.failing() {
+            out.insert(Subsystem::Conntrack);
+        }
+        // While a full sync waits for the retry of a failed read, what it covers is not
+        // known to be in sync.
+        out.extend(self.full_failed.iter().copied());
+        out
+    }
+
+    /// Sets how real servers are drained.
+    pub fn with_drain(mut self, drain: DrainConfig) -> Proxier {
+        self.drain = drain;
+        self
+    }
+
+    /// Real servers draining now.
+    pub fn draining(&self) -> usize {
+        self.draining.len()
+    }
+
+    /// IPVS virtual servers and real servers this proxier has programmed: the desired table
+    /// (each key from its winning claimant) plus the real servers draining at weight 0, which
+    /// are still in the kernel (`kube_ipvs_ipvs_services`, `kube_ipvs_ipvs_destinations`).
+    pub fn ipvs_programmed(&self) -> (usize, usize) {
+        let (services, reals) = self.desired.ipvs_counts();
+        (services, reals + self.draining.len())
+    }
+
+    /// Graceful-termination counters.
+    pub fn drain_stats(&self) -> DrainStats {
+        self.drain_stats
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ProxyConfig {
+        &self.cfg
+    }
+
+    /// The address family.
+    pub fn family(&self) -> Family {
+        self.cfg.family
+    }
+
+    /// The desired state as of the last sync.
+    pub fn desired(&self) -> &Desired {
+        &self.desired
+    }
+
+    /// Objects currently skipped as invalid, and the total ever counted.
+    pub fn rejections(&self) -> &Rejections {
+        &self.rejections
+    }
+
+    /// Objects newly rejected since the last call (see [`Rejections::take_new`]).
+    pub fn take_rejections(&mut self) -> Vec<(String, crate::model::Invalid)> {
+        self.rejections.take_new()
+    }
+
+    /// Records changes from the store (services to re-derive, node changes).
+    pub fn note(&mut self, changes: &Changes) {
+        self.dirty.extend(changes.dirty.iter().cloned());
+        self.node_dirty |= changes.node_changed;
+    }
+
+    /// Node addresses changed (from netif): NodePort-dependent services need re-deriving.
+    pub fn note_node_addresses(&mut self) {
+        self.node_dirty = true;
+    }
+
+    /// Asks for a full sync (drift check) at the next [`Proxier::sync`].
+    pub fn request_full(&mut self) {
+        self.full_requested = true;
+    }
+
+    /// True when a full sync may run at `now` (requested, and any failed read's backoff passed).
+    fn full_due(&self, now: Instant) -> bool {
+        self.full_pending() && self.retry.full.ready(now)
+    }
+
+    /// True when a sync has work to do now.
+    pub fn pending(&self, now: Instant) -> bool {
+        // Until the first full sync has read the kernel, nothing else runs.
+        let adopted = self.applied_once;
+        self.full_due(now)
+            || (adopted && (!self.dirty.is_empty() || self.node_dirty))
+            || (adopted && self.recheck_addresses && self.retry.address.ready(now))
+            || (adopted && self.recheck_sets && self.retry.ipset.ready(now))
+            || (adopted && self.recheck_rules && self.retry.iptables.ready(now))
+            || (!self.repair.is_empty() && self.retry.ipvs.ready(now))
+            || (!self.conntrack.is_empty() && self.retry.conntrack.ready(now))
+            || self.drain_due.is_some_and(|t| now >= t)
+    }
+
+    /// When the next retry of failed operations (or a drain check) is due, if any.
+    pub fn retry_due(&self) -> Option<Instant> {
+        let waiting = [
+            (self.full_pending(), &self.retry.full),
+            (!self.repair.is_empty(), &self.retry.ipvs),
+            (self.recheck_addresses, &self.retry.address),
+            (self.recheck_sets, &self.retry.ipset),
+            (self.recheck_rules, &self.retry.iptables),
+            (!self.conntrack.is_empty(), &self.retry.conntrack),
+        ];
+        waiting
+            .iter()
+            .filter(|(on, _)| *on)
+            .filter_map(|(_, b)| b.due())
+            .chain(self.drain_due)
+            .min()
+    }
+
+    /// Runs one sync: full when requested (and always the first time), else incremental.
+    pub fn sync(
+        &mut self,
+        store: &Store,
+        node_addresses: &BTreeSet<IpAddr>,
+        kernel: &mut dyn Kernel,
+    ) -> SyncReport {
+        self.sync_at(Instant::now(), store, node_addresses, kernel)
+    }
+
+    /// [`Proxier::sync`] as if it ran at `now`: retries due by `now` run, and failures schedule
+    /// their retries from `now` (tests drive the backoff with explicit instants).
+    pub fn sync_at(
+        &mut self,
+        now: Instant,
+        store: &Store,
+        node_addresses: &BTreeSet<IpAddr>,
+        kernel: &mut dyn Kernel,
+    ) -> SyncReport {
+        let start = Instant::now();
+        self.now = now;
+        if self.refresh_pod_cidrs(store) {
+            self.recheck_rules = true;
+        }
+        let mut report = if self.full_due(now) {
+            self.full_sync(store, node_addresses, kernel)
+        } else if self.applied_once {
+            let mut report = self.incremental_sync(store, node_addresses, kernel);
+            let now = self.now;
+            if self.recheck_addresses && self.retry.address.ready(now) {
+                self.recheck_addresses = false;
+                self.repair_addresses(kernel, &mut report);
+            }
+            if self.recheck_sets && self.retry.ipset.ready(now) {
+                self.repair_sets(kernel, &mut report);
+            }
+            if self.recheck_rules && self.retry.iptables.ready(now) {
+                self.apply_rules(kernel, true, None, &mut report);
+            }
+            report
+        } else {
+            // Waiting for the retry of the first full sync's failed read.
+            SyncReport::new(SyncKind::Incremental)
+        };
+        if !self.repair.is_empty() && self.retry.ipvs.ready(self.now) {
+            self.retry_repairs(kernel, &mut report);
+        }
+        if self.drain_due.is_some_and(|t| Instant::now() >= t) {
+            self.check_drains(kernel, &mut report);
+        }
+        if self.retry.conntrack.ready(self.now) {
+            self.flush_conntrack(kernel, &mut report);
+        }
+        report.vip_conflicts = self.vips.conflicts();
+        report.retrying = self.retrying();
+        report.duration = start.elapsed();
+        report
+    }
+
+    /// Derives every service in `store` into the desired state without touching a kernel
+    /// (for `plan`).
+    pub fn derive_all(&mut self, store: &Store, node_addresses: &BTreeSet<IpAddr>) {
+        self.refresh_pod_cidrs(store);
+        let node = self.node_info(store, node_addresses);
+        let mut report = SyncReport::new(SyncKind::Full);
+        let mut names: BTreeSet<ServiceName> = store.service_names().cloned().collect();
+        names.extend(self.desired_names());
+        let changes = self.derive(store, &node, names, &mut report);
+        self.desired.install_services(changes);
+        self.set_counts = count_sets(&self.desired);
+    }
+
+    /// detectLocalMode NodeCIDR: takes the Node's podCIDRs; true when they changed.
+    fn refresh_pod_cidrs(&mut self, store: &Store) -> bool {
+        self.rules
+            .refresh_pod_cidrs(&mut self.pod_cidrs, store, self.cfg.family)
+    }
+
+    fn node_info(&self, store: &Store, node_addresses: &BTreeSet<IpAddr>) -> NodeInfo {
+        NodeInfo::from_node(&self.node_name, store.node(), node_addresses.clone())
+    }
+
+    /// External VIP claims lost to another Service (the `kube_ipvs_vip_conflicts` gauge).
+    pub fn vip_conflicts(&self) -> usize {
+        self.vips.conflicts()
+    }
+
+    /// Derives the given services (and those whose VIP claims they affect); invalid ones keep
+    /// their last good state.
+    fn derive(
+        &mut self,
+        store: &Store,
+        node: &NodeInfo,
+        names: impl IntoIterator<Item = ServiceName>,
+        report: &mut SyncReport,
+    ) -> Vec<(ServiceName, Option<crate::desired::ServiceDesired>)> {
+        let mut changes = Vec::new();
+        let names = self.vips.update(store, &self.cfg, names);
+        for name in names {
+            report.services_derived += 1;
+            let key = format!("service {name}");
+            let vip_key = format!("vip {name}");
+            let Some(svc) = store.service(&name) else {
+                self.rejections.clear(&key);
+                self.to_adopt.remove(&name);
+                self.rejections.clear(&vip_key);
+                self.rejections.clear_owned(&key);
+                changes.push((name, None));
+                continue;
+            };
+            let slices = store.slices_of(&name);
+            let lost = self.vips.lost(&name);
+            let lost_vips: BTreeSet<crate::vip::Vip> = lost.keys().copied().collect();
+            match service_desired_except(svc, &slices, &self.cfg, node, &lost_vips) {
+                Ok(d) => {
+                    self.rejections.clear(&key);
+                    self.to_adopt.remove(&name);
+                    match crate::vip::conflict_reason(&lost) {
+                        Some(why) => {
+                            self.rejections.reject(&vip_key, &why);
+                        }
+                        None => self.rejections.clear(&vip_key),
+                    }
+                    let slices: Vec<(String, crate::model::Invalid)> = d
+                        .rejected_slices
+                        .iter()
+                        .map(|(slice, why)| {
+                            (
+                                format!("endpointslice {}/{slice}", name.namespace),
+                                why.clone(),
+                            )
+                        })
+                        .collect();
+                    // Slices fixed or deleted since the last derivation are cleared.
+                    self.rejections.replace_owned(&key, &slices);
+                    changes.push((name, d.desired));
+                }
+                Err(why) => {
+                    // Logged once per reason by `reject`; the last good state stays applied,
+                    // and with none (a restart) the kernel's state is adopted at a full sync.
+                    self.rejections.reject(&key, &why);
+                    if self.desired.service(&name).is_none() {
+                        self.to_adopt.insert(name);
+                    }
+                }
+            }
+        }
+        changes
+    }
+
+    fn dirty_names(&mut self, store: &Store, node: &NodeInfo) -> BTreeSet<ServiceName> {
+        let mut names = std::mem::take(&mut self.dirty);
+        if std::mem::take(&mut self.node_dirty) {
+            if node.zone != self.zone {
+                self.zone = node.zone.clone();
+                names.extend(store.service_names().cloned());
+                names.extend(self.desired_names());
+            } else {
+                names.extend(self.desired.node_dependent_services());
+            }
+        }
+        names
+    }
+
+    fn desired_names(&self) -> Vec<ServiceName> {
+        self.desired.service_names().cloned().collect()
+    }
+}
+
+/// A kernel error, for callers outside this module.
+pub type Error = KernelError;

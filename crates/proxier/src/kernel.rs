@@ -1,0 +1,269 @@
+//! The kernel as the proxier sees it: read and apply per subsystem, behind one trait.
+//!
+//! [`Kernel`] is the IO boundary of the proxier. [`NodeKernel`] is the real node (IPVS over
+//! generic netlink, kube-ipvs0 over rtnetlink, ipset over netlink for small member changes and
+//! `ipset restore` otherwise, `iptables-restore`);
+//! The in-memory kernel for tests (`FakeKernel`, counting the requests each subsystem received
+//! so tests can prove that work is proportional to what changed) lives in the `testkit` crate.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use conntrack::ConntrackFilter;
+use ipset::{IpsetDiff, IpsetState};
+use ipvs_netlink::{Op, OpCounts, ServiceKey};
+
+use crate::diff::{table_from_dump, IpvsTable, VirtualServer};
+
+/// A failure of one kernel subsystem.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// IPVS (generic netlink) failed.
+    #[error("ipvs: {0}")]
+    Ipvs(#[from] ipvs_netlink::Error),
+    /// kube-ipvs0 or address handling (rtnetlink) failed.
+    #[error("kube-ipvs0: {0}")]
+    Netif(#[from] netif::Error),
+    /// An ipset command failed.
+    #[error("ipset: {0}")]
+    Ipset(#[from] ipset::Error),
+    /// iptables-restore or iptables-save failed.
+    #[error("iptables: {0}")]
+    Iptables(#[from] iptables::Error),
+    /// conntrack cleanup (ctnetlink) failed.
+    #[error("conntrack: {0}")]
+    Conntrack(#[from] conntrack::ConntrackError),
+    /// A fake kernel was told to fail (tests).
+    #[error("injected failure: {0}")]
+    Injected(String),
+}
+
+/// Requests each subsystem received, for metrics and for tests of incrementality.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KernelCounters {
+    /// IPVS write requests (one per operation).
+    pub ipvs_writes: u64,
+    /// IPVS table reads (one per full dump or targeted read).
+    pub ipvs_reads: u64,
+    /// kube-ipvs0 address requests (one per added or removed address).
+    pub address_writes: u64,
+    /// kube-ipvs0 address reads.
+    pub address_reads: u64,
+    /// ipset processes (reads and restores).
+    pub ipset_processes: u64,
+    /// ipset netlink requests: one per member added or deleted without a process (small
+    /// member-only diffs, see [`ipset::netlink_eligible`]), plus the real applier's one-time
+    /// protocol probe.
+    pub ipset_requests: u64,
+    /// iptables processes (saves and restores).
+    pub iptables_processes: u64,
+    /// conntrack entries deleted.
+    pub conntrack_deleted: u64,
+    /// IPVS netlink requests by command (reads and writes; `kube_ipvs_ipvs_requests_total`).
+    pub ipvs_requests: OpCounts,
+}
+
+/// The node's kernel, one subsystem per method group. All methods are blocking.
+pub trait Kernel {
+    /// The whole IPVS table (one dump).
+    fn read_ipvs(&mut self) -> Result<IpvsTable, KernelError>;
+    /// Only the given virtual servers (absent ones are missing from the result).
+    fn read_ipvs_keys(&mut self, keys: &BTreeSet<ServiceKey>) -> Result<IpvsTable, KernelError>;
+    /// Applies IPVS operations (pipelined); one result per operation, in order.
+    fn apply_ipvs(&mut self, ops: &[Op]) -> Vec<Result<(), KernelError>>;
+    /// Ensures kube-ipvs0 exists; true when it had to be created.
+    fn ensure_link(&mut self) -> Result<bool, KernelError>;
+    /// Addresses bound to kube-ipvs0.
+    fn read_addresses(&mut self) -> Result<BTreeSet<IpAddr>, KernelError>;
+    /// Binds and unbinds addresses on kube-ipvs0; one result per address.
+    fn apply_addresses(
+        &mut self,
+        add: &[IpAddr],
+        del: &[IpAddr],
+    ) -> Vec<(IpAddr, Result<(), KernelError>)>;
+    /// The sets the proxy owns (by name), as the kernel has them.
+    fn read_ipsets(&mut self, owned: &[String]) -> Result<IpsetState, KernelError>;
+    /// Applies an ipset diff in one batch; returns the rejected lines as messages naming their
+    /// owner (the rest of the batch is applied).
+    fn apply_ipsets(&mut self, diff: &IpsetDiff) -> Result<Vec<String>, KernelError>;
+    /// Applies the iptables rules; only tables whose text changed are restored unless `force`.
+    /// Returns true when a restore ran.
+    fn apply_iptables(
+        &mut self,
+        rules: &iptables::RuleSet,
+        force: bool,
+    ) -> Result<bool, KernelError>;
+    /// Deletes the conntrack entries matching `filters` (stale UDP flows); returns how many.
+    fn delete_conntrack(&mut self, filters: &[ConntrackFilter]) -> Result<u64, KernelError>;
+    /// Requests so far.
+    fn counters(&self) -> KernelCounters;
+}
+
+/// The real node: IPVS, kube-ipvs0, ipsets and iptables of one address family.
+pub struct NodeKernel {
+    ipvs: ipvs_netlink::Client,
+    netif: netif::Netif,
+    ipset: ipset::Ipset,
+    iptables: iptables::Iptables,
+    rt: tokio::runtime::Handle,
+    conntrack: Option<conntrack::Conntrack>,
+    conntrack_deleted: u64,
+    ipvs_reads: u64,
+    address_reads: u64,
+}
+
+impl std::fmt::Debug for NodeKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeKernel").finish_non_exhaustive()
+    }
+}
+
+impl NodeKernel {
+    /// Opens every subsystem (the ipset netlink socket too, with its one protocol request, so
+    /// the first small sync does not pay for it). `rt` runs the rtnetlink futures; the
+    /// kernel's methods must be called from a thread outside that runtime's async context (e.g.
+    /// a dedicated thread). The IPVS client's reads leave out traffic counters: the proxy
+    /// compares tables and never uses them.
+    pub fn new(
+        mut ipvs: ipvs_netlink::Client,
+        netif: netif::Netif,
+        ipset: ipset::Ipset,
+        iptables: iptables::Iptables,
+        rt: tokio::runtime::Handle,
+    ) -> NodeKernel {
+        ipvs.set_stats(false);
+        if !ipset.prepare_netlink() {
+            tracing::info!("ipset over netlink unavailable: every ipset change uses ipset restore");
+        }
+        NodeKernel {
+            ipvs,
+            netif,
+            ipset,
+            iptables,
+            rt,
+            conntrack: None,
+            conntrack_deleted: 0,
+            ipvs_reads: 0,
+            address_reads: 0,
+        }
+    }
+
+    /// The IPVS client (for the graceful-termination reads and the mode probe).
+    pub fn ipvs(&mut self) -> &mut ipvs_netlink::Client {
+        &mut self.ipvs
+    }
+}
+
+impl Kernel for NodeKernel {
+    fn read_ipvs(&mut self) -> Result<IpvsTable, KernelError> {
+        self.ipvs_reads += 1;
+        Ok(table_from_dump(self.ipvs.dump()?))
+    }
+
+    fn read_ipvs_keys(&mut self, keys: &BTreeSet<ServiceKey>) -> Result<IpvsTable, KernelError> {
+        self.ipvs_reads += 1;
+        let mut out = IpvsTable::new();
+        for k in keys {
+            if let Some(svc) = self.ipvs.service(k)? {
+                let dests = self.ipvs.destinations(k)?;
+                out.insert(*k, VirtualServer::new(svc, dests));
+            }
+        }
+        Ok(out)
+    }
+
+    fn apply_ipvs(&mut self, ops: &[Op]) -> Vec<Result<(), KernelError>> {
+        self.ipvs
+            .apply(ops)
+            .into_iter()
+            .map(|r| r.map_err(KernelError::from))
+            .collect()
+    }
+
+    fn ensure_link(&mut self) -> Result<bool, KernelError> {
+        let st = self.rt.block_on(self.netif.ensure_dummy())?;
+        Ok(st.created)
+    }
+
+    fn read_addresses(&mut self) -> Result<BTreeSet<IpAddr>, KernelError> {
+        self.address_reads += 1;
+        Ok(self.rt.block_on(self.netif.addresses())?)
+    }
+
+    fn apply_addresses(
+        &mut self,
+        add: &[IpAddr],
+        del: &[IpAddr],
+    ) -> Vec<(IpAddr, Result<(), KernelError>)> {
+        let diff = netif::AddrDiff {
+            add: add.iter().copied().collect(),
+            remove: del.iter().copied().collect(),
+        };
+        self.rt
+            .block_on(self.netif.apply(&diff))
+            .into_iter()
+            .map(|(ip, r)| (ip, r.map_err(KernelError::from)))
+            .collect()
+    }
+
+    fn read_ipsets(&mut self, owned: &[String]) -> Result<IpsetState, KernelError> {
+        Ok(self.ipset.read(owned)?)
+    }
+
+    fn apply_ipsets(&mut self, diff: &IpsetDiff) -> Result<Vec<String>, KernelError> {
+        let report = self.ipset.apply(diff)?;
+        Ok(report
+            .rejected
+            .iter()
+            .map(|r| {
+                format!(
+                    "{}: `{}` rejected by ipset: {} (owner {})",
+                    r.set,
+                    r.line,
+                    r.message,
+                    if r.owner.is_empty() { "-" } else { &r.owner }
+                )
+            })
+            .collect())
+    }
+
+    fn apply_iptables(
+        &mut self,
+        rules: &iptables::RuleSet,
+        force: bool,
+    ) -> Result<bool, KernelError> {
+        if force {
+            self.iptables.force_resync();
+        }
+        let out = self.iptables.apply(rules)?;
+        Ok(!out.restored.is_empty())
+    }
+
+    fn counters(&self) -> KernelCounters {
+        let c = self.ipvs.counters();
+        KernelCounters {
+            ipvs_writes: c.requests.saturating_sub(c.dumps),
+            ipvs_reads: self.ipvs_reads,
+            address_writes: self.netif.requests_sent(),
+            address_reads: self.address_reads,
+            ipset_processes: self.ipset.processes_spawned(),
+            ipset_requests: self.ipset.netlink_requests(),
+            iptables_processes: self.iptables.processes_spawned(),
+            conntrack_deleted: self.conntrack_deleted,
+            ipvs_requests: c.by_op,
+        }
+    }
+
+    fn delete_conntrack(&mut self, filters: &[ConntrackFilter]) -> Result<u64, KernelError> {
+        if filters.is_empty() {
+            return Ok(0);
+        }
+        let ct = match &mut self.conntrack {
+            Some(ct) => ct,
+            None => self.conntrack.insert(conntrack::Conntrack::new()?),
+        };
+        let report = ct.delete(filters)?;
+        self.conntrack_deleted += report.deleted;
+        Ok(report.deleted)
+    }
+}
