@@ -4,8 +4,14 @@
 //! upstream kube-proxy through `rest.Config.QPS/Burst`): a token bucket that holds up to
 //! `burst` tokens, refills at `qps` per second and starts full; every request takes one token
 //! and waits until it is available. A watch is one request (its long-lived response body is
-//! not metered), a paginated list is one request per page. `qps <= 0` disables the limit (as
-//! in client-go, where no rate limiter is installed then); a burst of 0 is treated as 1.
+//! not metered), and so is a paginated list: its continuation pages (requests with a
+//! `continue=` token) give their token back. Upstream's informers list in one request
+//! (client-go's reflector lists at resourceVersion "0", served from the API server's watch
+//! cache, `relistResourceVersion` in `tools/cache/reflector.go`); this source pages its lists
+//! (500 objects a page, to bound memory), and the same QPS budget would otherwise hold a
+//! 10,000-Service list back for seconds (20 pages per kind at 5 per second after the burst).
+//! `qps <= 0` disables the limit (as in client-go, where no rate limiter is installed then); a
+//! burst of 0 is treated as 1.
 //!
 //! [`QpsLayer`] is a tower layer added to kube's client stack (`ClientBuilder::with_layer`).
 //! kube wraps the stack in a `Buffer`, so all requests of one client share one bucket and
@@ -55,6 +61,20 @@ impl TokenBucket {
             Duration::from_secs_f64(-self.tokens / self.qps)
         }
     }
+
+    /// Gives one token back (a request that does not count: a list's continuation page), up to
+    /// the burst.
+    pub fn refund(&mut self) {
+        self.tokens = (self.tokens + 1.0).min(self.burst);
+    }
+}
+
+/// Whether `uri` asks for a continuation page of a list (a non-empty `continue` parameter).
+pub fn is_continuation(uri: &hyper::Uri) -> bool {
+    uri.query().is_some_and(|q| {
+        q.split('&')
+            .any(|kv| kv.strip_prefix("continue=").is_some_and(|v| !v.is_empty()))
+    })
 }
 
 /// The tower layer: every request through it takes a token first.
@@ -101,9 +121,9 @@ impl<S> std::fmt::Debug for QpsService<S> {
     }
 }
 
-impl<S, R> tower::Service<R> for QpsService<S>
+impl<S, B> tower::Service<hyper::Request<B>> for QpsService<S>
 where
-    S: tower::Service<R>,
+    S: tower::Service<hyper::Request<B>>,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -142,8 +162,16 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: R) -> S::Future {
+    fn call(&mut self, req: hyper::Request<B>) -> S::Future {
         self.granted = false;
+        if let Some(bucket) = &self.bucket {
+            if is_continuation(req.uri()) {
+                match bucket.lock() {
+                    Ok(mut g) => g.refund(),
+                    Err(p) => p.into_inner().refund(),
+                }
+            }
+        }
         self.inner.call(req)
     }
 }
@@ -194,17 +222,61 @@ mod tests {
 
     /// A service that counts calls and is always ready.
     struct Count(usize);
-    impl Service<()> for Count {
+    impl Service<hyper::Request<()>> for Count {
         type Response = ();
         type Error = std::convert::Infallible;
         type Future = std::future::Ready<Result<(), Self::Error>>;
         fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
             Poll::Ready(Ok(()))
         }
-        fn call(&mut self, _: ()) -> Self::Future {
+        fn call(&mut self, _: hyper::Request<()>) -> Self::Future {
             self.0 += 1;
             std::future::ready(Ok(()))
         }
+    }
+
+    fn get(uri: &str) -> hyper::Request<()> {
+        hyper::Request::get(uri).body(()).unwrap()
+    }
+
+    #[test]
+    fn only_a_non_empty_continue_token_is_a_continuation() {
+        let yes = "/api/v1/services?limit=500&continue=abc";
+        assert!(is_continuation(&yes.parse().unwrap()));
+        assert!(is_continuation(
+            &"/x?continue=a%3D&limit=5".parse().unwrap()
+        ));
+        for no in [
+            "/api/v1/services?limit=500",
+            "/api/v1/services?limit=500&continue=",
+            "/api/v1/services",
+            "/x?notcontinue=abc",
+        ] {
+            assert!(!is_continuation(&no.parse().unwrap()), "{no}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_paginated_list_takes_one_token() {
+        let mut svc = QpsLayer::new(0.001, 2).layer(Count(0));
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        // The first page takes a token; its 50 continuation pages give theirs back.
+        assert!(svc.poll_ready(&mut cx).is_ready());
+        svc.call(get("/api/v1/services?limit=500")).await.unwrap();
+        for i in 0..50 {
+            assert!(svc.poll_ready(&mut cx).is_ready(), "page {i}");
+            svc.call(get(&format!("/api/v1/services?limit=500&continue=t{i}")))
+                .await
+                .unwrap();
+        }
+        // One token of the burst of 2 is left: one more request passes, the next waits.
+        assert!(svc.poll_ready(&mut cx).is_ready());
+        svc.call(get("/apis/discovery.k8s.io/v1/endpointslices?limit=500"))
+            .await
+            .unwrap();
+        assert!(svc.poll_ready(&mut cx).is_pending());
+        assert_eq!(svc.inner.0, 52);
     }
 
     #[tokio::test]
@@ -214,7 +286,7 @@ mod tests {
         let mut cx = Context::from_waker(&waker);
         for _ in 0..3 {
             assert!(svc.poll_ready(&mut cx).is_ready());
-            svc.call(()).await.unwrap();
+            svc.call(get("/api/v1/nodes")).await.unwrap();
         }
         // The fourth waits (1,000 s at 0.001 qps): not ready, and polling again does not take
         // another token.
@@ -225,7 +297,7 @@ mod tests {
         let mut free = QpsLayer::new(0.0, 0).layer(Count(0));
         for _ in 0..1000 {
             assert!(free.poll_ready(&mut cx).is_ready());
-            free.call(()).await.unwrap();
+            free.call(get("/api/v1/nodes")).await.unwrap();
         }
         assert_eq!(free.inner.0, 1000);
     }
