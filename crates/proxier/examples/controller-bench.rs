@@ -567,7 +567,8 @@ fn run(n: usize, m: usize) -> Res<Value> {
     Ok(v)
 }
 
-/// P5: `entries` ipset members, one restore vs one `ipset add` per entry.
+/// P5: `entries` ipset members added by the ipset crate (netlink requests into a set that
+/// exists; `ipset restore` before 2026-11-27) vs one `ipset add` process per entry.
 fn ipset_bench(entries: u32, sample: u32) -> Res<Value> {
     use ipset::{diff, Entry, SetKind};
     let ns = Netns::new("bench-ipset").map_err(io("netns"))?;
@@ -602,7 +603,7 @@ fn ipset_bench(entries: u32, sample: u32) -> Res<Value> {
             let ours_procs = ipset.processes_spawned() - before;
             let got = ipset.read(std::slice::from_ref(&set)).map_err(io("read"))?;
             if !diff(&want, &got).is_empty() {
-                return Err("ipset restore did not produce the desired set".into());
+                return Err("the ipset crate did not produce the desired set".into());
             }
             run_cmd(
                 "ipset",
