@@ -12,8 +12,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use proxier::source::static_dir::StaticDirSource;
-use proxier::source::{Kind, Object, SourceEvent};
+use ::watch::static_dir::StaticDirSource;
+use model::event::{Kind, Object, SourceEvent};
 use tokio::sync::mpsc;
 
 use crate::config::{Config, KubeClientConfig, ProxyMode};
@@ -265,7 +265,7 @@ pub const SOURCE_ERROR_FRESH: std::time::Duration = std::time::Duration::from_se
 /// [`SOURCE_ERROR_FRESH`] of the last) or a kind has never been listed; a successful event of
 /// every failing kind (a relist, a change) ends it at once.
 pub async fn forward_source_health(
-    mut rx: tokio::sync::watch::Receiver<proxier::source::kube::SourceHealth>,
+    mut rx: tokio::sync::watch::Receiver<::watch::kube::SourceHealth>,
     health: Arc<ProxyHealth>,
     metrics: Arc<Metrics>,
 ) {
@@ -274,7 +274,7 @@ pub async fn forward_source_health(
         let (errors, last_error, synced) = {
             let h = rx.borrow_and_update();
             let kinds = [&h.services, &h.endpoint_slices, &h.node];
-            let failing_kind = |k: &proxier::source::kube::KindHealth| {
+            let failing_kind = |k: &::watch::kube::KindHealth| {
                 k.consecutive_errors > 0
                     && (!k.synced
                         || k.last_error
@@ -499,14 +499,14 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         (None, Some(client)) => {
             let node = config.node_name.clone();
             let (health_tx, health_rx) =
-                tokio::sync::watch::channel(proxier::source::kube::SourceHealth::default());
+                tokio::sync::watch::channel(::watch::kube::SourceHealth::default());
             source_health_task = Some(tokio::spawn(forward_source_health(
                 health_rx,
                 daemon.health.clone(),
                 daemon.metrics.clone(),
             )));
             tokio::spawn(async move {
-                proxier::source::kube::run(client, node, tx, health_tx).await;
+                ::watch::kube::run(client, node, tx, health_tx).await;
                 Ok(())
             })
         }
@@ -567,8 +567,8 @@ pub async fn run_daemon(config: Config) -> Result<()> {
 }
 
 /// Reads every object once: from `--source-dir`, or a full list from the API server.
-async fn load_store(config: &Config) -> Result<proxier::store::Store> {
-    let mut store = proxier::store::Store::new();
+async fn load_store(config: &Config) -> Result<model::store::Store> {
+    let mut store = model::store::Store::new();
     match &config.source_dir {
         Some(dir) => {
             let loaded = StaticDirSource::new(dir.clone(), config.node_name.clone()).load()?;
@@ -583,10 +583,10 @@ async fn load_store(config: &Config) -> Result<proxier::store::Store> {
             let client = kube_client(&config.kube).await?;
             let (tx, mut rx) = mpsc::channel::<SourceEvent>(1024);
             let (health_tx, _health_rx) =
-                tokio::sync::watch::channel(proxier::source::kube::SourceHealth::default());
+                tokio::sync::watch::channel(::watch::kube::SourceHealth::default());
             let node = config.node_name.clone();
             let task = tokio::spawn(async move {
-                proxier::source::kube::run(client, node, tx, health_tx).await;
+                ::watch::kube::run(client, node, tx, health_tx).await;
             });
             let mut node_listed = false;
             while let Some(ev) = rx.recv().await {

@@ -129,7 +129,7 @@ pub enum Error {
     },
     /// The static directory source failed.
     #[error(transparent)]
-    StaticDir(#[from] proxier::source::static_dir::StaticDirError),
+    StaticDir(#[from] ::watch::static_dir::StaticDirError),
     /// The Kubernetes client could not be configured.
     #[error("kubernetes client: {0}")]
     Kube(String),

@@ -560,10 +560,7 @@ pub async fn read_state(config: &Config, ipvs_absent: bool) -> Result<NodeIpvsSt
     let cfgs = [Family::Inet, Family::Inet6].map(|f| crate::engine::proxy_config(config, f));
     let owned_services = services
         .iter()
-        .filter(|s| {
-            cfgs.iter()
-                .any(|c| proxier::desired::owned_by_proxy(c)(&s.key))
-        })
+        .filter(|s| cfgs.iter().any(|c| desired::owned_by_proxy(c)(&s.key)))
         .count();
     Ok(NodeIpvsState {
         dummy_link,

@@ -18,7 +18,7 @@ use crate::objects::{Slice, Svc};
 /// service proxy, and the one the EndpointSlice controller and API put on headless Services and
 /// their slices. kube-proxy's informers select `!L` for each (`newServiceInformer`/
 /// `NewInformerFactoryWithOptions` with `labelSelector` in cmd/kube-proxy/app/server.go). The
-/// Kubernetes source sends them as a label selector (`proxier::source::kube::
+/// Kubernetes source sends them as a label selector (`watch::kube::
 /// proxy_label_selector`); the static source applies [`handled_by_proxy`]: one list, two uses.
 pub const PROXY_EXCLUDING_LABELS: [&str; 2] = [
     "service.kubernetes.io/service-proxy-name",

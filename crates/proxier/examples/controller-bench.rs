@@ -26,17 +26,17 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use conntrack::ConntrackFilter;
+use desired::diff::IpvsTable;
 use ipset::{IpsetDiff, IpsetState};
 use ipvs_netlink::{Family, Op, Protocol, ServiceKey};
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use proxier::diff::IpvsTable;
+use model::event::{Kind, Object, SourceEvent};
+use model::store::Store;
+use model::ProxyConfig;
 use proxier::ipvs_mode::{Proxier, RulesConfig, SyncKind, SyncReport};
 use proxier::kernel::{Kernel, KernelCounters, KernelError, NodeKernel};
-use proxier::model::ProxyConfig;
-use proxier::source::{Kind, Object, SourceEvent};
-use proxier::store::Store;
 use serde_json::{json, Value};
 use testkit::netns::Netns;
 

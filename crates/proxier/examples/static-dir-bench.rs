@@ -17,8 +17,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use proxier::source::static_dir::{self, StaticDirSource};
-use proxier::source::{Kind, Object, SourceEvent};
+use ::watch::static_dir::{self, StaticDirSource};
+use model::event::{Kind, Object, SourceEvent};
 use tokio::sync::mpsc;
 
 fn service(i: usize) -> String {

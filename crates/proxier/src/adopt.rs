@@ -32,15 +32,13 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use crate::objects::Svc;
 use ipset::{Entry, IpsetState, SetKind};
 use ipvs_netlink::{Family, Protocol, ServiceKey};
+use model::objects::Svc;
 
-use crate::desired::{
-    Features, HealthCheck, InClusterDest, InClusterPort, IpsetEntry, ServiceDesired,
-};
-use crate::diff::IpvsTable;
-use crate::model::{ProxyConfig, ServiceName, ServicePortName};
+use desired::diff::IpvsTable;
+use desired::{Features, HealthCheck, InClusterDest, InClusterPort, IpsetEntry, ServiceDesired};
+use model::{ProxyConfig, ServiceName, ServicePortName};
 
 /// The pseudo-service holding NodePort virtual servers kept while the Node is unknown. Its
 /// namespace is not a valid Kubernetes namespace (no real Service can collide with it) and sorts
@@ -84,7 +82,7 @@ pub struct Claims {
     pub health_check_node_port: Option<u16>,
     /// Each parseable port by name, with its port and nodePort: finds the in-cluster
     /// firewall-mark virtual server of an externalTrafficPolicy=Local port (its mark is
-    /// allocated from the port's name, see [`crate::desired::mark_candidates`]).
+    /// allocated from the port's name, see [`desired::mark_candidates`]).
     pub named_ports: Vec<(ServicePortName, u16, Option<u16>)>,
 }
 
@@ -202,7 +200,7 @@ pub fn adopt_service(
     node_ips: &BTreeSet<IpAddr>,
     free: impl Fn(&ServiceKey) -> bool,
 ) -> Option<ServiceDesired> {
-    let owned = crate::desired::owned_by_proxy(cfg);
+    let owned = desired::owned_by_proxy(cfg);
     let mut d = ServiceDesired::default();
     if let Some(table) = kernel.ipvs {
         for (k, vs) in table {
@@ -313,7 +311,7 @@ pub fn adopt_service(
 /// The in-cluster paths of an adopted Service's externalTrafficPolicy=Local ports: for each
 /// port whose Local-set members were adopted, the kernel's firewall-mark virtual server found
 /// along the port's mark candidates (the first unclaimed one that exists), with the adopted
-/// external destinations of that port. The marks are kept by [`crate::desired::Desired`], so the
+/// external destinations of that port. The marks are kept by [`desired::Desired`], so the
 /// nat rules that feed the virtual server are rendered again and nothing is deleted.
 fn adopt_in_cluster(
     claims: &Claims,
@@ -323,7 +321,7 @@ fn adopt_in_cluster(
     free: &impl Fn(&ServiceKey) -> bool,
     d: &mut ServiceDesired,
 ) {
-    let owned = crate::desired::owned_by_proxy(cfg);
+    let owned = desired::owned_by_proxy(cfg);
     for (name, port, node_port) in &claims.named_ports {
         let proto = name.protocol;
         let sp = proto;
@@ -373,7 +371,7 @@ fn adopt_in_cluster(
         if dests.is_empty() {
             continue;
         }
-        let found = crate::desired::mark_candidates(name)
+        let found = desired::mark_candidates(name)
             .take(64)
             .map(|mark| ServiceKey::Fwmark {
                 family: cfg.family,

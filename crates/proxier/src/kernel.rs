@@ -13,7 +13,7 @@ use conntrack::ConntrackFilter;
 use ipset::{IpsetDiff, IpsetState};
 use ipvs_netlink::{Op, OpCounts, ServiceKey};
 
-use crate::diff::{table_from_dump, IpvsTable, VirtualServer};
+use desired::diff::{table_from_dump, IpvsTable, VirtualServer};
 
 /// A failure of one kernel subsystem.
 #[derive(Debug, thiserror::Error)]

@@ -11,10 +11,10 @@ use ipset::{IpsetDiff, IpsetState};
 use ipvs_netlink::savefmt::{dest_line, service_arg, service_line};
 use ipvs_netlink::{Family, Op, ServiceKey};
 
-use crate::diff::IpvsTable;
 use crate::ipvs_mode::Proxier;
 use crate::kernel::{Kernel, KernelCounters, KernelError};
-use crate::store::Store;
+use desired::diff::IpvsTable;
+use model::store::Store;
 
 /// Sections of a plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -310,7 +310,7 @@ impl crate::iptables_mode::RestoreRunner for RecordedRestores {
 /// programs no IPVS, kube-ipvs0 address or ipset), as the `iptables-restore` input its first
 /// sync on a clean node would run. `Err` lists the sync's errors.
 pub fn iptables_mode_plan(
-    cfg: crate::model::ProxyConfig,
+    cfg: model::ProxyConfig,
     rules: crate::ipvs_mode::RulesConfig,
     node_name: &str,
     store: &Store,

@@ -19,13 +19,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use ipvs_netlink::Family;
 
-use crate::desired::HealthCheck;
 use crate::ipvs_mode::{Proxier, SyncKind, SyncReport};
 use crate::kernel::Kernel;
-use crate::model::ServiceName;
+use desired::HealthCheck;
+use model::ServiceName;
 
-use crate::source::{Kind, Object, SourceEvent};
-use crate::store::{Changes, Store};
+use model::event::{Kind, Object, SourceEvent};
+use model::store::{Changes, Store};
 
 /// What the loop receives.
 #[derive(Debug)]
@@ -534,7 +534,7 @@ mod tests {
         if let Some(at) = at {
             s.metadata.annotations = Some(
                 [(
-                    crate::model::LAST_CHANGE_TRIGGER_TIME_ANNOTATION.to_string(),
+                    model::LAST_CHANGE_TRIGGER_TIME_ANNOTATION.to_string(),
                     at.to_string(),
                 )]
                 .into(),

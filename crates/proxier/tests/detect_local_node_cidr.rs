@@ -14,11 +14,11 @@ use std::net::IpAddr;
 use fixtures::*;
 use ipvs_netlink::Family;
 use k8s_openapi::api::core::v1::{Node, NodeSpec};
+use model::event::{Kind, Object, SourceEvent};
+use model::store::Store;
+use model::{NodeInfo, ProxyConfig};
 use proxier::iptables_mode::{IptablesProxier, RecordingRunner};
 use proxier::ipvs_mode::{Proxier, RulesConfig};
-use proxier::model::{NodeInfo, ProxyConfig};
-use proxier::source::{Kind, Object, SourceEvent};
-use proxier::store::Store;
 use testkit::fake_kernel::FakeKernel;
 
 fn node_with(pod_cidrs: &[&str]) -> Node {

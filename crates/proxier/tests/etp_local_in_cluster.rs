@@ -13,12 +13,10 @@ mod fixtures;
 
 use std::collections::BTreeSet;
 
+use desired::{is_in_cluster_mark, Desired, InClusterDest, ServiceDesired, IN_CLUSTER_MARK_MASK};
 use fixtures::*;
 use ipvs_netlink::{Family, Protocol, ServiceKey};
-use proxier::desired::{
-    is_in_cluster_mark, Desired, InClusterDest, ServiceDesired, IN_CLUSTER_MARK_MASK,
-};
-use proxier::model::{ProxyConfig, ServiceName};
+use model::{ProxyConfig, ServiceName};
 
 fn lb_local(name: &str, cluster_ip: &str, lb: &str, node_port: i32) -> ServiceDesired {
     let s = svc("ns", name, cluster_ip)
@@ -92,7 +90,7 @@ fn local_policy_without_local_endpoint_keeps_an_all_endpoints_path_for_in_cluste
     assert_eq!(marks.len(), want.len());
     assert!(marks.iter().all(|m| m.mark == mark));
     // Owned by the proxy (cleaned up at start/handover like the address ones).
-    let owned = proxier::desired::owned_by_proxy(&cfg);
+    let owned = desired::owned_by_proxy(&cfg);
     assert!(owned(&ServiceKey::Fwmark {
         family: Family::Inet,
         mark

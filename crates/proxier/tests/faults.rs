@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 
 use fixtures::*;
 use ipvs_netlink::{Protocol, Service, ServiceKey};
+use model::event::{Object, SourceEvent};
+use model::store::Store;
 use proxier::iptables_mode::{IptablesProxier, RecordingRunner};
 use proxier::ipvs_mode::{Proxier, RulesConfig, SyncReport};
 use proxier::retry::{RetryPolicy, Subsystem};
-use proxier::source::{Object, SourceEvent};
-use proxier::store::Store;
 use proxier::sync_loop::Backend;
 use testkit::fake_kernel::FakeKernel;
 use testkit::faults::{Calls, Fault, FaultHandle, FaultKernel, FaultRunner, KernelOp, EBUSY};
@@ -115,7 +115,7 @@ fn failed_kernel_read_keeps_the_full_sync_pending_deletes_nothing_and_backs_off(
     let mut fake = FakeKernel::default();
     fake.ipvs.insert(
         stale,
-        proxier::diff::VirtualServer::new(Service::new(stale, "rr"), Vec::new()),
+        desired::diff::VirtualServer::new(Service::new(stale, "rr"), Vec::new()),
     );
     fake.link = true;
     fake.addresses.insert(ip("10.96.9.9"));
@@ -459,7 +459,7 @@ fn first_program_spanning_chunks_arrives_whole() {
 }
 
 /// `n` services with 10 ready endpoints each (`n` x 11 IPVS operations to program).
-fn two_chunk_store(n: usize) -> proxier::store::Store {
+fn two_chunk_store(n: usize) -> model::store::Store {
     let svcs = (0..n)
         .map(|i| {
             svc(

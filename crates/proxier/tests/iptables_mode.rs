@@ -15,13 +15,13 @@ use fixtures::*;
 use iptables::Table;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use model::event::{Object, SourceEvent};
+use model::store::Store;
+use model::ProxyConfig;
 use proxier::iptables_mode::{
     cleanup_iptables_mode, IptablesProxier, RecordingRunner, RestoreRunner, UdpConntrackCleanup,
 };
 use proxier::ipvs_mode::{RulesConfig, SyncKind};
-use proxier::model::ProxyConfig;
-use proxier::source::{Object, SourceEvent};
-use proxier::store::Store;
 use proxier::sync_loop::Backend;
 
 fn addrs() -> BTreeSet<IpAddr> {
@@ -431,7 +431,7 @@ fn iptables_mode_partial_sync_rewrites_only_changed_chains() {
 
     // A deleted service: its chains go.
     assert!(store
-        .service(&proxier::model::ServiceName::new("ns", "svc-3"))
+        .service(&model::ServiceName::new("ns", "svc-3"))
         .is_some());
     let svc3 = k8s_openapi::api::core::v1::Service {
         metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {

@@ -25,10 +25,10 @@ use std::time::{Duration, Instant};
 use fixtures::*;
 use iptables::{Iptables, Runner, Table};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use model::event::{Object, SourceEvent};
+use model::store::Store;
 use proxier::iptables_mode::{cleanup_iptables_mode, cleanup_ipvs_mode_leftovers, IptablesProxier};
 use proxier::ipvs_mode::{RulesConfig, SyncKind};
-use proxier::source::{Object, SourceEvent};
-use proxier::store::Store;
 use proxier::sync_loop::Backend;
 use testkit::netns::{veth_pair, Netns, Pod};
 
@@ -819,9 +819,9 @@ fn netns_iptables_mode_first_sync_without_the_node_keeps_node_ports() {
     let iptables =
         || Iptables::detect(iptables::Family::Inet, Runner::in_netns(lab.node.name())).unwrap();
     let mut with_node = synced_store(vec![np.clone()], vec![slice_of("np", &[0], "node-b")]);
-    with_node.apply(SourceEvent::Init(proxier::source::Kind::Node));
+    with_node.apply(SourceEvent::Init(model::event::Kind::Node));
     with_node.apply(node_ev());
-    with_node.apply(SourceEvent::InitDone(proxier::source::Kind::Node));
+    with_node.apply(SourceEvent::InitDone(model::event::Kind::Node));
     let mut first = IptablesProxier::new(
         cfg.clone(),
         RulesConfig::default(),

@@ -3,10 +3,10 @@
 //! relists, and the replayed events always converge to the server's objects.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers
 
+use ::watch::kube::{proxy_label_selector, run, run_with, KubeSourceConfig, SourceHealth};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use proxier::source::kube::{proxy_label_selector, run, run_with, KubeSourceConfig, SourceHealth};
-use proxier::source::{Kind, Object, SourceEvent};
+use model::event::{Kind, Object, SourceEvent};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -4,12 +4,12 @@
 
 mod fixtures;
 
+use desired::ServiceDesired;
 use fixtures::*;
 use ipvs_netlink::{Protocol, ServiceFlags, ServiceKey};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use proxier::desired::ServiceDesired;
-use proxier::model::{NodeInfo, ProxyConfig, Rejections, MAX_ENDPOINTS_PER_SLICE};
+use model::{NodeInfo, ProxyConfig, Rejections, MAX_ENDPOINTS_PER_SLICE};
 
 fn proto(p: Protocol) -> &'static str {
     match p {
@@ -1103,11 +1103,11 @@ fn model_bad_slices_skipped_alone() {
 #[test]
 fn model_rejections_logged_once_and_counted() {
     let mut r = Rejections::default();
-    let why = proxier::model::Invalid::new("port 0 out of range");
+    let why = model::Invalid::new("port 0 out of range");
     assert!(r.reject("service ns/a", &why));
     assert!(!r.reject("service ns/a", &why), "same reason: not again");
     assert!(r.reject("service ns/b", &why));
-    let other = proxier::model::Invalid::new("duplicate port 80/Tcp");
+    let other = model::Invalid::new("duplicate port 80/Tcp");
     assert!(r.reject("service ns/a", &other), "new reason: logged");
     assert_eq!((r.current(), r.total()), (2, 3));
     r.clear("service ns/a");
@@ -1394,12 +1394,12 @@ fn model_lb_ingress_ip_mode_proxy_is_not_programmed() {
 /// has no such annotation); any other name makes the Service invalid, naming the annotation.
 #[test]
 fn model_scheduler_annotation_accepts_exactly_the_kernel_schedulers() {
-    use proxier::model::SCHEDULER_ANNOTATION;
+    use model::SCHEDULER_ANNOTATION;
     const KERNEL: [&str; 13] = [
         "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh", "fo", "ovf",
     ];
     assert_eq!(ipvs_netlink::SCHEDULERS, KERNEL);
-    assert_eq!(proxier::model::SCHEDULERS, KERNEL);
+    assert_eq!(model::SCHEDULERS, KERNEL);
     let scheduler_of = |sched: &str| {
         let svc = svc("ns", "sched", "10.96.0.12")
             .port("http", 80, "TCP")
@@ -1436,7 +1436,7 @@ fn model_scheduler_annotation_accepts_exactly_the_kernel_schedulers() {
 #[test]
 fn model_scheduler_flags_default_like_upstream_and_follow_the_annotation() {
     use ipvs_netlink::ServiceFlags as F;
-    use proxier::model::{scheduler_flags, SCHEDULER_ANNOTATION, SCHEDULER_FLAGS_ANNOTATION};
+    use model::{scheduler_flags, SCHEDULER_ANNOTATION, SCHEDULER_FLAGS_ANNOTATION};
     let flags_of = |sched: Option<&str>, flags: Option<&str>| {
         let mut b = svc("ns", "sched", "10.96.0.12").port("http", 80, "TCP");
         if let Some(s) = sched {

@@ -6,14 +6,14 @@ mod fixtures;
 
 use std::collections::BTreeSet;
 
+use desired::diff::{diff_ipvs, diff_set, IpvsTable};
+use desired::{owned_by_proxy, Delta, Desired, IpsetEntry, ServiceDesired};
 use fixtures::*;
 use ipset::SetKind;
 use ipvs_netlink::{Family, Op, Protocol, Service, ServiceFlags, ServiceKey, Stats};
 use k8s_openapi::api::core::v1::Service as KubeService;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use proxier::desired::{owned_by_proxy, Delta, Desired, IpsetEntry, ServiceDesired};
-use proxier::diff::{diff_ipvs, diff_set, IpvsTable};
-use proxier::model::{NodeInfo, ProxyConfig, ServiceName};
+use model::{NodeInfo, ProxyConfig, ServiceName};
 
 const N: usize = 1_000;
 const EPS: usize = 10;
@@ -125,7 +125,7 @@ fn model_desired_1000_services_change_one_endpoint() {
 
 /// Executes ops on an in-memory table (a model of the kernel) to check deltas compose.
 fn apply_ops(t: &mut IpvsTable, ops: &[Op]) {
-    use proxier::diff::VirtualServer;
+    use desired::diff::VirtualServer;
     for op in ops {
         match op {
             Op::NewService(s) => {
@@ -288,7 +288,7 @@ fn model_desired_startup_adopts_and_repairs_drift() {
     for k in [stale_key, excluded_key, fwmark_key, v6_key] {
         actual.insert(
             k,
-            proxier::diff::VirtualServer::new(Service::new(k, "rr"), []),
+            desired::diff::VirtualServer::new(Service::new(k, "rr"), []),
         );
     }
     let owned = owned_by_proxy(&cfg);

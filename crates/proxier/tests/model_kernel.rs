@@ -7,12 +7,12 @@
 
 mod fixtures;
 
+use desired::Desired;
 use fixtures::*;
 use ipset::{Ipset, Runner, SetKind};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use proxier::desired::Desired;
-use proxier::model::{ProxyConfig, ServiceName};
+use model::{ProxyConfig, ServiceName};
 use testkit::netns::Netns;
 
 fn services(v6: bool) -> Vec<(Service, Vec<EndpointSlice>)> {

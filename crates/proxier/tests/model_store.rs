@@ -6,9 +6,9 @@ mod fixtures;
 use std::collections::BTreeSet;
 
 use fixtures::*;
-use proxier::model::ServiceName;
-use proxier::source::{Kind, Object, SourceEvent};
-use proxier::store::Store;
+use model::event::{Kind, Object, SourceEvent};
+use model::store::Store;
+use model::ServiceName;
 
 fn svc_obj(name: &str, ip: &str) -> Object {
     Object::from(svc("ns", name, ip).port("http", 80, "TCP").build())

@@ -17,11 +17,11 @@ use fixtures::{endpoints, service_ports};
 use ipvs_netlink::Family;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use proptest::prelude::*;
-use proxier::model::{
+use model::{
     select_endpoints, validate_slice, Invalid, ProxyConfig, Rejections,
     MAX_ENDPOINTS_PER_SERVICE_PORT,
 };
+use proptest::prelude::*;
 use serde_json::json;
 
 fn ip_text() -> impl Strategy<Value = String> {

@@ -9,10 +9,10 @@ use std::net::IpAddr;
 
 use fixtures::*;
 use ipvs_netlink::{Protocol, ServiceKey};
+use model::event::{Kind, Object, SourceEvent};
+use model::store::Store;
 use proxier::ipvs_mode::{Proxier, RulesConfig, SyncKind};
 use proxier::kernel::Kernel;
-use proxier::source::{Kind, Object, SourceEvent};
-use proxier::store::Store;
 use testkit::fake_kernel::FakeKernel;
 
 fn service_ev(i: usize) -> Object {
@@ -584,7 +584,7 @@ fn loop_reports_pending_changes_until_the_sync() {
 #[test]
 fn loop_reports_network_programming_triggers_and_ipvs_counts() {
     use ipvs_netlink::{Family, OpCounts, OpKind};
-    use proxier::model::LAST_CHANGE_TRIGGER_TIME_ANNOTATION;
+    use model::LAST_CHANGE_TRIGGER_TIME_ANNOTATION;
     use proxier::sync_loop::{run, Backend, Exit, Input, SyncObserver};
     use std::sync::Mutex;
     use std::time::{Duration, SystemTime};

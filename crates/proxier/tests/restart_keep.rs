@@ -14,11 +14,11 @@ use std::time::Duration;
 use fixtures::*;
 use ipvs_netlink::{Protocol, ServiceKey};
 use k8s_openapi::api::core::v1::Service;
+use model::event::{Kind, Object, SourceEvent};
+use model::store::Store;
+use model::{ProxyConfig, ServiceName};
 use proxier::adopt::unresolved_node_ports;
 use proxier::ipvs_mode::{Proxier, RulesConfig, SyncKind};
-use proxier::model::{ProxyConfig, ServiceName};
-use proxier::source::{Kind, Object, SourceEvent};
-use proxier::store::Store;
 use proxier::sync_loop::{self, Backend, Exit, FamilyProxier, Input, LoopConfig, NoObserver};
 use testkit::fake_kernel::{FakeKernel, SharedFakeKernel};
 
@@ -617,7 +617,7 @@ fn a_burst_far_beyond_the_channel_capacity_loses_nothing() {
         } else {
             assert_eq!(
                 got,
-                Some(&proxier::objects::Svc::from(&service(i, ROUNDS - 1))),
+                Some(&model::objects::Svc::from(&service(i, ROUNDS - 1))),
                 "s-{i} latest version"
             );
         }

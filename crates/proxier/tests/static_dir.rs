@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use proxier::source::static_dir::{self, StaticDirError, StaticDirSource};
-use proxier::source::{Kind, Object, SourceEvent};
+use ::watch::static_dir::{self, StaticDirError, StaticDirSource};
+use model::event::{Kind, Object, SourceEvent};
 use tokio::sync::mpsc;
 
 /// A temporary directory removed on drop.
@@ -614,8 +614,9 @@ ports: [{port: 80, protocol: TCP}]
 /// of the excluding labels, with any value, beside unrelated labels.
 #[test]
 fn handled_by_proxy_agrees_with_the_kube_label_selector() {
-    use proxier::source::{handled_by_proxy, kube::proxy_label_selector};
+    use model::event::handled_by_proxy;
     use std::collections::BTreeMap;
+    use watch::kube::proxy_label_selector;
     let sel = testkit::apiserver::LabelSelector::parse(&proxy_label_selector()).unwrap();
     let keys = [
         "service.kubernetes.io/service-proxy-name",
@@ -652,12 +653,12 @@ fn the_store_shares_the_sources_objects() {
         "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: a-1\n  labels:\n    kubernetes.io/service-name: a\naddressType: IPv4\nendpoints:\n- addresses: [10.244.1.2]\n  nodeName: n1\nports:\n- port: 8080\n",
     );
     let mut state = static_dir::DirState::new(dir.path(), "h");
-    let mut store = proxier::store::Store::default();
+    let mut store = model::store::Store::default();
     for ev in state.scan(false).unwrap().events {
         store.apply(ev);
     }
-    let name = proxier::model::ServiceName::new("default", "a");
-    let shared = |state: &static_dir::DirState, store: &proxier::store::Store| {
+    let name = model::ServiceName::new("default", "a");
+    let shared = |state: &static_dir::DirState, store: &model::store::Store| {
         let snap = state.snapshot();
         let svc = store.service(&name).unwrap();
         let slices = store.slices_of(&name);

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use proxier::source::static_dir;
+use ::watch::static_dir;
 
 fn examples_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples")
@@ -95,7 +95,7 @@ fn examples_cover_the_documented_features() {
     assert!(s
         .endpoint_slices
         .iter()
-        .any(|e| e.address_type == proxier::objects::AddressType::V6));
+        .any(|e| e.address_type == model::objects::AddressType::V6));
     assert!(s
         .endpoint_slices
         .iter()

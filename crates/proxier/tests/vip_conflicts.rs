@@ -14,10 +14,10 @@ use fixtures::*;
 use ipvs_netlink::{Protocol, ServiceKey};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use model::event::{Object, SourceEvent};
+use model::store::Store;
 use proxier::ipvs_mode::{Proxier, RulesConfig, SyncKind, SyncReport};
 use proxier::kernel::Kernel;
-use proxier::source::{Object, SourceEvent};
-use proxier::store::Store;
 use testkit::fake_kernel::FakeKernel;
 
 const VIP: &str = "203.0.113.10";
@@ -138,7 +138,7 @@ fn the_older_service_serves_the_vip_whatever_the_order() {
         assert_eq!(lost.len(), 1, "order {i}: {rejected:?}");
         assert_eq!(lost[0].0, "vip aa/newer");
         assert!(
-            lost[0].1.starts_with(proxier::vip::CONFLICT_PREFIX)
+            lost[0].1.starts_with(desired::vip::CONFLICT_PREFIX)
                 && lost[0]
                     .1
                     .contains("203.0.113.10:80/TCP is served by zz/older"),

@@ -6,9 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use conntrack::ConntrackFilter;
+use desired::diff::{IpvsTable, VirtualServer};
 use ipset::{IpsetDiff, IpsetState};
 use ipvs_netlink::{Op, OpKind, ServiceKey};
-use proxier::diff::{IpvsTable, VirtualServer};
 use proxier::kernel::{Kernel, KernelCounters, KernelError};
 
 /// An in-memory kernel for tests: applies operations like the kernel would (EEXIST/ENOENT

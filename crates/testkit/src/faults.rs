@@ -20,9 +20,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use conntrack::{ConntrackError, ConntrackFilter};
+use desired::diff::IpvsTable;
 use ipset::{IpsetDiff, IpsetState};
 use ipvs_netlink::{Op, OpKind, ServiceKey};
-use proxier::diff::IpvsTable;
 use proxier::iptables_mode::RestoreRunner;
 use proxier::kernel::{Kernel, KernelCounters, KernelError};
 use proxier::retry::Subsystem;

@@ -272,9 +272,7 @@ impl Backend for IptablesBackend {
     fn take_rejections(&mut self) -> Vec<(String, String)> {
         self.inner.take_rejections()
     }
-    fn health_checks(
-        &self,
-    ) -> BTreeMap<proxier::model::ServiceName, proxier::desired::HealthCheck> {
+    fn health_checks(&self) -> BTreeMap<model::ServiceName, desired::HealthCheck> {
         self.inner.health_checks()
     }
 }

@@ -25,13 +25,13 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
 
+use desired::HealthCheck;
 use ipvs_netlink::{Family, Op};
-use proxier::desired::HealthCheck;
+use model::event::SourceEvent;
+use model::store::{Changes, Store};
+use model::{ProxyConfig, ServiceName};
 use proxier::ipvs_mode::{DrainConfig, Proxier, RulesConfig, SyncReport};
-use proxier::model::{ProxyConfig, ServiceName};
 use proxier::retry::{RetryPolicy, Subsystem};
-use proxier::source::SourceEvent;
-use proxier::store::{Changes, Store};
 use proxier::sync_loop::{self, Backend, Exit, FamilyProxier, Input, LoopConfig, SyncObserver};
 
 use crate::config::{Config, DetectLocal, NodePortAddress, ProxyMode};

@@ -64,7 +64,7 @@ impl Rejection {
             "EndpointSlice" => ("discovery.k8s.io/v1", "EndpointSlice"),
             _ => ("v1", "Service"),
         };
-        let conflict = self.reason.starts_with(proxier::vip::CONFLICT_PREFIX);
+        let conflict = self.reason.starts_with(desired::vip::CONFLICT_PREFIX);
         crate::events::EventRequest {
             regarding: crate::events::Regarding {
                 api_version,
@@ -145,7 +145,7 @@ pub const INVALID_REASON_LABELS: &[&str] = &[
 /// `10000 endpoints (max 1000)` → `too_many_endpoints`; always one of
 /// [`INVALID_REASON_LABELS`] (`other` for anything unknown, e.g. a quoted value with spaces).
 pub fn reason_label(reason: &str) -> &'static str {
-    if reason.starts_with(proxier::vip::CONFLICT_PREFIX) {
+    if reason.starts_with(desired::vip::CONFLICT_PREFIX) {
         return "vip_conflict";
     }
     let words: Vec<String> = reason

@@ -68,7 +68,7 @@ pub(super) fn saved_target(line: &str) -> Option<&str> {
 /// with their saved rules. The ports' model inputs are only what the object still tells
 /// (name, protocol, VIPs); endpoints are not known, so conntrack cleanup treats them as none.
 pub(super) fn adopt_saved_rules(
-    svc: &crate::objects::Svc,
+    svc: &model::objects::Svc,
     cfg: &ProxyConfig,
     saved: &BTreeMap<Table, &str>,
 ) -> Vec<PortState> {

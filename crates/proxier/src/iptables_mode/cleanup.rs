@@ -85,7 +85,7 @@ pub fn cleanup_ipvs_mode_leftovers(
         report.link_deleted = rt.block_on(netif.delete_dummy())?;
     }
     if let Some(client) = ipvs {
-        let owned = crate::desired::owned_by_proxy(cfg);
+        let owned = desired::owned_by_proxy(cfg);
         let ops: Vec<ipvs_netlink::Op> = client
             .dump()?
             .into_iter()

@@ -29,16 +29,16 @@ use iptables::proxy_mode::{
 use iptables::{Iptables, Table};
 use ipvs_netlink::{Family, Protocol};
 
-use crate::desired::HealthCheck;
 use crate::ipvs_mode::{RulesConfig, SyncKind, SyncReport};
 use crate::kernel::KernelError;
-use crate::model::{
+use crate::retry::{Backoff, RetryPolicy, Subsystem};
+use crate::sync_loop::Backend;
+use desired::HealthCheck;
+use model::store::{Changes, Store};
+use model::{
     endpoints, select_endpoints, service_ports, Endpoint, Invalid, NoLocalEndpoints, NodeInfo,
     ProxyConfig, Rejections, ServiceName, ServicePort,
 };
-use crate::retry::{Backoff, RetryPolicy, Subsystem};
-use crate::store::{Changes, Store};
-use crate::sync_loop::Backend;
 
 mod adopt;
 mod cleanup;
@@ -122,7 +122,7 @@ struct PortState {
     /// Local traffic policies that leave this port without endpoints (for the metric).
     no_local: NoLocalEndpoints,
     /// What the health-check node port counts for this port (see
-    /// [`crate::model::SelectedEndpoints::health_check_ips`]).
+    /// [`model::SelectedEndpoints::health_check_ips`]).
     health_ips: Vec<IpAddr>,
 }
 
@@ -143,7 +143,7 @@ pub struct IptablesProxier {
     /// Retries of failed saves and restores ([`crate::retry`]'s one policy).
     retry: Backoff,
     rejections: Rejections,
-    vips: crate::vip::VipClaims,
+    vips: desired::vip::VipClaims,
     conntrack: Vec<UdpConntrackCleanup>,
     last_payload_bytes: usize,
     chains_written: usize,
@@ -206,8 +206,8 @@ pub type PortRules = (Vec<DerivedPort>, Vec<(String, Invalid)>);
 /// The iptables-mode input of every port of one Service (`Ok(vec![])` when the proxy does not
 /// handle it), with the EndpointSlices skipped as invalid.
 pub fn service_port_rules(
-    svc: &crate::objects::Svc,
-    slices: &[&crate::objects::Slice],
+    svc: &model::objects::Svc,
+    slices: &[&model::objects::Slice],
     cfg: &ProxyConfig,
     node: &NodeInfo,
 ) -> Result<PortRules, Invalid> {
@@ -285,7 +285,7 @@ impl IptablesProxier {
             pod_cidrs: Vec::new(),
             retry: Backoff::new(RetryPolicy::default()),
             rejections: Rejections::default(),
-            vips: crate::vip::VipClaims::default(),
+            vips: desired::vip::VipClaims::default(),
             conntrack: Vec::new(),
             last_payload_bytes: 0,
             chains_written: 0,
@@ -395,7 +395,7 @@ impl IptablesProxier {
         report: &mut SyncReport,
     ) -> BTreeMap<ServiceName, Option<Vec<PortState>>> {
         let mut changed = BTreeMap::new();
-        // Services whose external VIP claims change hands are derived too (see `crate::vip`).
+        // Services whose external VIP claims change hands are derived too (see `desired::vip`).
         let names = self.vips.update(store, &self.cfg, names);
         report.vip_conflicts = self.vips.conflicts();
         for name in names {
@@ -418,7 +418,7 @@ impl IptablesProxier {
                             // Claims another Service wins are not rendered.
                             for p in ports.iter_mut().map(|d| &mut d.rules) {
                                 let won = |ip: &IpAddr| {
-                                    !lost.contains_key(&crate::vip::Vip {
+                                    !lost.contains_key(&desired::vip::Vip {
                                         ip: *ip,
                                         port: p.port,
                                         protocol: p.protocol,
@@ -431,7 +431,7 @@ impl IptablesProxier {
                                 p.external_ips = ext;
                                 p.load_balancer_ips = lb;
                             }
-                            match crate::vip::conflict_reason(&lost) {
+                            match desired::vip::conflict_reason(&lost) {
                                 Some(why) => {
                                     self.rejections.reject(&vip_key, &why);
                                 }

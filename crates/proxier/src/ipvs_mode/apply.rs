@@ -148,7 +148,7 @@ impl Proxier {
                 mark: m.mark,
             })
             .collect();
-        input.in_cluster_mask = crate::desired::IN_CLUSTER_MARK_MASK;
+        input.in_cluster_mask = desired::IN_CLUSTER_MARK_MASK;
         iptables::render_ipvs_mode(&input)
     }
 

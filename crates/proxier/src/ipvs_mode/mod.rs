@@ -2,7 +2,7 @@
 //!
 //! Two kinds of sync:
 //! - **incremental**: only the services marked dirty since the last sync are re-derived; the
-//!   [`Delta`] of those services is applied in the order written in [`crate::diff`]. No kernel
+//!   [`Delta`] of those services is applied in the order written in [`desired::diff`]. No kernel
 //!   read, no dump: work is proportional to the change.
 //! - **full** (startup and every `syncPeriod`): one read of each subsystem (one IPVS dump, the
 //!   kube-ipvs0 addresses, one `ipset save`), a diff against the whole desired state, and only
@@ -28,12 +28,12 @@ use conntrack::ConntrackFilter;
 use ipset::{EntryChange, IpsetDiff, SetKind};
 use ipvs_netlink::{Destination, Family, Op, ServiceKey};
 
-use crate::desired::{owned_by_proxy, service_desired_except, Delta, Desired, IpsetEntry};
-use crate::diff::{diff_ipvs, diff_set, IpvsOps, IpvsTable};
 use crate::kernel::{Kernel, KernelError};
-use crate::model::{NodeInfo, ProxyConfig, Rejections, ServiceName};
 use crate::retry::{Backoff, RetryPolicy, Subsystem};
-use crate::store::{Changes, Store};
+use desired::diff::{diff_ipvs, diff_set, IpvsOps, IpvsTable};
+use desired::{owned_by_proxy, service_desired_except, Delta, Desired, IpsetEntry};
+use model::store::{Changes, Store};
+use model::{NodeInfo, ProxyConfig, Rejections, ServiceName};
 
 /// iptables settings that do not come from services.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -165,7 +165,7 @@ pub struct Proxier {
     recheck_addresses: bool,
     set_counts: BTreeMap<SetKind, usize>,
     rejections: Rejections,
-    vips: crate::vip::VipClaims,
+    vips: desired::vip::VipClaims,
     drain: DrainConfig,
     draining: BTreeMap<(ServiceKey, IpAddr, u16), Instant>,
     drain_due: Option<Instant>,
@@ -246,7 +246,7 @@ impl Proxier {
             recheck_addresses: false,
             set_counts: BTreeMap::new(),
             rejections: Rejections::default(),
-            vips: crate::vip::VipClaims::default(),
+            vips: desired::vip::VipClaims::default(),
             drain: DrainConfig::default(),
             draining: BTreeMap::new(),
             drain_due: None,
@@ -365,7 +365,7 @@ impl Proxier {
     }
 
     /// Objects newly rejected since the last call (see [`Rejections::take_new`]).
-    pub fn take_rejections(&mut self) -> Vec<(String, crate::model::Invalid)> {
+    pub fn take_rejections(&mut self) -> Vec<(String, model::Invalid)> {
         self.rejections.take_new()
     }
 
@@ -517,7 +517,7 @@ impl Proxier {
         node: &NodeInfo,
         names: impl IntoIterator<Item = ServiceName>,
         report: &mut SyncReport,
-    ) -> Vec<(ServiceName, Option<crate::desired::ServiceDesired>)> {
+    ) -> Vec<(ServiceName, Option<desired::ServiceDesired>)> {
         let mut changes = Vec::new();
         let names = self.vips.update(store, &self.cfg, names);
         for name in names {
@@ -534,18 +534,18 @@ impl Proxier {
             };
             let slices = store.slices_of(&name);
             let lost = self.vips.lost(&name);
-            let lost_vips: BTreeSet<crate::vip::Vip> = lost.keys().copied().collect();
+            let lost_vips: BTreeSet<desired::vip::Vip> = lost.keys().copied().collect();
             match service_desired_except(svc, &slices, &self.cfg, node, &lost_vips) {
                 Ok(d) => {
                     self.rejections.clear(&key);
                     self.to_adopt.remove(&name);
-                    match crate::vip::conflict_reason(&lost) {
+                    match desired::vip::conflict_reason(&lost) {
                         Some(why) => {
                             self.rejections.reject(&vip_key, &why);
                         }
                         None => self.rejections.clear(&vip_key),
                     }
-                    let slices: Vec<(String, crate::model::Invalid)> = d
+                    let slices: Vec<(String, model::Invalid)> = d
                         .rejected_slices
                         .iter()
                         .map(|(slice, why)| {

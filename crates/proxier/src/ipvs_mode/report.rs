@@ -52,7 +52,7 @@ pub struct SyncReport {
     pub retrying: BTreeSet<Subsystem>,
     /// Wall time.
     pub duration: Duration,
-    /// External VIP claims lost to another Service after this sync (see [`crate::vip`]).
+    /// External VIP claims lost to another Service after this sync (see [`desired::vip`]).
     pub vip_conflicts: usize,
     /// Where the wall time went, phase by phase in the order they ran (for the log: which
     /// part of a slow sync was slow).

@@ -176,7 +176,7 @@ impl Proxier {
             }
         }
 
-        // Apply in the order of the contract in `crate::diff`.
+        // Apply in the order of the contract in `desired::diff`.
         let (set_grow, set_shrink) = match set_diff {
             Some(d) => split_set_diff(d),
             None => (IpsetDiff::default(), IpsetDiff::default()),
@@ -294,7 +294,7 @@ impl Proxier {
                     d.virtual_servers.extend(old.virtual_servers.clone());
                     d.addresses.extend(old.addresses.iter().copied());
                     d.ipset_entries.extend(old.ipset_entries.iter().cloned());
-                    d.features = crate::desired::Features(d.features.0 | old.features.0);
+                    d.features = desired::Features(d.features.0 | old.features.0);
                     if d.in_cluster.is_empty() {
                         d.in_cluster = old.in_cluster.clone();
                         d.fwmarks = old.fwmarks.clone();
