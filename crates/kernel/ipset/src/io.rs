@@ -24,9 +24,9 @@ use exec::Output;
 /// Small diffs (an incremental sync touches a handful of members per changed service) take
 /// well under a millisecond this way, while one `ipset restore` process costs ~50 ms whatever
 /// its size. Bulk loads gain too: 50,000 members (10,000 ClusterIP services, 3 local endpoints
-/// each) took 11.2–13.7 s with `ipset restore` and 2.6–2.9 s as pipelined requests in the test
-/// VM (QEMU TCG; 0.80–0.85 s against 0.28–0.34 s on the host), because `ipset` spends that time
-/// parsing its input, not in the kernel. Sets are still created, recreated and destroyed by
+/// each) took 11.2–13.7 s with `ipset restore` and 2.6–2.9 s as pipelined requests from a debug
+/// build in the test VM (QEMU TCG; 0.80–0.85 s against 0.28–0.34 s on the host), because `ipset`
+/// spends that time parsing its input, not in the kernel. Sets are still created, recreated and destroyed by
 /// `ipset restore` (the one path that knows every set type's options).
 pub const NETLINK_MAX_MEMBERS: usize = usize::MAX;
 
