@@ -166,10 +166,7 @@ where
         self.granted = false;
         if let Some(bucket) = &self.bucket {
             if is_continuation(req.uri()) {
-                match bucket.lock() {
-                    Ok(mut g) => g.refund(),
-                    Err(p) => p.into_inner().refund(),
-                }
+                bucket.lock().unwrap_or_else(|p| p.into_inner()).refund();
             }
         }
         self.inner.call(req)

@@ -263,10 +263,16 @@ fn udp_real_servers_are_deleted_at_once() {
     store.apply(SourceEvent::InitDone(Kind::EndpointSlice));
     let mut p = Proxier::new(cfg4(), RulesConfig::default(), NODE);
     let mut k = FakeKernel::default();
-    assert!(p.sync(&store, &node_addrs(), &mut k).ok());
+    let first = p.sync(&store, &node_addrs(), &mut k);
+    assert!(first.ok());
+    assert_eq!(first.phases.last().map(|(n, _)| *n), Some("remove"));
     let ch = store.apply(SourceEvent::Apply(sl(&["10.244.1.2"])));
     p.note(&ch);
-    assert!(p.sync(&store, &node_addrs(), &mut k).ok());
+    let removed = p.sync(&store, &node_addrs(), &mut k);
+    assert!(removed.ok());
+    // The conntrack cleanup is timed as a phase of its own.
+    let names: Vec<&str> = removed.phases.iter().map(|(n, _)| *n).collect();
+    assert_eq!(names, ["derive", "apply", "conntrack"]);
     let udp = ServiceKey::Inet {
         protocol: Protocol::Udp,
         addr: ip("10.96.0.10"),

@@ -145,11 +145,9 @@ impl Proxier {
     }
 
     /// Deletes the stale UDP conntrack entries this sync's changes (and earlier failed
-    /// cleanups) left behind. On failure the filters are kept and retried with backoff.
+    /// cleanups) left behind (the caller runs it only when there are some). On failure the
+    /// filters are kept and retried with backoff.
     pub(super) fn flush_conntrack(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
-        if self.conntrack.is_empty() {
-            return;
-        }
         let mut filters = std::mem::take(&mut self.conntrack);
         let mut seen = std::collections::HashSet::new();
         filters.retain(|f| seen.insert(*f));

@@ -446,34 +446,48 @@ impl Proxier {
         if self.refresh_pod_cidrs(store) {
             self.recheck_rules = true;
         }
-        let mut report = if self.full_due(now) {
+        let full = self.full_due(now);
+        let incremental = !full && self.applied_once;
+        let mut report = if full {
             self.full_sync(store, node_addresses, kernel)
-        } else if self.applied_once {
-            let mut report = self.incremental_sync(store, node_addresses, kernel);
-            let now = self.now;
-            if self.recheck_addresses && self.retry.address.ready(now) {
-                self.recheck_addresses = false;
-                self.repair_addresses(kernel, &mut report);
-            }
-            if self.recheck_sets && self.retry.ipset.ready(now) {
-                self.repair_sets(kernel, &mut report);
-            }
-            if self.recheck_rules && self.retry.iptables.ready(now) {
-                self.apply_rules(kernel, true, None, &mut report);
-            }
-            report
+        } else if incremental {
+            self.incremental_sync(store, node_addresses, kernel)
         } else {
             // Waiting for the retry of the first full sync's failed read.
             SyncReport::new(SyncKind::Incremental)
         };
+        // The follow-up steps, each timed as a phase of its own when it runs.
+        let t = Instant::now();
+        let mut repaired = false;
+        if incremental {
+            if self.recheck_addresses && self.retry.address.ready(now) {
+                self.recheck_addresses = false;
+                self.repair_addresses(kernel, &mut report);
+                repaired = true;
+            }
+            if self.recheck_sets && self.retry.ipset.ready(now) {
+                self.repair_sets(kernel, &mut report);
+                repaired = true;
+            }
+            if self.recheck_rules && self.retry.iptables.ready(now) {
+                self.apply_rules(kernel, true, None, &mut report);
+                repaired = true;
+            }
+        }
         if !self.repair.is_empty() && self.retry.ipvs.ready(self.now) {
             self.retry_repairs(kernel, &mut report);
+            repaired = true;
         }
-        if self.drain_due.is_some_and(|t| Instant::now() >= t) {
+        let t = if repaired { report.lap("repair", t) } else { t };
+        let t = if self.drain_due.is_some_and(|t| Instant::now() >= t) {
             self.check_drains(kernel, &mut report);
-        }
-        if self.retry.conntrack.ready(self.now) {
+            report.lap("drain", t)
+        } else {
+            t
+        };
+        if !self.conntrack.is_empty() && self.retry.conntrack.ready(self.now) {
             self.flush_conntrack(kernel, &mut report);
+            report.lap("conntrack", t);
         }
         report.vip_conflicts = self.vips.conflicts();
         report.retrying = self.retrying();
