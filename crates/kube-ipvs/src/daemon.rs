@@ -434,7 +434,7 @@ pub async fn run_daemon(config: Config) -> Result<()> {
     };
     if let (Some(c), Some(reason)) = (&client, &fallback_reason) {
         // Loud, in three places: the log (probe::select_mode), the metric, and an Event on the Node.
-        tokio::spawn(crate::engine::publish_node_event(
+        tokio::spawn(crate::events::publish_node_event(
             c.clone(),
             config.node_name.clone(),
             "IPVSUnavailable",
@@ -444,7 +444,7 @@ pub async fn run_daemon(config: Config) -> Result<()> {
     }
     if let (Some(note), Some(c)) = (conntrack_warning, &client) {
         // Upstream's reason for the same case, so existing alerts keep matching.
-        tokio::spawn(crate::engine::publish_node_event(
+        tokio::spawn(crate::events::publish_node_event(
             c.clone(),
             config.node_name.clone(),
             "readOnlySysFS",

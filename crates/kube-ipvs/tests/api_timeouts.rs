@@ -15,7 +15,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube_ipvs::cli;
 use kube_ipvs::config::{self, KubeClientConfig};
 use kube_ipvs::daemon::{kube_client, KUBE_CONNECT_TIMEOUT, KUBE_READ_TIMEOUT, KUBE_WRITE_TIMEOUT};
-use kube_ipvs::engine::{publish_bounded, PublishError, EVENT_PUBLISH_TIMEOUT};
+use kube_ipvs::events::{publish_bounded, PublishError, EVENT_PUBLISH_TIMEOUT};
 
 /// Guard against a regression hanging the test run: far above every limit the tests set.
 const GUARD: Duration = Duration::from_secs(120);

@@ -4,15 +4,12 @@
 //! Its parts: `kernel` opens the node's kernel and builds each mode's backend (IPVS and
 //! iptables, the handover cleanup); `sysctls` sets the sysctls and conntrack settings;
 //! `observer` turns sync reports into metrics, health, health-check node ports and
-//! rejection Events; `events` publishes Events with a time limit. This file wires them to the
-//! sync-loop thread.
+//! rejection Events. This file wires them to the sync-loop thread.
 
-mod events;
 mod kernel;
 mod observer;
 mod sysctls;
 
-pub use events::{publish_bounded, publish_node_event, PublishError, EVENT_PUBLISH_TIMEOUT};
 pub use kernel::{
     cleanup, iptables_backend, ipvs_backend, ipvs_kernel, ipvs_kernel_parts, retry_policy,
     set_ipvs_timeouts, IptablesBackend,
