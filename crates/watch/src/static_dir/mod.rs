@@ -37,6 +37,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 mod apply;
+mod block;
 mod parse;
 mod state;
 mod watch;

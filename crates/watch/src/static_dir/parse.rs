@@ -7,6 +7,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::{StaticDirError, SERVICE_NAME_LABEL};
@@ -47,20 +48,19 @@ fn parse_typed(path: &Path, text: &str) -> Option<FileObjects> {
     let mut out = FileObjects::default();
     for (i, doc) in documents(text)?.into_iter().enumerate() {
         let where_ = || format!("{}: document {}", path.display(), i + 1);
-        let opts = || parse_options(doc);
         match top_level_kind(doc)? {
             "Service" => {
-                let s: Service = serde_saphyr::from_str_with_options(doc, opts()).ok()?;
+                let s: Service = typed(doc)?;
                 named(&s.metadata)?;
                 accept_service(s, &where_, &mut out);
             }
             "EndpointSlice" => {
-                let s: EndpointSlice = serde_saphyr::from_str_with_options(doc, opts()).ok()?;
+                let s: EndpointSlice = typed(doc)?;
                 named(&s.metadata)?;
                 accept_slice(s, &where_, &mut out);
             }
             "Node" => {
-                let n: Node = serde_saphyr::from_str_with_options(doc, opts()).ok()?;
+                let n: Node = typed(doc)?;
                 named(&n.metadata)?;
                 out.nodes.push(n);
             }
@@ -68,6 +68,18 @@ fn parse_typed(path: &Path, text: &str) -> Option<FileObjects> {
         }
     }
     Some(out)
+}
+
+/// One document into its type: through the fast block reader ([`super::block`]) when it takes
+/// the document and the value fits the type, else through serde-saphyr (which coerces scalars
+/// to the field types and has the last word); `None` when neither gives the type.
+fn typed<T: DeserializeOwned>(doc: &str) -> Option<T> {
+    if let Some(value) = super::block::read(doc) {
+        if let Ok(t) = T::deserialize(value) {
+            return Some(t);
+        }
+    }
+    serde_saphyr::from_str_with_options(doc, parse_options(doc)).ok()
 }
 
 /// `Some(())` when the object has a name (the general path words the error otherwise).
