@@ -81,6 +81,21 @@ pub trait Kernel {
         add: &[IpAddr],
         del: &[IpAddr],
     ) -> Vec<(IpAddr, Result<(), KernelError>)>;
+    /// Starts binding `add` on kube-ipvs0 and returns at once when the kernel can bind them
+    /// while the caller goes on (the real node: a task on its runtime, on the address socket,
+    /// so a full sync programs IPVS meanwhile); [`Kernel::finish_address_adds`] returns the
+    /// results. By default nothing starts before `finish_address_adds`, which binds them as
+    /// [`Kernel::apply_addresses`] does.
+    fn start_address_adds(&mut self, add: &[IpAddr]) -> AddressAdds {
+        AddressAdds::deferred(add)
+    }
+    /// The results of [`Kernel::start_address_adds`], one per address, waiting for them.
+    fn finish_address_adds(&mut self, adds: AddressAdds) -> Vec<(IpAddr, Result<(), KernelError>)> {
+        match adds.0 {
+            Adds::Deferred(add) => self.apply_addresses(&add, &[]),
+            Adds::Running { add, rt, task } => join_address_adds(&add, &rt, task),
+        }
+    }
     /// The sets the proxy owns (by name), as the kernel has them.
     fn read_ipsets(&mut self, owned: &[String]) -> Result<IpsetState, KernelError>;
     /// Applies an ipset diff in one batch; returns the rejected lines as messages naming their
@@ -99,10 +114,59 @@ pub trait Kernel {
     fn counters(&self) -> KernelCounters;
 }
 
+/// Address binds started by [`Kernel::start_address_adds`].
+#[derive(Debug)]
+pub struct AddressAdds(Adds);
+
+#[derive(Debug)]
+enum Adds {
+    /// Not started yet.
+    Deferred(Vec<IpAddr>),
+    /// Running as a task on `rt`.
+    Running {
+        add: Vec<IpAddr>,
+        rt: tokio::runtime::Handle,
+        task: tokio::task::JoinHandle<Vec<(IpAddr, Result<(), netif::Error>)>>,
+    },
+}
+
+impl AddressAdds {
+    /// Binds that start only when finished (the default of [`Kernel::start_address_adds`]).
+    pub fn deferred(add: &[IpAddr]) -> Self {
+        Self(Adds::Deferred(add.to_vec()))
+    }
+}
+
+/// Waits for an address task. A task that ended without its results (a panic, or the
+/// runtime shutting down) leaves every address's state unknown: each is reported as a
+/// transport failure, which schedules the address recheck like any failed bind.
+fn join_address_adds(
+    add: &[IpAddr],
+    rt: &tokio::runtime::Handle,
+    task: tokio::task::JoinHandle<Vec<(IpAddr, Result<(), netif::Error>)>>,
+) -> Vec<(IpAddr, Result<(), KernelError>)> {
+    match rt.block_on(task) {
+        Ok(results) => results
+            .into_iter()
+            .map(|(ip, r)| (ip, r.map_err(KernelError::from)))
+            .collect(),
+        Err(e) => add
+            .iter()
+            .map(|ip| {
+                let e = netif::Error::Transport {
+                    object: format!("{ip} on {}", netif::DUMMY_LINK),
+                    detail: format!("the address task ended without results: {e}"),
+                };
+                (*ip, Err(KernelError::from(e)))
+            })
+            .collect(),
+    }
+}
+
 /// The real node: IPVS, kube-ipvs0, ipsets and iptables of one address family.
 pub struct NodeKernel {
     ipvs: ipvs_netlink::Client,
-    netif: netif::Netif,
+    netif: std::sync::Arc<netif::Netif>,
     ipset: ipset::Ipset,
     iptables: iptables::Iptables,
     rt: tokio::runtime::Handle,
@@ -137,7 +201,7 @@ impl NodeKernel {
         }
         NodeKernel {
             ipvs,
-            netif,
+            netif: std::sync::Arc::new(netif),
             ipset,
             iptables,
             rt,
@@ -206,6 +270,25 @@ impl Kernel for NodeKernel {
             .collect()
     }
 
+    fn start_address_adds(&mut self, add: &[IpAddr]) -> AddressAdds {
+        // A current-thread runtime runs tasks only inside its own block_on: nothing to gain.
+        if add.is_empty() || self.rt.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread
+        {
+            return AddressAdds::deferred(add);
+        }
+        let netif = std::sync::Arc::clone(&self.netif);
+        let diff = netif::AddrDiff {
+            add: add.iter().copied().collect(),
+            remove: BTreeSet::new(),
+        };
+        let task = self.rt.spawn(async move { netif.apply(&diff).await });
+        AddressAdds(Adds::Running {
+            add: add.to_vec(),
+            rt: self.rt.clone(),
+            task,
+        })
+    }
+
     fn read_ipsets(&mut self, owned: &[String]) -> Result<IpsetState, KernelError> {
         Ok(self.ipset.read(owned)?)
     }
@@ -265,5 +348,71 @@ impl Kernel for NodeKernel {
         let report = ct.delete(filters)?;
         self.conntrack_deleted += report.deleted;
         Ok(report.deleted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ips() -> Vec<IpAddr> {
+        ["10.96.0.1", "10.96.0.2"]
+            .iter()
+            .filter_map(|s| s.parse().ok())
+            .collect()
+    }
+
+    /// An address task that dies (here: panics) leaves its addresses unknown: each one is a
+    /// transport failure naming it, so the sync reports it and rechecks the addresses.
+    #[test]
+    fn an_address_task_without_results_fails_every_address() {
+        let Ok(rt) = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+        else {
+            panic!("no runtime");
+        };
+        let task = rt.spawn(async {
+            if true {
+                panic!("injected: the address task dies");
+            }
+            Vec::new()
+        });
+        let results = join_address_adds(&ips(), rt.handle(), task);
+        assert_eq!(results.len(), 2);
+        for ((ip, r), want) in results.iter().zip(ips()) {
+            assert_eq!(*ip, want);
+            let e = r
+                .as_ref()
+                .err()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            assert!(
+                e.contains(&format!("{want} on kube-ipvs0")) && e.contains("without results"),
+                "{e}"
+            );
+        }
+    }
+
+    /// Its results, when it has them, are the addresses' own.
+    #[test]
+    fn an_address_task_reports_each_address() {
+        let Ok(rt) = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+        else {
+            panic!("no runtime");
+        };
+        let done: Vec<(IpAddr, Result<(), netif::Error>)> = vec![
+            (ips()[0], Ok(())),
+            (ips()[1], Err(netif::Error::NoSuchLink("kube-ipvs0".into()))),
+        ];
+        let task = rt.spawn(async move { done });
+        let results = join_address_adds(&ips(), rt.handle(), task);
+        assert!(results[0].1.is_ok());
+        assert!(matches!(
+            results[1].1,
+            Err(KernelError::Netif(netif::Error::NoSuchLink(_)))
+        ));
     }
 }

@@ -17,11 +17,21 @@ use crate::{bounded, kernel, Error, REQUEST_TIMEOUT};
 /// Pause before retrying a failed resynchronisation dump.
 const RESYNC_RETRY: Duration = Duration::from_secs(1);
 
+/// A message arriving within this time of the previous one joins its burst (one published
+/// snapshot per burst: binding 10,000 ClusterIPs on kube-ipvs0 is 10,000 events, and each
+/// published snapshot is a copy of every address on the node).
+const BURST_QUIET: Duration = Duration::from_millis(10);
+
+/// The longest a burst is held before its snapshot is published (the added latency of a node
+/// address change is at most this).
+const BURST_MAX: Duration = Duration::from_millis(100);
+
 type Messages = UnboundedReceiver<(NetlinkMessage<RouteNetlinkMessage>, SocketAddr)>;
 
 /// Tracks the node's links and addresses from rtnetlink events (RTNLGRP_LINK,
 /// RTNLGRP_IPV4_IFADDR, RTNLGRP_IPV6_IFADDR) after one initial dump, and publishes each change
-/// through a watch channel. A socket overrun (events lost) triggers a fresh dump. Dropping it
+/// through a watch channel, one snapshot per burst of events (a burst ends after
+/// [`BURST_QUIET`] without events, or [`BURST_MAX`] after it began). A socket overrun (events lost) triggers a fresh dump. Dropping it
 /// stops the tracking task.
 pub struct NodeAddresses {
     rx: watch::Receiver<NodeAddressSet>,
@@ -119,15 +129,27 @@ async fn run(handle: Handle, mut messages: Messages, tx: watch::Sender<NodeAddre
         let mut changed = false;
         let mut resync = false;
         let mut step = handle_message(&mut state, first);
-        // Drain what is already queued so a burst gives one notification.
+        // A burst gives one notification: what is queued is drained, and while messages keep
+        // coming within BURST_QUIET of each other they join it, for at most BURST_MAX.
+        let deadline = tokio::time::Instant::now() + BURST_MAX;
         loop {
             match step {
                 Step::Changed => changed = true,
                 Step::Resync => resync = true,
                 Step::Unchanged => {}
             }
-            match messages.try_recv() {
-                Ok((m, _)) => step = handle_message(&mut state, m),
+            if let Ok((m, _)) = messages.try_recv() {
+                step = handle_message(&mut state, m);
+                continue;
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                break;
+            }
+            let wait = BURST_QUIET.min(deadline - now);
+            match tokio::time::timeout(wait, messages.next()).await {
+                Ok(Some((m, _))) => step = handle_message(&mut state, m),
+                // Quiet (or the stream ended: the next round reports that).
                 _ => break,
             }
         }
@@ -146,6 +168,7 @@ async fn run(handle: Handle, mut messages: Messages, tx: watch::Sender<NodeAddre
             }
         }
         if changed {
+            state.note_published();
             tx.send_replace(state.clone());
         }
     }

@@ -100,6 +100,7 @@ pub struct NodeAddressSet {
     links: BTreeMap<u32, LinkAddrs>,
     dummy_deletions: u64,
     full_dumps: u64,
+    published: u64,
 }
 
 /// Upstream kube-proxy leaves loopback and IPv6 link-local addresses out of the node IPs.
@@ -197,6 +198,17 @@ impl NodeAddressSet {
     /// How many full dumps built this state (1 after start; more only after a socket overrun).
     pub fn full_dumps(&self) -> u64 {
         self.full_dumps
+    }
+
+    /// How many snapshots the tracker published since it started, this one included (one per
+    /// burst of changes, not one per event).
+    pub fn published(&self) -> u64 {
+        self.published
+    }
+
+    /// Counts one more published snapshot (the tracker, right before publishing).
+    pub(crate) fn note_published(&mut self) {
+        self.published += 1;
     }
 
     fn other_links(&self) -> impl Iterator<Item = &LinkAddrs> {

@@ -223,13 +223,19 @@ pub fn forward_node_addresses(
     let mut rx = tracker.subscribe();
     tokio::spawn(async move {
         let mut deletions = rx.borrow().dummy_deletions();
+        // The loop ignores unchanged node IPs anyway; most changes (kube-ipvs0's own
+        // addresses) leave them as they were, and need not wake it.
+        let mut sent = None;
         while rx.changed().await.is_ok() {
             let (ips, del) = {
                 let s = rx.borrow();
                 (s.node_ips(), s.dummy_deletions())
             };
-            if !tx.send(Input::NodeAddresses(ips)).await {
-                return;
+            if sent.as_ref() != Some(&ips) {
+                sent = Some(ips.clone());
+                if !tx.send(Input::NodeAddresses(ips)).await {
+                    return;
+                }
             }
             if del != deletions {
                 deletions = del;

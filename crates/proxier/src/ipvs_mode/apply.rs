@@ -345,7 +345,45 @@ impl Proxier {
             return;
         }
         report.address_ops += add.len() + del.len();
-        for (ip, res) in kernel.apply_addresses(add, del) {
+        let results = kernel.apply_addresses(add, del);
+        self.address_results(results, report);
+    }
+
+    /// Starts binding `add` while the caller goes on (see [`Kernel::start_address_adds`]);
+    /// [`Proxier::finish_addrs`] collects the results.
+    pub(super) fn start_addrs(
+        &mut self,
+        add: &[IpAddr],
+        kernel: &mut dyn Kernel,
+        report: &mut SyncReport,
+    ) -> Option<AddressAdds> {
+        if add.is_empty() {
+            return None;
+        }
+        report.address_ops += add.len();
+        Some(kernel.start_address_adds(add))
+    }
+
+    /// Waits for the binds [`Proxier::start_addrs`] started and handles their results as
+    /// [`Proxier::apply_addrs`] does.
+    pub(super) fn finish_addrs(
+        &mut self,
+        adds: Option<AddressAdds>,
+        kernel: &mut dyn Kernel,
+        report: &mut SyncReport,
+    ) {
+        if let Some(adds) = adds {
+            let results = kernel.finish_address_adds(adds);
+            self.address_results(results, report);
+        }
+    }
+
+    fn address_results(
+        &mut self,
+        results: Vec<(IpAddr, Result<(), KernelError>)>,
+        report: &mut SyncReport,
+    ) {
+        for (ip, res) in results {
             if let Err(e) = res {
                 tracing::warn!(address = %ip, error = %e, "kube-ipvs0 address change failed");
                 report.fail(Subsystem::Address, format!("kube-ipvs0 {ip}: {e}"));

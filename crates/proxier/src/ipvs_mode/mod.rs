@@ -28,7 +28,7 @@ use conntrack::ConntrackFilter;
 use ipset::{EntryChange, IpsetDiff, SetKind};
 use ipvs_netlink::{Destination, Family, Op, ServiceKey};
 
-use crate::kernel::{Kernel, KernelError};
+use crate::kernel::{AddressAdds, Kernel, KernelError};
 use crate::retry::{Backoff, RetryPolicy, Subsystem};
 use desired::diff::{diff_ipvs, diff_set, IpvsOps, IpvsTable};
 use desired::{owned_by_proxy, service_desired_except, Delta, Desired, IpsetEntry};
