@@ -257,6 +257,54 @@ async fn pagination_is_a_consistent_snapshot_and_expires_on_compaction() {
     assert_eq!(all["items"].as_array().unwrap().len(), 8);
 }
 
+/// With a label or field selector the real server cannot count what remains, and leaves
+/// `remainingItemCount` out; the pages still cover exactly the matching objects.
+#[tokio::test]
+async fn selected_pages_have_no_remaining_count_and_cover_every_match() {
+    let s = server().await;
+    let a = s.addr();
+    for i in 0..9 {
+        let labels = if i % 3 == 0 {
+            json!({"service.kubernetes.io/headless": ""})
+        } else {
+            json!({"app": format!("a{i}")})
+        };
+        s.create(
+            &serde_json::from_value::<Service>(svc("default", &format!("s{i}"), labels)).unwrap(),
+        )
+        .unwrap();
+    }
+    let selector = "labelSelector=!service.kubernetes.io/headless";
+    let mut names: Vec<String> = Vec::new();
+    let mut path = format!("/api/v1/services?limit=2&{selector}");
+    let mut pages = 0;
+    loop {
+        let (code, p) = get_json(a, &path).await;
+        assert_eq!(code, 200, "{p}");
+        pages += 1;
+        assert!(
+            p["metadata"].get("remainingItemCount").is_none(),
+            "a count with a selector: {p}"
+        );
+        names.extend(
+            p["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["metadata"]["name"].as_str().unwrap().to_string()),
+        );
+        match p["metadata"]["continue"].as_str() {
+            Some(t) => path = format!("/api/v1/services?limit=2&{selector}&continue={t}"),
+            None => break,
+        }
+    }
+    assert_eq!(names, ["s1", "s2", "s4", "s5", "s7", "s8"]);
+    assert_eq!(pages, 3, "a last full page ends the list");
+    // Without a selector the count is there.
+    let (_, p) = get_json(a, "/api/v1/services?limit=2").await;
+    assert_eq!(p["metadata"]["remainingItemCount"], 7);
+}
+
 #[tokio::test]
 async fn watch_streams_changes_with_label_transitions_and_bookmarks() {
     let s = server().await;

@@ -57,8 +57,19 @@ fn status_response(err: &StatusError) -> Response {
     (code, axum::Json(err.to_status())).into_response()
 }
 
-fn json_response(code: StatusCode, v: &Value) -> Response {
+fn json_response(code: StatusCode, v: &impl serde::Serialize) -> Response {
     (code, axum::Json(v)).into_response()
+}
+
+/// A list response, serialized straight from its page (a `json!` body would copy every item
+/// into a new value first).
+#[derive(serde::Serialize)]
+struct ListBody<'a> {
+    kind: String,
+    #[serde(rename = "apiVersion")]
+    api_version: &'static str,
+    metadata: Value,
+    items: &'a [Value],
 }
 
 fn flag(q: &HashMap<String, String>, k: &str) -> bool {
@@ -207,12 +218,12 @@ fn object_request(
             }
             Ok(json_response(
                 StatusCode::OK,
-                &json!({
-                    "kind": format!("{}List", res.kind()),
-                    "apiVersion": res.api_version(),
-                    "metadata": meta,
-                    "items": page.items,
-                }),
+                &ListBody {
+                    kind: format!("{}List", res.kind()),
+                    api_version: res.api_version(),
+                    metadata: meta,
+                    items: &page.items,
+                },
             ))
         }
         (&Method::GET, Some(name)) => {

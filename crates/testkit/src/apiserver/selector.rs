@@ -196,6 +196,11 @@ impl LabelSelector {
             .map(Self)
     }
 
+    /// True when the selector selects everything (no requirement).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// Whether an object (JSON) satisfies every requirement.
     pub fn matches(&self, obj: &Value) -> bool {
         let labels = obj.pointer("/metadata/labels").and_then(Value::as_object);
@@ -240,6 +245,11 @@ impl FieldSelector {
             reqs.push((field.to_string(), eq, value.trim().to_string()));
         }
         Ok(Self(reqs))
+    }
+
+    /// True when the selector selects everything (no requirement).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 
     /// Whether an object (JSON) satisfies every requirement.

@@ -461,12 +461,18 @@ impl Store {
                 && filter.labels.matches(v)
                 && filter.fields.matches(v)
         });
+        // With a label or field selector the real server cannot know how many items remain
+        // and leaves remainingItemCount out: one more match is enough to know a page follows.
+        let selective = !filter.labels.is_empty() || !filter.fields.is_empty();
         let mut items = Vec::new();
         let mut last: Option<&Key> = None;
         let mut remaining = 0usize;
         for (k, v) in matching {
             if limit.is_some_and(|l| items.len() >= l) {
                 remaining += 1;
+                if selective {
+                    break;
+                }
                 continue;
             }
             let mut item = (*v).clone();
@@ -486,7 +492,7 @@ impl Store {
             rv: at,
             items,
             continue_token,
-            remaining: (remaining > 0).then_some(remaining),
+            remaining: (remaining > 0 && !selective).then_some(remaining),
         })
     }
 
