@@ -182,16 +182,17 @@ impl Proxier {
             None => (IpsetDiff::default(), IpsetDiff::default()),
         };
         let t = report.lap("diff", t);
+        // The new ClusterIPs are bound while the sets, rules and IPVS are programmed (the real
+        // node binds them on its own socket and thread: at 10,000 services the binds and IPVS
+        // take seconds each). A VIP may so be bound a moment before its virtual server exists,
+        // during this sync only, as upstream binds each one before its real servers exist
+        // (`syncService`, then `syncEndpoint`).
+        let adds = self.start_addrs(&addr_add, kernel, &mut report);
         self.apply_sets(&set_grow, kernel, &mut report);
         let t = report.lap("ipset", t);
         self.apply_rules(kernel, true, None, &mut report);
         let t = report.lap("iptables", t);
         let ops = ipvs_ops.unwrap_or_default();
-        // The new ClusterIPs are bound while IPVS is programmed (the real node binds them on
-        // its own socket and thread: at 10,000 services both take seconds). A VIP may so be
-        // bound a moment before its virtual server exists, during this sync only, as upstream
-        // binds each one before its real servers exist (`syncService`, then `syncEndpoint`).
-        let adds = self.start_addrs(&addr_add, kernel, &mut report);
         match &actual_ipvs {
             Some(actual) if !drift_counted => self.apply_ipvs_program(actual, kernel, &mut report),
             _ => self.apply_ipvs(&ops.apply, kernel, &mut report),
