@@ -68,7 +68,7 @@ pub struct ProbeKindLabel {
     pub kind: String,
 }
 
-/// `subsystem` label: one of [`Subsystem::ALL`] (ipvs, address, ipset, iptables, conntrack,
+/// `subsystem` label: one of [`proxier::retry::Subsystem::ALL`] (ipvs, address, ipset, iptables, conntrack,
 /// sysctl, source), a fixed set.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SubsystemLabel {

@@ -6,6 +6,9 @@
 //!   and return `Ok` (the kernel state is left in place).
 //! - [`plan`]: reads the objects once and prints them.
 //! - [`cleanup`]: removes what kube-ipvs programmed (`--cleanup`).
+//!
+//! `client` builds the API client and feeds the source's health; `host` holds the process's
+//! signals, OOM score and node-address tracker; `commands` the one-shot commands.
 
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -22,6 +25,14 @@ use crate::health::ProxyHealth;
 use crate::http::{self, Server};
 use crate::metrics::Metrics;
 use crate::service_health::ServiceHealthServer;
+
+mod client;
+mod commands;
+mod host;
+
+pub use client::*;
+pub use commands::*;
+pub use host::*;
 
 /// Longest wait for this node's Node object before the first sync (upstream kube-proxy waits
 /// about as long for its Node at startup); see `proxier::sync_loop::NodeGate`.
@@ -158,162 +169,6 @@ impl Daemon {
         self.service_health.shutdown().await;
         for s in self.servers {
             s.stop().await;
-        }
-    }
-}
-
-/// Time limit of connecting to the API server (TCP and TLS): kube-rs's default, and the
-/// dialer timeout client-go (upstream kube-proxy's client) uses.
-pub const KUBE_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Time limit of writing one request to the API server (kube-rs's default is 295 s; a request
-/// is a few kilobytes, so a write that stalls this long is a dead connection).
-pub const KUBE_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Longest time without any byte from the API server on a connection with a request in flight
-/// (counted from the request's write: `reset_reader_on_write`, as kube-rs recommends with a
-/// read timeout).
-///
-/// It must exceed the server-side watch timeout (kube-runtime's default 290 s, which
-/// kube-ipvs keeps): a quiet watch legitimately sends nothing until the server closes it, and
-/// kube-runtime's own watch idle timeout (290 s + 5 s) must fire first, so a watch reconnects
-/// cleanly. So 300 s: it is the backstop for everything else (the initial lists, Event posts)
-/// against an API server that accepted a request and never answers it.
-pub const KUBE_READ_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// Builds a Kubernetes client: `--kubeconfig` file, else in-cluster / `$KUBECONFIG` inference;
-/// `--master` overrides the server URL. Connections get the configured connect, write and read
-/// timeouts (by default [`KUBE_CONNECT_TIMEOUT`], [`KUBE_WRITE_TIMEOUT`], [`KUBE_READ_TIMEOUT`]).
-pub async fn kube_client(cfg: &KubeClientConfig) -> Result<kube::Client> {
-    let kerr = |e: &dyn std::fmt::Display| Error::Kube(e.to_string());
-    let mut config = match (&cfg.kubeconfig, &cfg.master) {
-        (Some(path), _) => {
-            let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| kerr(&e))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| kerr(&e))?
-        }
-        (None, Some(master)) => kube::Config::new(master.parse().map_err(|e| kerr(&e))?),
-        (None, None) => kube::Config::infer().await.map_err(|e| kerr(&e))?,
-    };
-    if let Some(master) = &cfg.master {
-        config.cluster_url = master
-            .parse()
-            .map_err(|e| Error::Kube(format!("--master {master:?}: {e}")))?;
-    }
-    config.connect_timeout = Some(cfg.connect_timeout);
-    config.write_timeout = Some(cfg.write_timeout);
-    config.read_timeout = Some(cfg.read_timeout);
-    config.reset_reader_on_write = true;
-    if config.cluster_url.scheme_str() == Some("http") && config.root_cert.is_none() {
-        // Plain HTTP never uses TLS: an empty root set keeps the client from loading the
-        // system trust store, which minimal images (and the test VM) do not have.
-        config.root_cert = Some(Vec::new());
-    }
-    // clientConnection.qps/burst, like client-go's token bucket (see `client_limit`).
-    let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| kerr(&e))?;
-    Ok(builder
-        .with_layer(&crate::client_limit::QpsLayer::new(cfg.qps, cfg.burst))
-        .build())
-}
-
-async fn shutdown_signal() -> &'static str {
-    use tokio::signal::unix::{signal, SignalKind};
-    let term = signal(SignalKind::terminate());
-    let int = signal(SignalKind::interrupt());
-    match (term, int) {
-        (Ok(mut term), Ok(mut int)) => tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = int.recv() => "SIGINT",
-        },
-        _ => {
-            // Without signal handlers, wait for Ctrl-C the portable way.
-            let _ = tokio::signal::ctrl_c().await;
-            "SIGINT"
-        }
-    }
-}
-
-/// Writes `/proc/self/oom_score_adj` like upstream (a failure, e.g. without
-/// CAP_SYS_RESOURCE, is only logged).
-pub fn apply_oom_score_adj(value: i32) {
-    match std::fs::write("/proc/self/oom_score_adj", value.to_string()) {
-        Ok(()) => tracing::debug!(value, "set oom_score_adj"),
-        Err(e) => tracing::warn!(value, "cannot set oom_score_adj: {e}"),
-    }
-}
-
-/// The node's interface addresses (not kube-ipvs0's), from one rtnetlink dump via the tracker.
-async fn node_address_tracker() -> Option<netif::NodeAddresses> {
-    match netif::NodeAddresses::start().await {
-        Ok(t) => Some(t),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot track node addresses; NodePorts use the Node's addresses");
-            None
-        }
-    }
-}
-
-/// How long a watch error keeps the source failing without a newer one. kube-runtime's default
-/// backoff retries at most every 30 s plus up to as much jitter, so an unreachable API server
-/// produces a newer error within this; a watch that reconnects silently (no change to report)
-/// stops producing errors and counts as recovered after it.
-pub const SOURCE_ERROR_FRESH: std::time::Duration = std::time::Duration::from_secs(65);
-
-/// Feeds the API source's health (watch errors) into `/healthz` and the source's age metric: the
-/// source is failing from its first watch error while errors keep coming (each within
-/// [`SOURCE_ERROR_FRESH`] of the last) or a kind has never been listed; a successful event of
-/// every failing kind (a relist, a change) ends it at once.
-pub async fn forward_source_health(
-    mut rx: tokio::sync::watch::Receiver<::watch::kube::SourceHealth>,
-    health: Arc<ProxyHealth>,
-    metrics: Arc<Metrics>,
-) {
-    let mut failing = false;
-    loop {
-        let (errors, last_error, synced) = {
-            let h = rx.borrow_and_update();
-            let kinds = [&h.services, &h.endpoint_slices, &h.node];
-            let failing_kind = |k: &::watch::kube::KindHealth| {
-                k.consecutive_errors > 0
-                    && (!k.synced
-                        || k.last_error
-                            .as_ref()
-                            .is_some_and(|(at, _)| at.elapsed() < SOURCE_ERROR_FRESH))
-            };
-            let errors = kinds.iter().any(|k| failing_kind(k));
-            let last_error = kinds
-                .iter()
-                .filter(|k| failing_kind(k))
-                .filter_map(|k| k.last_error.clone())
-                .max_by_key(|(at, _)| *at)
-                .map(|(_, e)| e)
-                .unwrap_or_default();
-            (errors, last_error, h.synced())
-        };
-        if errors {
-            if !failing {
-                tracing::warn!(error = %last_error, "API source failing; serving the last known state");
-            }
-            failing = true;
-            health.source_failing_at(std::time::SystemTime::now(), &last_error);
-            metrics.set_source_ok(false);
-        } else {
-            if failing {
-                tracing::info!("API source healthy again");
-            }
-            failing = false;
-            health.source_ok();
-            metrics.set_source_ok(synced);
-        }
-        // Re-evaluated on every change, and every few seconds (errors age out).
-        tokio::select! {
-            changed = rx.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-            }
-            () = tokio::time::sleep(std::time::Duration::from_secs(5)) => {}
         }
     }
 }
@@ -564,149 +419,4 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         )),
         _ => Ok(()),
     }
-}
-
-/// Reads every object once: from `--source-dir`, or a full list from the API server.
-async fn load_store(config: &Config) -> Result<model::store::Store> {
-    let mut store = model::store::Store::new();
-    match &config.source_dir {
-        Some(dir) => {
-            let loaded = StaticDirSource::new(dir.clone(), config.node_name.clone()).load()?;
-            for e in &loaded.errors {
-                tracing::warn!("{e}");
-            }
-            for ev in loaded.snapshot.events() {
-                store.apply(ev);
-            }
-        }
-        None => {
-            let client = kube_client(&config.kube).await?;
-            let (tx, mut rx) = mpsc::channel::<SourceEvent>(1024);
-            let (health_tx, _health_rx) =
-                tokio::sync::watch::channel(::watch::kube::SourceHealth::default());
-            let node = config.node_name.clone();
-            let task = tokio::spawn(async move {
-                ::watch::kube::run(client, node, tx, health_tx).await;
-            });
-            let mut node_listed = false;
-            while let Some(ev) = rx.recv().await {
-                if ev == SourceEvent::InitDone(Kind::Node) {
-                    node_listed = true;
-                }
-                store.apply(ev);
-                if store.synced() && node_listed {
-                    break;
-                }
-            }
-            task.abort();
-        }
-    }
-    Ok(store)
-}
-
-/// Prints what the node should have (`plan`), or what a sync would change (`plan --diff`).
-pub async fn plan(
-    config: &Config,
-    diff: bool,
-    section: Option<&str>,
-    out: &mut dyn Write,
-) -> Result<()> {
-    use proxier::plan::Section;
-    let section: Option<Section> = match section {
-        Some(s) => Some(s.parse().map_err(Error::Unsupported)?),
-        None => None,
-    };
-    let store = load_store(config).await?;
-    let tracker = node_address_tracker().await;
-    let node_ips = tracker
-        .as_ref()
-        .map(|t| t.current().node_ips())
-        .unwrap_or_default();
-    let families = crate::engine::families(config, &node_ips);
-    if config.mode == ProxyMode::Iptables {
-        if diff {
-            return Err(Error::Unsupported(
-                "plan --diff compares IPVS-mode state with the kernel; in iptables mode use \
-                 plan --section iptables"
-                    .into(),
-            ));
-        }
-        let mut plans = Vec::new();
-        for &family in &families {
-            plans.push(proxier::plan::iptables_mode_plan(
-                crate::engine::proxy_config(config, family),
-                crate::engine::rules_config(config, true),
-                &config.node_name,
-                &store,
-                &node_ips,
-            )?);
-        }
-        out.write_all(proxier::plan::render(&plans, section).as_bytes())?;
-        return Ok(());
-    }
-    if diff {
-        let mut writes = Vec::new();
-        for &family in &families {
-            let mut backend = crate::engine::ipvs_kernel(config, family).await?;
-            let mut p = proxier::ipvs_mode::Proxier::new(
-                crate::engine::proxy_config(config, family),
-                crate::engine::rules_config(config, true),
-                config.node_name.clone(),
-            );
-            let w = tokio::task::block_in_place(|| {
-                let mut dry = proxier::plan::DryRun::new(&mut backend);
-                let report = p.sync(&store, &node_ips, &mut dry);
-                for e in &report.errors {
-                    tracing::warn!("{e}");
-                }
-                dry.writes
-            });
-            writes.extend(w);
-        }
-        for w in writes {
-            writeln!(out, "{w}")?;
-        }
-        return Ok(());
-    }
-    let mut plans = Vec::new();
-    for &family in &families {
-        let mut p = proxier::ipvs_mode::Proxier::new(
-            crate::engine::proxy_config(config, family),
-            crate::engine::rules_config(config, true),
-            config.node_name.clone(),
-        );
-        plans.push(p.plan(&store, &node_ips)?);
-        let (bad, _) = (p.rejections().current(), ());
-        if bad > 0 {
-            tracing::warn!(
-                objects = bad,
-                "some objects were skipped as invalid (see above)"
-            );
-        }
-    }
-    out.write_all(proxier::plan::render(&plans, section).as_bytes())?;
-    Ok(())
-}
-
-/// `--cleanup`: removes what kube-ipvs programmed in either mode (IPVS services it owns,
-/// kube-ipvs0, its chains and ipsets). Idempotent.
-pub async fn cleanup(config: &Config) -> Result<()> {
-    let tracker = node_address_tracker().await;
-    let node_ips = tracker
-        .as_ref()
-        .map(|t| t.current().node_ips())
-        .unwrap_or_default();
-    let mut families = crate::engine::families(config, &node_ips);
-    if !families.contains(&ipvs_netlink::Family::Inet6) {
-        families.push(ipvs_netlink::Family::Inet6);
-    }
-    let netif_handle = netif::Netif::new().await.ok();
-    let rt = tokio::runtime::Handle::current();
-    let done = tokio::task::block_in_place(|| {
-        crate::engine::cleanup(config, &families, None, netif_handle.as_ref(), &rt)
-    });
-    for d in done {
-        tracing::info!("cleanup: {d}");
-    }
-    Ok(())
 }
