@@ -409,6 +409,43 @@ async fn watch_emits_watch_events_and_keeps_last_good_file() {
     assert!(res.is_ok(), "{res:?}");
 }
 
+/// A write that completed (the file closed, or renamed into place) is read after a short
+/// settle, not the whole debounce; a file still open for writing waits for its close (or the
+/// debounce).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completed_writes_settle_briefly_open_ones_wait() {
+    use std::io::Write as _;
+    let dir = TempDir::new("settle");
+    dir.write("a.yaml", &svc("a", "10.96.0.1"));
+    let (tx, mut rx) = mpsc::channel(64);
+    let debounce = Duration::from_secs(4);
+    let source = StaticDirSource::new(dir.path(), "h").with_debounce(debounce);
+    let task = tokio::spawn(source.run(tx));
+    assert_eq!(next_relist(&mut rx).await, vec!["a"]);
+
+    // Written and closed (and, by `write`, renamed into place): well before the debounce.
+    let t = std::time::Instant::now();
+    dir.write("b.yaml", &svc("b", "10.96.0.2"));
+    assert_eq!(shape(&next_event(&mut rx).await), "apply b");
+    let took = t.elapsed();
+    assert!(took < debounce / 2, "a completed write waited {took:?}");
+
+    // Written in place but still open: nothing while the writer holds it...
+    let mut f = std::fs::File::create(dir.path().join("c.yaml")).unwrap();
+    f.write_all(svc("c", "10.96.0.3").as_bytes()).unwrap();
+    f.flush().unwrap();
+    let early = tokio::time::timeout(debounce / 2, rx.recv()).await;
+    assert!(early.is_err(), "read while still open: {early:?}");
+    // ...and soon after it closes.
+    let t = std::time::Instant::now();
+    drop(f);
+    assert_eq!(shape(&next_event(&mut rx).await), "apply c");
+    let took = t.elapsed();
+    assert!(took < debounce / 2, "the close was followed {took:?} later");
+    drop(rx);
+    let _ = task.await;
+}
+
 /// One changed file among many is the only one parsed (and read) again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_file_change_parses_only_that_file() {

@@ -6,6 +6,8 @@
 //! YAML documents (`---`) and `kind: List` (or `ServiceList`, ...) documents whose `items` are
 //! objects. Services, EndpointSlices (`discovery.k8s.io/v1`) and Nodes (`v1`) are kept; other
 //! kinds are ignored with a warning. Namespaced objects without a namespace get `default`.
+//! Documents in the plain block style that Kubernetes tools write are read by a fast reader
+//! (`block`, ~5x faster); anything else by serde-saphyr, which also words every error.
 //!
 //! Errors never stop the source. A file that cannot be read or has a bad document is reported
 //! (naming the file and the document number) and skipped as a whole; on a re-read, a file that
@@ -23,8 +25,9 @@
 //! emitted as a list (`Init`/`InitApply`.../`InitDone` for Node, Service and EndpointSlice in
 //! that order). Then the directory is watched with inotify (the `notify` crate): the paths an
 //! event names are collected (bounded, see `MAX_PENDING_PATHS`), debounced (default 200 ms of
-//! quiet, at most 4× that after the first change), and only those files are re-read; a file
-//! whose text did not change is not parsed again. The objects whose effective version changed
+//! quiet, at most 4× that after the first change; 20 ms when every changed file's last event
+//! completed it: closed after writing, renamed into place, removed), and only those files are
+//! re-read; a file whose text did not change is not parsed again. The objects whose effective version changed
 //! are emitted as `Apply`/`Delete`, so one changed file costs that file's parse and its
 //! objects' events. A rename or an object moving between files emits nothing unless the
 //! object changed. Kubernetes ConfigMap volumes (files are symlinks through a `..data` symlink

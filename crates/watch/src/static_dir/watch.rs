@@ -20,10 +20,17 @@ const MAX_PENDING_PATHS: usize = 4096;
 /// Default polling interval when inotify is unavailable.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(2);
 
+/// Quiet time after changes that all completed (every named file was closed after writing,
+/// renamed into place or removed): the file is whole, the wait only gathers what a tool writes
+/// together. Other changes (a write still open, a new empty file, a rescan) wait the debounce.
+pub const SETTLE_AFTER_COMPLETE: Duration = Duration::from_millis(20);
+
 /// What the watcher saw since the last batch.
 #[derive(Debug, Default)]
 struct PendingState {
     paths: BTreeSet<PathBuf>,
+    /// Paths whose last event was not a completed write (see [`SETTLE_AFTER_COMPLETE`]).
+    open: BTreeSet<PathBuf>,
     rescan: bool,
     first: Option<Instant>,
     last: Option<Instant>,
@@ -51,6 +58,7 @@ impl Pending {
                 st.rescan = true;
             }
             Ok(ev) => {
+                use notify::event::{ModifyKind, RenameMode};
                 match ev.kind {
                     // Opening or reading a file changes nothing (and the source's own reads
                     // would otherwise re-trigger it forever); a close after writing does.
@@ -59,6 +67,17 @@ impl Pending {
                     EventKind::Other | EventKind::Any => st.rescan = true,
                     _ => {}
                 }
+                // The file is whole after a close-after-write, a rename into place (or away)
+                // and a removal; a write without a close yet, a new (empty) file or a change
+                // of attributes may be followed by more.
+                let complete = matches!(
+                    ev.kind,
+                    EventKind::Access(AccessKind::Close(AccessMode::Write))
+                        | EventKind::Modify(ModifyKind::Name(
+                            RenameMode::To | RenameMode::From | RenameMode::Both
+                        ))
+                        | EventKind::Remove(_)
+                );
                 if ev.need_rescan() {
                     st.rescan = true;
                 }
@@ -72,8 +91,14 @@ impl Pending {
                         if st.paths.len() >= MAX_PENDING_PATHS {
                             st.rescan = true;
                             st.paths.clear();
+                            st.open.clear();
                         }
                         if !st.rescan {
+                            if complete {
+                                st.open.remove(&path);
+                            } else {
+                                st.open.insert(path.clone());
+                            }
                             st.paths.insert(path);
                         }
                     } else {
@@ -93,14 +118,20 @@ impl Pending {
         self.wake.notify_one();
     }
 
-    /// Waits until something is pending and has been quiet for `debounce` (at most
+    /// Waits until something is pending and has been quiet for `debounce` (only
+    /// [`SETTLE_AFTER_COMPLETE`] when every pending file's last change completed; at most
     /// `4 × debounce` after the first change), then takes it.
     async fn take(&self, debounce: Duration) -> PendingState {
         loop {
             let deadline = {
                 let st = self.lock();
+                let quiet = if st.rescan || !st.open.is_empty() {
+                    debounce
+                } else {
+                    SETTLE_AFTER_COMPLETE.min(debounce)
+                };
                 match (st.first, st.last) {
-                    (Some(first), Some(last)) => Some((last + debounce).min(first + debounce * 4)),
+                    (Some(first), Some(last)) => Some((last + quiet).min(first + debounce * 4)),
                     _ => None,
                 }
             };
