@@ -145,7 +145,14 @@ impl Pending {
                     }
                     return taken;
                 }
-                Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
+                // A new event may bring the deadline forward (a write completing): wake for
+                // it too.
+                Some(d) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(tokio::time::Instant::from_std(d)) => {}
+                        _ = self.wake.notified() => {}
+                    }
+                }
             }
         }
     }
