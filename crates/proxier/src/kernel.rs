@@ -355,6 +355,13 @@ impl Kernel for NodeKernel {
 mod tests {
     use super::*;
 
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap()
+    }
+
     fn ips() -> Vec<IpAddr> {
         ["10.96.0.1", "10.96.0.2"]
             .iter()
@@ -366,12 +373,7 @@ mod tests {
     /// transport failure naming it, so the sync reports it and rechecks the addresses.
     #[test]
     fn an_address_task_without_results_fails_every_address() {
-        let Ok(rt) = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .build()
-        else {
-            panic!("no runtime");
-        };
+        let rt = runtime();
         let task = rt.spawn(async {
             if true {
                 panic!("injected: the address task dies");
@@ -397,12 +399,7 @@ mod tests {
     /// Its results, when it has them, are the addresses' own.
     #[test]
     fn an_address_task_reports_each_address() {
-        let Ok(rt) = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .build()
-        else {
-            panic!("no runtime");
-        };
+        let rt = runtime();
         let done: Vec<(IpAddr, Result<(), netif::Error>)> = vec![
             (ips()[0], Ok(())),
             (ips()[1], Err(netif::Error::NoSuchLink("kube-ipvs0".into()))),

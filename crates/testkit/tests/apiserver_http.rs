@@ -34,6 +34,16 @@ fn rv_of(v: &Value) -> u64 {
         .unwrap()
 }
 
+/// The names of a list page's items, in order.
+fn item_names(page: &Value) -> Vec<String> {
+    page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
 async fn server() -> FakeApiServer {
     let s = FakeApiServer::start().await.unwrap();
     // Tests that want bookmarks ask for them explicitly.
@@ -225,13 +235,7 @@ async fn pagination_is_a_consistent_snapshot_and_expires_on_compaction() {
         let (code, p) = get_json(a, &format!("/api/v1/services?limit=3&continue={token}")).await;
         assert_eq!(code, 200);
         assert_eq!(p["metadata"]["resourceVersion"], snapshot_rv);
-        names.extend(
-            p["items"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|i| i["metadata"]["name"].as_str().unwrap().to_string()),
-        );
+        names.extend(item_names(&p));
         match p["metadata"]["continue"].as_str() {
             Some(t) => token = t.to_string(),
             None => break,
@@ -286,13 +290,7 @@ async fn selected_pages_have_no_remaining_count_and_cover_every_match() {
             p["metadata"].get("remainingItemCount").is_none(),
             "a count with a selector: {p}"
         );
-        names.extend(
-            p["items"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|i| i["metadata"]["name"].as_str().unwrap().to_string()),
-        );
+        names.extend(item_names(&p));
         match p["metadata"]["continue"].as_str() {
             Some(t) => path = format!("/api/v1/services?limit=2&{selector}&continue={t}"),
             None => break,

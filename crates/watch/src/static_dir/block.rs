@@ -357,6 +357,8 @@ impl<'a> Flow<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::Rng;
+    use proptest::test_runner::{RngAlgorithm, TestRng};
 
     /// What serde-saphyr makes of `doc` as a generic value.
     fn saphyr(doc: &str) -> Option<Value> {
@@ -495,20 +497,9 @@ mod tests {
         }
     }
 
-    /// A tiny deterministic generator (xorshift), so the mutation test needs no crate.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
+    /// `0..n` from proptest's deterministic generator (failures reproduce).
+    fn below(rng: &mut TestRng, n: usize) -> usize {
+        (rng.next_u64() % n as u64) as usize
     }
 
     /// Random edits of real manifests (characters inserted, deleted or replaced by YAML's
@@ -523,20 +514,20 @@ mod tests {
         ];
         let mut bases = vec![SLICE.to_string(), SERVICE.to_string()];
         bases.extend(manifests());
-        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
         let mut taken = 0;
         let runs = 6000;
         for i in 0..runs {
             let mut doc = bases[i % bases.len()].clone();
-            for _ in 0..1 + rng.below(3) {
-                let mut at = rng.below(doc.len() + 1);
+            for _ in 0..1 + below(&mut rng, 3) {
+                let mut at = below(&mut rng, doc.len() + 1);
                 while !doc.is_char_boundary(at) {
                     at -= 1;
                 }
-                match rng.below(4) {
-                    0 => doc.insert_str(at, ALPHABET[rng.below(ALPHABET.len())]),
+                match below(&mut rng, 4) {
+                    0 => doc.insert_str(at, ALPHABET[below(&mut rng, ALPHABET.len())]),
                     1 => {
-                        let end = (at + 1 + rng.below(4)).min(doc.len());
+                        let end = (at + 1 + below(&mut rng, 4)).min(doc.len());
                         if doc.is_char_boundary(end) {
                             doc.replace_range(at..end, "");
                         }
@@ -544,17 +535,18 @@ mod tests {
                     2 => {
                         let end = (at + 1).min(doc.len());
                         if doc.is_char_boundary(end) {
-                            doc.replace_range(at..end, ALPHABET[rng.below(ALPHABET.len())]);
+                            doc.replace_range(at..end, ALPHABET[below(&mut rng, ALPHABET.len())]);
                         }
                     }
                     _ => {
                         let lines: Vec<&str> = doc.lines().collect();
-                        let n = rng.below(lines.len());
+                        let n = below(&mut rng, lines.len());
                         let mut out: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
-                        if rng.below(2) == 0 {
+                        if below(&mut rng, 2) == 0 {
                             out.insert(n, lines[n].to_string());
                         } else {
-                            out[n] = format!("{}{}", " ".repeat(rng.below(5)), lines[n].trim());
+                            out[n] =
+                                format!("{}{}", " ".repeat(below(&mut rng, 5)), lines[n].trim());
                         }
                         doc = out.join("\n");
                     }
