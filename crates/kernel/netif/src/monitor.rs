@@ -31,8 +31,8 @@ type Messages = UnboundedReceiver<(NetlinkMessage<RouteNetlinkMessage>, SocketAd
 /// Tracks the node's links and addresses from rtnetlink events (RTNLGRP_LINK,
 /// RTNLGRP_IPV4_IFADDR, RTNLGRP_IPV6_IFADDR) after one initial dump, and publishes each change
 /// through a watch channel, one snapshot per burst of events (a burst ends after 10 ms
-/// without events, or 100 ms after it began). A socket overrun (events lost) triggers a fresh dump. Dropping it
-/// stops the tracking task.
+/// without events, or 100 ms after it began). A socket overrun (events lost) triggers a fresh
+/// dump. Dropping it stops the tracking task.
 pub struct NodeAddresses {
     rx: watch::Receiver<NodeAddressSet>,
     task: JoinHandle<()>,

@@ -223,19 +223,15 @@ pub fn forward_node_addresses(
     let mut rx = tracker.subscribe();
     tokio::spawn(async move {
         let mut deletions = rx.borrow().dummy_deletions();
-        // The loop ignores unchanged node IPs anyway; most changes (kube-ipvs0's own
-        // addresses) leave them as they were, and need not wake it.
-        let mut sent = None;
         while rx.changed().await.is_ok() {
             let (ips, del) = {
                 let s = rx.borrow();
                 (s.node_ips(), s.dummy_deletions())
             };
-            if sent.as_ref() != Some(&ips) {
-                sent = Some(ips.clone());
-                if !tx.send(Input::NodeAddresses(ips)).await {
-                    return;
-                }
+            // The loop ignores unchanged node IPs (one check, there); the tracker sends at most
+            // one snapshot per burst of kube-ipvs0 binds.
+            if !tx.send(Input::NodeAddresses(ips)).await {
+                return;
             }
             if del != deletions {
                 deletions = del;

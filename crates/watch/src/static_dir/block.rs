@@ -241,9 +241,9 @@ fn scalar(text: &str) -> Option<Value> {
                 .ok()
                 .map(|n| Value::Number(Number::from(n)));
         }
-        // Anything number-like (floats, octal, hex, 1_000, 1:30) is left to serde-saphyr.
-        if text.parse::<f64>().is_ok()
-            || text.starts_with("0x")
+        // Anything else number-like (octal, hex, 1_000, 1:30; floats below) is left to
+        // serde-saphyr.
+        if text.starts_with("0x")
             || text.starts_with("0o")
             || text.starts_with("0b")
             || text
@@ -332,8 +332,9 @@ impl<'a> Flow<'a> {
         if self.text[self.pos..].starts_with(['[', '{']) {
             return self.collection();
         }
+        // `plain` stops at `:`, so only quotes need declining here.
         let text = self.plain()?;
-        if text.contains([':', '\'', '"']) {
+        if text.contains(['\'', '"']) {
             return None;
         }
         scalar(text)
