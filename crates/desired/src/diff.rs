@@ -28,9 +28,10 @@
 //! weight-0 `SetDest` and delete later).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
 
 use ipvs_netlink::{Destination, Op, Service, ServiceFlags, ServiceKey};
+
+pub use crate::real_servers::{RealServerKey, RealServers};
 
 /// A virtual server with its real servers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,7 +39,7 @@ pub struct VirtualServer {
     /// The IPVS service.
     pub service: Service,
     /// Real servers by (address, port).
-    pub real_servers: BTreeMap<(IpAddr, u16), Destination>,
+    pub real_servers: RealServers,
 }
 
 impl VirtualServer {
@@ -46,7 +47,7 @@ impl VirtualServer {
     pub fn new(service: Service, dests: impl IntoIterator<Item = Destination>) -> VirtualServer {
         VirtualServer {
             service,
-            real_servers: dests.into_iter().map(|d| ((d.addr, d.port), d)).collect(),
+            real_servers: dests.into_iter().collect(),
         }
     }
 }
@@ -136,7 +137,7 @@ pub fn diff_virtual_server(
                 out.apply.push(Op::SetService(a.service.clone()));
             }
             for (k, d) in &a.real_servers {
-                match b.real_servers.get(k) {
+                match b.real_servers.get(&k) {
                     None => out.apply.push(Op::NewDest(key, d.clone())),
                     Some(old) if !same_dest(old, d) => {
                         out.apply.push(Op::SetDest(key, d.clone()));
@@ -145,8 +146,8 @@ pub fn diff_virtual_server(
                 }
             }
             for (addr, port) in b.real_servers.keys() {
-                if !a.real_servers.contains_key(&(*addr, *port)) {
-                    out.apply.push(Op::DelDest(key, *addr, *port));
+                if !a.real_servers.contains_key(&(addr, port)) {
+                    out.apply.push(Op::DelDest(key, addr, port));
                 }
             }
         }

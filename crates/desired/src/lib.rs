@@ -12,6 +12,7 @@
 
 mod desired;
 pub mod diff;
+mod real_servers;
 mod service;
 mod types;
 pub mod vip;

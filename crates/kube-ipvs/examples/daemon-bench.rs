@@ -34,7 +34,9 @@
 //!   file: every process whose parent chain leads to the daemon, named by its command (15
 //!   characters). The start's count is taken once no process has ended for a second after
 //!   convergence (so it includes the handover check after the first sync).
-//! - RSS: `VmRSS` (steady, after the changes and a pause) and `VmHWM` (peak) of the daemon.
+//! - RSS: `VmRSS` (steady, after the changes and a pause; split into `RssAnon`, the heap and
+//!   stacks, and `RssFile` + `RssShmem`, the mapped pages of the binary and its libraries: in the VM
+//!   they live in the initramfs, which is shared memory) and `VmHWM` (peak).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -707,6 +709,9 @@ fn daemon_run(source: &str, dir: &Path, bin: &str, changes: usize) -> Res<Value>
     std::thread::sleep(Duration::from_secs(2));
     let rss_steady = status_kb(pid, "VmRSS");
     let rss_peak = status_kb(pid, "VmHWM");
+    // Where the steady RSS is: heap and stacks (anonymous) or the binary's and libraries' pages.
+    let rss_anon = status_kb(pid, "RssAnon");
+    let rss_file = status_kb(pid, "RssFile") + status_kb(pid, "RssShmem");
     let walls: Vec<f64> = rows.iter().filter_map(|r| r["wall_s"].as_f64()).collect();
     let reqs: Vec<f64> = rows
         .iter()
@@ -726,8 +731,10 @@ fn daemon_run(source: &str, dir: &Path, bin: &str, changes: usize) -> Res<Value>
     drop(acct);
     client.flush()?;
     println!(
-        "{source}: RSS steady {:.1} MiB, peak {:.1} MiB ({} bytes/service)",
+        "{source}: RSS steady {:.1} MiB (anonymous {:.1}, file {:.1}), peak {:.1} MiB ({} bytes/service)",
         rss_steady as f64 / 1024.0,
+        rss_anon as f64 / 1024.0,
+        rss_file as f64 / 1024.0,
         rss_peak as f64 / 1024.0,
         rss_steady * 1024 / n.max(1) as u64
     );
@@ -754,6 +761,8 @@ fn daemon_run(source: &str, dir: &Path, bin: &str, changes: usize) -> Res<Value>
         "rss_converged_kb": rss_converged,
         "rss_steady_kb": rss_steady,
         "rss_peak_kb": rss_peak,
+        "rss_steady_anon_kb": rss_anon,
+        "rss_steady_file_kb": rss_file,
         "bytes_per_service": rss_steady * 1024 / n.max(1) as u64,
         "processes_total": all_procs,
     }))

@@ -240,7 +240,7 @@ pub fn adopt_service(
         let reals: BTreeSet<(IpAddr, u16)> = d
             .virtual_servers
             .values()
-            .flat_map(|vs| vs.real_servers.keys().copied())
+            .flat_map(|vs| vs.real_servers.keys())
             .collect();
         d.ipset_entries = members(sets, cfg, |kind, e| match (kind, e) {
             (SetKind::IpvsIps, Entry::Ip(ip)) => claims.vips.contains(ip),

@@ -252,7 +252,7 @@ fn model_desired_startup_adopts_and_repairs_drift() {
     let keys: Vec<ServiceKey> = desired.keys().copied().collect();
     // 1. weight 0 left by a previous run's graceful termination → SetDest.
     let d0 = actual.get_mut(&keys[0]).unwrap();
-    let first = *d0.real_servers.keys().next().unwrap();
+    let first = d0.real_servers.keys().next().unwrap();
     d0.real_servers.get_mut(&first).unwrap().weight = 0;
     // 2. a scheduler changed → SetService.
     actual.get_mut(&keys[1]).unwrap().service.scheduler = "wrr".into();
@@ -260,7 +260,7 @@ fn model_desired_startup_adopts_and_repairs_drift() {
     let missing = actual.remove(&keys[2]).unwrap();
     // 4. a stale real server → DelDest; 5. a missing one → NewDest.
     let d3 = actual.get_mut(&keys[3]).unwrap();
-    let gone = *d3.real_servers.keys().next().unwrap();
+    let gone = d3.real_servers.keys().next().unwrap();
     d3.real_servers.remove(&gone);
     let mut stale = ipvs_netlink::Destination::new(ip("10.99.0.1"), 8080);
     stale.active_conns = 5;

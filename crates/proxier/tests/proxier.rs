@@ -423,7 +423,7 @@ fn startup_adopts_matching_state_and_removes_only_stale_owned_services() {
         .real_servers
         .iter()
         .next()
-        .map(|(a, b)| (*a, b.clone()))
+        .map(|(a, b)| (a, b.clone()))
         .unwrap();
     let mut zero = d.clone();
     zero.weight = 0;
@@ -704,7 +704,7 @@ fn plan_renders_ipvsadm_format_and_dry_run_records_only_differences() {
     let mut extra = k.ipvs[&key(0)].clone();
     extra.service.key = key(9);
     k.ipvs.insert(key(9), extra);
-    let rs = *k.ipvs[&key(1)].real_servers.keys().next().unwrap();
+    let rs = k.ipvs[&key(1)].real_servers.keys().next().unwrap();
     k.ipvs.get_mut(&key(1)).unwrap().real_servers.remove(&rs);
     let before = k.clone();
     let mut dry = DryRun::new(&mut k);

@@ -210,7 +210,7 @@ fn restart_with_an_invalid_service_keeps_its_state_until_it_is_deleted() {
     );
     for (key, vs) in &fresh_k.ipvs {
         for (rs, d) in &vs.real_servers {
-            assert_eq!(k.ipvs[key].real_servers.get(rs), Some(d), "{key:?} {rs:?}");
+            assert_eq!(k.ipvs[key].real_servers.get(&rs), Some(d), "{key:?} {rs:?}");
         }
     }
     assert_eq!(k.addresses, fresh_k.addresses);
