@@ -13,7 +13,7 @@ use super::parse::{par_map, parse_file, FileObjects};
 use super::{StaticDirError, FILE_EXTENSIONS};
 use model::event::{Kind, Object, SourceEvent};
 use model::objects::{Interner, Slice, Svc};
-use model::sorted::{SortedMap, SortedVec};
+use model::sorted::SortedVec;
 
 /// Everything the directory holds at one point in time.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,8 +84,14 @@ pub(super) struct Stamp {
     dev: u64,
     ino: u64,
     len: u64,
-    mtime_ns: i128,
-    ctime_ns: i128,
+    /// Nanoseconds since the epoch, saturated (an i64 lasts until 2262; a stamp only has to
+    /// differ when the file changed, and 16-byte `i128`s would double the padding).
+    mtime_ns: i64,
+    ctime_ns: i64,
+}
+
+fn nanos(secs: i64, nsec: i64) -> i64 {
+    secs.saturating_mul(1_000_000_000).saturating_add(nsec)
 }
 
 impl Stamp {
@@ -95,8 +101,8 @@ impl Stamp {
             dev: meta.dev(),
             ino: meta.ino(),
             len: meta.len(),
-            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
-            ctime_ns: i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec()),
+            mtime_ns: nanos(meta.mtime(), meta.mtime_nsec()),
+            ctime_ns: nanos(meta.ctime(), meta.ctime_nsec()),
         }
     }
 }
@@ -108,12 +114,9 @@ pub(super) struct FileEntry {
     pub(super) hash: Option<u64>,
     /// `stat` of the last read.
     pub(super) stamp: Option<Stamp>,
-    /// The objects of its last good version.
+    /// The objects of its last good version (found by key with a scan: nearly every file
+    /// holds one object, and a per-file index cost ~150 bytes a file at 20,000 files).
     pub(super) objects: FileObjects,
-    /// Index of the last document defining each Service / EndpointSlice in `objects` (a
-    /// sorted vector: nearly every file defines one object).
-    pub(super) service_at: SortedMap<ObjKey, usize>,
-    pub(super) slice_at: SortedMap<ObjKey, usize>,
     /// The last read failed (its last good objects are kept).
     pub(super) bad: bool,
     /// A read succeeded at least once (`objects` is a real version, not the empty default).
@@ -128,19 +131,25 @@ impl FileEntry {
             // Just parsed: the only holder, so this does not copy.
             Arc::make_mut(s).intern(names);
         }
-        self.service_at = objects
+        self.objects = objects;
+    }
+
+    /// The last document's Service `key` (a later document overrides an earlier one).
+    fn service(&self, key: &ObjKey) -> Option<&Arc<Svc>> {
+        self.objects
             .services
             .iter()
-            .enumerate()
-            .map(|(i, s)| (service_key(s), i))
-            .collect();
-        self.slice_at = objects
+            .rev()
+            .find(|s| *s.name.namespace == *key.0 && *s.name.name == *key.1)
+    }
+
+    /// The last document's EndpointSlice `key`.
+    fn slice(&self, key: &ObjKey) -> Option<&Arc<Slice>> {
+        self.objects
             .endpoint_slices
             .iter()
-            .enumerate()
-            .map(|(i, s)| (slice_key(s), i))
-            .collect();
-        self.objects = objects;
+            .rev()
+            .find(|s| *s.namespace == *key.0 && *s.name == *key.1)
     }
 }
 
@@ -362,33 +371,27 @@ impl DirState {
     /// The effective Service `key` (the last definition in name order).
     pub(super) fn service(&self, key: &ObjKey) -> Option<&Arc<Svc>> {
         let path = self.service_defs.get(key)?.last()?;
-        let e = self.files.get(path)?;
-        e.objects.services.get(*e.service_at.get(key)?)
+        self.files.get(path)?.service(key)
     }
 
     /// The effective EndpointSlice `key`.
     pub(super) fn slice(&self, key: &ObjKey) -> Option<&Arc<Slice>> {
         let path = self.slice_defs.get(key)?.last()?;
-        let e = self.files.get(path)?;
-        e.objects.endpoint_slices.get(*e.slice_at.get(key)?)
+        self.files.get(path)?.slice(key)
     }
 
     pub(super) fn unindex(&mut self, path: &Path) {
         let Some(e) = self.files.get(path) else {
             return;
         };
-        for (defs, keys) in [
-            (&mut self.service_defs, e.service_at.keys()),
-            (&mut self.slice_defs, e.slice_at.keys()),
-        ] {
-            for k in keys {
-                if let Some(set) = defs.get_mut(k) {
-                    set.remove(&path.to_path_buf());
-                    if set.is_empty() {
-                        defs.remove(k);
-                    }
-                }
-            }
+        let path = path.to_path_buf();
+        let services = e.objects.services.iter().map(|s| service_key(s));
+        let slices = e.objects.endpoint_slices.iter().map(|s| slice_key(s));
+        for k in services {
+            unindex_one(&mut self.service_defs, &k, &path);
+        }
+        for k in slices {
+            unindex_one(&mut self.slice_defs, &k, &path);
         }
     }
 
@@ -396,17 +399,27 @@ impl DirState {
         let Some(e) = self.files.get(path) else {
             return;
         };
-        for k in e.service_at.keys() {
+        for s in &e.objects.services {
             self.service_defs
-                .entry(k.clone())
+                .entry(service_key(s))
                 .or_default()
                 .insert(path.to_path_buf());
         }
-        for k in e.slice_at.keys() {
+        for s in &e.objects.endpoint_slices {
             self.slice_defs
-                .entry(k.clone())
+                .entry(slice_key(s))
                 .or_default()
                 .insert(path.to_path_buf());
+        }
+    }
+}
+
+/// Drops `path` from the files defining `k` (and `k` when no file is left).
+fn unindex_one(defs: &mut HashMap<ObjKey, SortedVec<PathBuf>>, k: &ObjKey, path: &PathBuf) {
+    if let Some(set) = defs.get_mut(k) {
+        set.remove(path);
+        if set.is_empty() {
+            defs.remove(k);
         }
     }
 }
