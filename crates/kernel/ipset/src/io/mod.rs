@@ -10,13 +10,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use netlink::{Answer, Socket, SocketProtocol, Window};
-
 use crate::entry::Entry;
-use crate::netlink::{self as nl, Adt};
 use crate::state::{parse_save, restore_lines, IpsetDiff, IpsetState, LineOrigin};
 use crate::{Error, Result};
 use exec::Output;
+
+mod members;
+
+pub use members::netlink_eligible;
+use members::NetlinkState;
 
 /// Largest diff (members added plus deleted) [`Ipset::apply`] sends over netlink by default:
 /// no limit.
@@ -29,15 +31,6 @@ use exec::Output;
 /// spends that time parsing its input, not in the kernel. Sets are still created, recreated and destroyed by
 /// `ipset restore` (the one path that knows every set type's options).
 pub const NETLINK_MAX_MEMBERS: usize = usize::MAX;
-
-/// Receive buffer asked for the ipset netlink socket (capped by `net.core.rmem_max`).
-const WANT_RCVBUF: usize = 1024 * 1024;
-/// Receive-buffer budget per unanswered request: an error reply echoes the request (~100
-/// bytes); its skb truesize stays below this.
-const BUDGET_PER_REPLY: usize = 3072;
-/// A request datagram is sent once it holds this many bytes (a window of member requests,
-/// ~100 bytes each, stays below it).
-const MAX_SEND: usize = 64 * 1024;
 
 /// How long one `ipset` process may run by default before it is killed (with its process
 /// group) and the call fails with [`Error::Timeout`].
@@ -153,25 +146,6 @@ pub struct ApplyReport {
     pub requests: u64,
     /// Lines the kernel (or ipset) rejected; all other lines were applied.
     pub rejected: Vec<Rejected>,
-}
-
-/// The netlink side of an applier: a socket in the runner's namespace and the protocol
-/// version agreed with the kernel.
-struct Channel {
-    sock: Socket,
-    protocol: u8,
-    window: usize,
-}
-
-/// Whether the netlink path can be used.
-enum NetlinkState {
-    /// Not opened yet (or dropped after a socket error: reopened on the next apply).
-    Closed,
-    /// Open and probed.
-    Open(Channel),
-    /// The kernel cannot be spoken to over netlink (no common protocol version, or the
-    /// namespace cannot be entered): every apply uses `ipset restore`.
-    Unavailable,
 }
 
 /// The ipset applier.
@@ -358,65 +332,6 @@ impl Ipset {
         Ok(report)
     }
 
-    /// The netlink path; `None` when netlink is unavailable or the socket failed (nothing is
-    /// known to be lost: ADD/DEL with `-exist` semantics can be sent again with restore).
-    fn apply_netlink(&self, lines: &[(String, LineOrigin)]) -> Option<ApplyReport> {
-        let mut state = self.netlink.lock().unwrap_or_else(|e| e.into_inner());
-        if matches!(*state, NetlinkState::Closed) {
-            *state = self.open_channel();
-        }
-        let NetlinkState::Open(ch) = &mut *state else {
-            return None;
-        };
-        let mut report = ApplyReport {
-            lines: lines.len(),
-            ..ApplyReport::default()
-        };
-        match send_members(ch, lines, &mut report) {
-            Ok(()) => {
-                self.requests.fetch_add(report.requests, Ordering::Relaxed);
-                Some(report)
-            }
-            Err(e) => {
-                self.requests.fetch_add(report.requests, Ordering::Relaxed);
-                tracing::warn!(error = %e, "ipset netlink failed; applying with ipset restore");
-                *state = NetlinkState::Closed;
-                None
-            }
-        }
-    }
-
-    /// Opens and probes the netlink socket in the runner's namespace.
-    fn open_channel(&self) -> NetlinkState {
-        let opened = match &self.runner.exec.netns {
-            None => Socket::connect(SocketProtocol::Netfilter, WANT_RCVBUF).map_err(Error::from),
-            Some(ns) => socket_in_netns(ns),
-        };
-        let mut sock = match opened {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "ipset over netlink unavailable; using ipset restore");
-                return NetlinkState::Unavailable;
-            }
-        };
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        match probe_protocol(&mut sock) {
-            Ok(protocol) => {
-                let window =
-                    Window::sized(sock.rcvbuf(), BUDGET_PER_REPLY, 8192, MAX_SEND).requests;
-                NetlinkState::Open(Channel {
-                    sock,
-                    protocol,
-                    window,
-                })
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "ipset over netlink unavailable; using ipset restore");
-                NetlinkState::Unavailable
-            }
-        }
-    }
-
     /// The restore path: one `ipset restore -exist`. If ipset rejects a line, that line (or,
     /// for a set that cannot be created, that set's lines) is reported in
     /// [`ApplyReport::rejected`] and the rest is sent again, so one bad entry never stops the
@@ -510,129 +425,6 @@ impl Ipset {
             }
         }
     }
-}
-
-/// Whether [`Ipset::apply`] with threshold `max` sends the members of `diff` over netlink (when
-/// the kernel can be spoken to): between 1 and `max` members and no set destroyed (a diff that
-/// destroys a set is one `ipset restore`, members included). Sets created or recreated by such
-/// a diff still take one `ipset restore`, before the members. Pure, so in-memory kernels can
-/// count requests and processes the way the real applier does.
-pub fn netlink_eligible(diff: &IpsetDiff, max: usize) -> bool {
-    let members = diff.adds.len() + diff.dels.len();
-    diff.destroys.is_empty() && members > 0 && members <= max
-}
-
-/// Opens a netfilter netlink socket inside the named namespace (`/run/netns/NAME`), from a
-/// helper thread that enters it: a socket stays in the namespace it was created in.
-fn socket_in_netns(ns: &str) -> Result<Socket> {
-    let path = if ns.contains('/') {
-        PathBuf::from(ns)
-    } else {
-        PathBuf::from("/run/netns").join(ns)
-    };
-    let file = std::fs::File::open(&path)
-        .map_err(|e| Error::Netlink(format!("open {}: {e}", path.display())))?;
-    std::thread::spawn(move || {
-        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-            .map_err(|e| Error::Netlink(format!("setns: {e}")))?;
-        Socket::connect(SocketProtocol::Netfilter, WANT_RCVBUF).map_err(Error::from)
-    })
-    .join()
-    .map_err(|_| Error::Netlink("netns helper thread panicked".into()))?
-}
-
-/// Sends `IPSET_CMD_PROTOCOL` and agrees on a version.
-fn probe_protocol(sock: &mut Socket) -> Result<u8> {
-    let seq = sock.next_seq();
-    nl::put_protocol(sock.buf(), seq);
-    sock.send()?;
-    loop {
-        let datagram = sock.recv()?;
-        match nl::protocol_answer(datagram, seq)? {
-            None => continue,
-            Some(Err(errno)) => {
-                return Err(Error::KernelSupport(format!(
-                    "the kernel refused the ipset protocol probe: {}",
-                    nl::error_message(Adt::Add, errno)
-                )))
-            }
-            Some(Ok(kernel)) => {
-                return nl::negotiate(kernel).ok_or_else(|| {
-                    Error::KernelSupport(format!(
-                        "kernel ipset protocol versions {}..{} do not include {}..{}",
-                        kernel.1,
-                        kernel.0,
-                        nl::consts::IPSET_PROTOCOL_MIN,
-                        nl::consts::IPSET_PROTOCOL
-                    ))
-                })
-            }
-        }
-    }
-}
-
-/// Sends one ADD/DEL per member line with the netlink crate's pipelined exchange (a window of
-/// requests at a time), and records each rejected member. A socket error is returned (the
-/// caller falls back to restore).
-fn send_members(
-    ch: &mut Channel,
-    lines: &[(String, LineOrigin)],
-    report: &mut ApplyReport,
-) -> Result<()> {
-    let member = |i: usize| match &lines[i].1 {
-        LineOrigin::Add(c) => Some((Adt::Add, c)),
-        LineOrigin::Del(c) => Some((Adt::Del, c)),
-        _ => None,
-    };
-    // Not eligible for netlink; `netlink_eligible` keeps these out.
-    if let Some(i) = (0..lines.len()).find(|&i| member(i).is_none()) {
-        return Err(Error::Netlink(format!(
-            "not a member line: {:?}",
-            lines[i].0
-        )));
-    }
-    let window = Window {
-        requests: ch.window,
-        max_send: MAX_SEND,
-    };
-    let protocol = ch.protocol;
-    let mut requests = 0;
-    let sent = ch.sock.exchange(
-        lines.len(),
-        window,
-        |buf, seq, i| match member(i) {
-            Some((adt, c)) => {
-                nl::put_adt(buf, adt, seq, protocol, &c.set, &c.entry)?;
-                requests += 1;
-                Ok(())
-            }
-            None => Err(Error::Netlink(format!(
-                "not a member line: {:?}",
-                lines[i].0
-            ))),
-        },
-        |i, answer| {
-            let (line, origin) = &lines[i];
-            let message = match (answer, member(i)) {
-                (Err(e), _) => {
-                    report.rejected.push(rejected(line, origin, e.to_string()));
-                    return;
-                }
-                (Ok(Answer::Ack), _) => return,
-                (Ok(Answer::Refused { errno }), _) if nl::answer_ok(Err(errno)) => return,
-                (Ok(Answer::Refused { errno }), Some((adt, _))) => nl::error_message(adt, errno),
-                // The send failed: the error is returned and the caller falls back to restore.
-                (Ok(Answer::Unsent), _) => return,
-                _ => "no answer from the kernel (netlink receive buffer overrun)".to_string(),
-            };
-            let r = rejected(line, origin, message);
-            tracing::warn!(set = %r.set, line = %r.line, owner = %r.owner,
-                message = %r.message, "kernel rejected an ipset member");
-            report.rejected.push(r);
-        },
-    );
-    report.requests += requests;
-    Ok(sent?)
 }
 
 /// A rejected member line with its owner.
