@@ -7,8 +7,9 @@
 //! - [`plan`]: reads the objects once and prints them.
 //! - [`cleanup`]: removes what kube-ipvs programmed (`--cleanup`).
 //!
-//! `client` builds the API client and feeds the source's health; `host` holds the process's
-//! signals, OOM score and node-address tracker; `commands` the one-shot commands.
+//! `run` is [`run_daemon`]'s steps; `client` builds the API client and feeds the source's
+//! health; `host` holds the process's signals, OOM score and node-address tracker; `commands`
+//! the one-shot commands.
 
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -29,10 +30,12 @@ use crate::service_health::ServiceHealthServer;
 mod client;
 mod commands;
 mod host;
+mod run;
 
 pub use client::*;
 pub use commands::*;
 pub use host::*;
+pub use run::run_daemon;
 
 /// Longest wait for this node's Node object before the first sync (upstream kube-proxy waits
 /// about as long for its Node at startup); see `proxier::sync_loop::NodeGate`.
@@ -170,253 +173,5 @@ impl Daemon {
         for s in self.servers {
             s.stop().await;
         }
-    }
-}
-
-/// Runs kube-ipvs until SIGTERM/SIGINT (or, with `--once`, until the first sync is done).
-///
-/// In IPVS mode the health and metrics servers start first, then the IPVS probe runs until it
-/// decides (see [`crate::probe::select_mode`]: transient failures are retried with backoff while
-/// `/healthz` answers 503; nothing is removed meanwhile). The other mode's leftovers are removed
-/// only after this mode's first successful sync (see [`crate::handover`]).
-pub async fn run_daemon(config: Config) -> Result<()> {
-    let prober = match config.mode {
-        ProxyMode::Ipvs => Some(crate::probe::Prober::from_env(&config.ipvs.scheduler)?),
-        ProxyMode::Iptables => None,
-    };
-    tracing::info!(
-        mode = config.mode.as_str(),
-        node = %config.node_name,
-        source = config.source_dir.as_ref().map(|d| d.display().to_string()).unwrap_or_else(|| "kubernetes".into()),
-        "starting kube-ipvs {}",
-        env!("CARGO_PKG_VERSION")
-    );
-    // The configuration as started with: a later change of the file restarts the daemon.
-    let config_bytes = config
-        .config_file
-        .as_ref()
-        .and_then(|f| std::fs::read(f).ok());
-    let restart = crate::config_watch::restart_requested(config.config_file.clone(), config_bytes);
-    apply_oom_score_adj(config.oom_score_adj);
-    // kube-proxy's conntrack settings, in both modes, before anything is programmed: a value
-    // that must change and cannot stops the start like upstream.
-    let conntrack_warning =
-        tokio::task::block_in_place(|| crate::engine::apply_conntrack(&config))?;
-    let requested = config.mode;
-    let mut daemon = Daemon::start(config, requested).await?;
-    let mut signal = Box::pin(shutdown_signal());
-    let mut fallback_reason = None;
-    if let Some(prober) = prober {
-        let selected = crate::probe::select_mode(
-            &daemon.config,
-            prober,
-            &daemon.health,
-            &daemon.metrics,
-            &mut signal,
-        )
-        .await;
-        match selected {
-            Ok(crate::probe::Selected::Mode(mode, reason)) => {
-                fallback_reason = reason;
-                if mode != daemon.mode {
-                    // The servers restart with the mode's health window and metrics.
-                    let config = daemon.config.clone();
-                    daemon.stop().await;
-                    daemon = Daemon::start(config, mode).await?;
-                    if let Some(e) = &fallback_reason {
-                        daemon.metrics.record_probe_failure(e.kind());
-                    }
-                }
-            }
-            Ok(crate::probe::Selected::Stopped) => {
-                daemon.stop().await;
-                return Ok(());
-            }
-            Err(e) => {
-                daemon.stop().await;
-                return Err(e);
-            }
-        }
-    }
-    let mode = daemon.mode;
-    tracing::info!(mode = mode.as_str(), "proxy mode selected");
-    let config = daemon.config.clone();
-    let rt = tokio::runtime::Handle::current();
-
-    // The node, its families, and the other mode's leftovers (removed after the first
-    // successful sync of this mode, never before: see crate::handover).
-    let tracker = node_address_tracker().await;
-    let node_ips = tracker
-        .as_ref()
-        .map(|t| t.current().node_ips())
-        .unwrap_or_default();
-    let families = crate::engine::families(&config, &node_ips);
-    let first_sync = crate::handover::FirstSync::new(&families);
-    daemon.metrics.init_families(&families);
-    let handover = crate::handover::spawn_cleanup(
-        config.clone(),
-        families.clone(),
-        mode,
-        netif::Netif::new().await.ok(),
-        first_sync.clone(),
-    );
-
-    // One backend per family.
-    let mut backends = Vec::new();
-    if mode == ProxyMode::Ipvs {
-        tokio::task::block_in_place(|| {
-            crate::engine::apply_sysctls(&config.sysctl_root, config.ipvs.strict_arp);
-            crate::engine::set_ipvs_timeouts(&config);
-        });
-    }
-    for &family in &families {
-        let backend = match mode {
-            ProxyMode::Ipvs => crate::engine::ipvs_backend(&config, family).await,
-            ProxyMode::Iptables => crate::engine::iptables_backend(&config, family),
-        };
-        match backend {
-            Ok(b) => backends.push(b),
-            Err(e) => {
-                daemon.stop().await;
-                return Err(e);
-            }
-        }
-    }
-    // The Kubernetes client (none with --source-dir): the source, and Events for invalid objects.
-    let client = match &config.source_dir {
-        Some(_) => None,
-        None => Some(kube_client(&config.kube).await?),
-    };
-    if let (Some(c), Some(reason)) = (&client, &fallback_reason) {
-        // Loud, in three places: the log (probe::select_mode), the metric, and an Event on the Node.
-        tokio::spawn(crate::events::publish_node_event(
-            c.clone(),
-            config.node_name.clone(),
-            "IPVSUnavailable",
-            "SelectProxyMode",
-            format!("kube-ipvs runs in iptables mode: {reason}"),
-        ));
-    }
-    if let (Some(note), Some(c)) = (conntrack_warning, &client) {
-        // Upstream's reason for the same case, so existing alerts keep matching.
-        tokio::spawn(crate::events::publish_node_event(
-            c.clone(),
-            config.node_name.clone(),
-            "readOnlySysFS",
-            "SetConntrackLimits",
-            note,
-        ));
-    }
-    // Events for invalid objects: deduplicated, rate limited, through a bounded queue.
-    let (rejections_tx, rejections_rx) =
-        crate::events::EventSink::new(Some(daemon.metrics.clone()));
-    let publisher = client.clone().map(|c| {
-        tokio::spawn(crate::events::publish_events(
-            c,
-            config.node_name.clone(),
-            rejections_rx,
-            Some(daemon.metrics.clone()),
-        ))
-    });
-    let observer = crate::engine::Observer {
-        metrics: daemon.metrics.clone(),
-        health: daemon.health.clone(),
-        service_health: daemon.service_health.clone(),
-        rt: rt.clone(),
-        rejections: publisher.as_ref().map(|_| rejections_tx),
-        reported: std::sync::Mutex::default(),
-        seen: std::sync::Mutex::default(),
-        first_sync: Some(first_sync),
-    };
-    let engine = crate::engine::Engine::start(
-        backends,
-        node_ips,
-        proxier::sync_loop::LoopConfig {
-            min_sync_period: config.min_sync_period(mode),
-            sync_period: config.sync_period(mode),
-            once: config.once,
-            node_wait: NODE_WAIT,
-        },
-        observer,
-    );
-    let forwarder = tracker
-        .as_ref()
-        .map(|t| crate::engine::forward_node_addresses(t, engine.sender()));
-
-    let (tx, mut rx) = mpsc::channel::<SourceEvent>(1024);
-    let mut source_health_task = None;
-    let source = match (&config.source_dir, client) {
-        (None, None) => return Err(Error::Unsupported("no source".into())),
-        (Some(dir), _) => {
-            let src = StaticDirSource::new(dir.clone(), config.node_name.clone());
-            tokio::spawn(async move { src.run(tx).await.map_err(Error::from) })
-        }
-        (None, Some(client)) => {
-            let node = config.node_name.clone();
-            let (health_tx, health_rx) =
-                tokio::sync::watch::channel(::watch::kube::SourceHealth::default());
-            source_health_task = Some(tokio::spawn(forward_source_health(
-                health_rx,
-                daemon.health.clone(),
-                daemon.metrics.clone(),
-            )));
-            tokio::spawn(async move {
-                ::watch::kube::run(client, node, tx, health_tx).await;
-                Ok(())
-            })
-        }
-    };
-    let mut tick = tokio::time::interval(std::time::Duration::from_millis(50));
-    let mut restart = Box::pin(restart);
-    let result = loop {
-        tokio::select! {
-            sig = &mut signal => {
-                tracing::info!("{sig}: stopping (IPVS, addresses and rules stay in place)");
-                break Ok(());
-            }
-            why = &mut restart => {
-                tracing::info!(
-                    reason = %why,
-                    "restart requested: stopping with exit 0 so the DaemonSet starts kube-ipvs \
-                     with the new configuration (IPVS, addresses and rules stay in place)"
-                );
-                break Ok(());
-            }
-            _ = tick.tick() => {
-                if engine.finished() {
-                    break Ok(());
-                }
-            }
-            ev = rx.recv() => match ev {
-                Some(ev) => {
-                    daemon.handle_event(&ev);
-                    if !engine.send(ev).await {
-                        break Ok(());
-                    }
-                }
-                None => break Err(Error::Unsupported("the source stopped".into())),
-            }
-        }
-    };
-    drop(rx);
-    source.abort();
-    if let Some(t) = source_health_task {
-        t.abort();
-    }
-    if let Some(p) = publisher {
-        p.abort();
-    }
-    if let Some(f) = forwarder {
-        f.abort();
-    }
-    let exit = tokio::task::block_in_place(|| engine.stop());
-    handover.finish().await;
-    daemon.stop().await;
-    result?;
-    match exit {
-        proxier::sync_loop::Exit::Once { ok: false } => Err(Error::Engine(
-            "--once: the sync had errors (see the log)".into(),
-        )),
-        _ => Ok(()),
     }
 }
