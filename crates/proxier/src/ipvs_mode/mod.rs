@@ -35,89 +35,18 @@ use desired::{owned_by_proxy, service_desired_except, Delta, Desired, IpsetEntry
 use model::store::{Changes, Store};
 use model::{NodeInfo, ProxyConfig, Rejections, ServiceName};
 
-/// iptables settings that do not come from services.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RulesConfig {
-    /// Bit of the masquerade mark (`masqueradeBit`, default 14).
-    pub masquerade_bit: u32,
-    /// Local-traffic detection.
-    pub local_detect: iptables::LocalDetect,
-    /// `--random-fully` on MASQUERADE.
-    pub random_fully: bool,
-    /// `detectLocalMode: NodeCIDR`: traffic from the Node object's `spec.podCIDRs` (of the
-    /// proxy's family) is local, and `local_detect` is ignored. Upstream (`NewDetectLocalByCIDR`
-    /// with the node's podCIDRs, cmd/kube-proxy/app/server.go) waits for them at start and
-    /// restarts when they change; here the rules follow the Node object, and until it has
-    /// podCIDRs no traffic counts as local (node-originated traffic to a VIP is masqueraded).
-    pub node_cidr: bool,
-}
-
-impl RulesConfig {
-    /// The local-traffic detection to render for one family: the Node's podCIDRs under
-    /// NodeCIDR (none until it has some), the family's cluster CIDRs when no other detection is
-    /// configured, else the configured one.
-    pub fn local_detect_for(
-        &self,
-        cluster_cidrs: &[ipnet::IpNet],
-        pod_cidrs: &[ipnet::IpNet],
-    ) -> iptables::LocalDetect {
-        match &self.local_detect {
-            _ if self.node_cidr => {
-                if pod_cidrs.is_empty() {
-                    iptables::LocalDetect::None
-                } else {
-                    iptables::LocalDetect::Cidrs(pod_cidrs.to_vec())
-                }
-            }
-            iptables::LocalDetect::None if !cluster_cidrs.is_empty() => {
-                iptables::LocalDetect::Cidrs(cluster_cidrs.to_vec())
-            }
-            other => other.clone(),
-        }
-    }
-
-    /// Under NodeCIDR, takes the Node's podCIDRs of `family` into `held`; true when they
-    /// changed (the rules must be rendered again). Always false otherwise.
-    pub fn refresh_pod_cidrs(
-        &self,
-        held: &mut Vec<ipnet::IpNet>,
-        store: &Store,
-        family: ipvs_netlink::Family,
-    ) -> bool {
-        if !self.node_cidr {
-            return false;
-        }
-        let cidrs = NodeInfo::pod_cidrs_of(store.node(), family);
-        if cidrs == *held {
-            return false;
-        }
-        tracing::info!(?family, old = ?held, new = ?cidrs,
-            "detectLocalMode NodeCIDR: the Node's podCIDRs changed; re-rendering the rules");
-        *held = cidrs;
-        true
-    }
-}
-
-impl Default for RulesConfig {
-    fn default() -> Self {
-        RulesConfig {
-            masquerade_bit: 14,
-            local_detect: iptables::LocalDetect::None,
-            random_fully: true,
-            node_cidr: false,
-        }
-    }
-}
-
 mod apply;
+mod derive;
 mod graceful;
 mod ops;
 mod report;
+mod rules;
 mod sync;
 
 use ops::*;
 
 pub use report::{truncate_text, SubsystemFailure, SyncKind, SyncReport, MAX_ERROR_LEN};
+pub use rules::RulesConfig;
 
 /// One [`Backoff`] per subsystem of one proxier.
 #[derive(Debug, Clone)]
@@ -493,115 +422,6 @@ impl Proxier {
         report.retrying = self.retrying();
         report.duration = start.elapsed();
         report
-    }
-
-    /// Derives every service in `store` into the desired state without touching a kernel
-    /// (for `plan`).
-    pub fn derive_all(&mut self, store: &Store, node_addresses: &BTreeSet<IpAddr>) {
-        self.refresh_pod_cidrs(store);
-        let node = self.node_info(store, node_addresses);
-        let mut report = SyncReport::new(SyncKind::Full);
-        let mut names: BTreeSet<ServiceName> = store.service_names().cloned().collect();
-        names.extend(self.desired_names());
-        let changes = self.derive(store, &node, names, &mut report);
-        self.desired.install_services(changes);
-        self.set_counts = count_sets(&self.desired);
-    }
-
-    /// detectLocalMode NodeCIDR: takes the Node's podCIDRs; true when they changed.
-    fn refresh_pod_cidrs(&mut self, store: &Store) -> bool {
-        self.rules
-            .refresh_pod_cidrs(&mut self.pod_cidrs, store, self.cfg.family)
-    }
-
-    fn node_info(&self, store: &Store, node_addresses: &BTreeSet<IpAddr>) -> NodeInfo {
-        NodeInfo::from_node(&self.node_name, store.node(), node_addresses.clone())
-    }
-
-    /// External VIP claims lost to another Service (the `kube_ipvs_vip_conflicts` gauge).
-    pub fn vip_conflicts(&self) -> usize {
-        self.vips.conflicts()
-    }
-
-    /// Derives the given services (and those whose VIP claims they affect); invalid ones keep
-    /// their last good state.
-    fn derive(
-        &mut self,
-        store: &Store,
-        node: &NodeInfo,
-        names: impl IntoIterator<Item = ServiceName>,
-        report: &mut SyncReport,
-    ) -> Vec<(ServiceName, Option<desired::ServiceDesired>)> {
-        let mut changes = Vec::new();
-        let names = self.vips.update(store, &self.cfg, names);
-        for name in names {
-            report.services_derived += 1;
-            let key = format!("service {name}");
-            let vip_key = format!("vip {name}");
-            let Some(svc) = store.service(&name) else {
-                self.rejections.clear(&key);
-                self.to_adopt.remove(&name);
-                self.rejections.clear(&vip_key);
-                self.rejections.clear_owned(&key);
-                changes.push((name, None));
-                continue;
-            };
-            let slices = store.slices_of(&name);
-            let lost = self.vips.lost(&name);
-            let lost_vips: BTreeSet<desired::vip::Vip> = lost.keys().copied().collect();
-            match service_desired_except(svc, &slices, &self.cfg, node, &lost_vips) {
-                Ok(d) => {
-                    self.rejections.clear(&key);
-                    self.to_adopt.remove(&name);
-                    match desired::vip::conflict_reason(&lost) {
-                        Some(why) => {
-                            self.rejections.reject(&vip_key, &why);
-                        }
-                        None => self.rejections.clear(&vip_key),
-                    }
-                    let slices: Vec<(String, model::Invalid)> = d
-                        .rejected_slices
-                        .iter()
-                        .map(|(slice, why)| {
-                            (
-                                format!("endpointslice {}/{slice}", name.namespace),
-                                why.clone(),
-                            )
-                        })
-                        .collect();
-                    // Slices fixed or deleted since the last derivation are cleared.
-                    self.rejections.replace_owned(&key, &slices);
-                    changes.push((name, d.desired));
-                }
-                Err(why) => {
-                    // Logged once per reason by `reject`; the last good state stays applied,
-                    // and with none (a restart) the kernel's state is adopted at a full sync.
-                    self.rejections.reject(&key, &why);
-                    if self.desired.service(&name).is_none() {
-                        self.to_adopt.insert(name);
-                    }
-                }
-            }
-        }
-        changes
-    }
-
-    fn dirty_names(&mut self, store: &Store, node: &NodeInfo) -> BTreeSet<ServiceName> {
-        let mut names = std::mem::take(&mut self.dirty);
-        if std::mem::take(&mut self.node_dirty) {
-            if node.zone != self.zone {
-                self.zone = node.zone.clone();
-                names.extend(store.service_names().cloned());
-                names.extend(self.desired_names());
-            } else {
-                names.extend(self.desired.node_dependent_services());
-            }
-        }
-        names
-    }
-
-    fn desired_names(&self) -> Vec<ServiceName> {
-        self.desired.service_names().cloned().collect()
     }
 }
 

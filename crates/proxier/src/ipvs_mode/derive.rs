@@ -1,0 +1,115 @@
+//! Deriving: the dirty services (and those whose VIP claims they affect) turned into their
+//! desired state, for a sync or, without a kernel, for `plan`.
+
+use super::*;
+
+impl Proxier {
+    /// Derives every service in `store` into the desired state without touching a kernel
+    /// (for `plan`).
+    pub fn derive_all(&mut self, store: &Store, node_addresses: &BTreeSet<IpAddr>) {
+        self.refresh_pod_cidrs(store);
+        let node = self.node_info(store, node_addresses);
+        let mut report = SyncReport::new(SyncKind::Full);
+        let mut names: BTreeSet<ServiceName> = store.service_names().cloned().collect();
+        names.extend(self.desired_names());
+        let changes = self.derive(store, &node, names, &mut report);
+        self.desired.install_services(changes);
+        self.set_counts = count_sets(&self.desired);
+    }
+
+    /// detectLocalMode NodeCIDR: takes the Node's podCIDRs; true when they changed.
+    pub(super) fn refresh_pod_cidrs(&mut self, store: &Store) -> bool {
+        self.rules
+            .refresh_pod_cidrs(&mut self.pod_cidrs, store, self.cfg.family)
+    }
+
+    pub(super) fn node_info(&self, store: &Store, node_addresses: &BTreeSet<IpAddr>) -> NodeInfo {
+        NodeInfo::from_node(&self.node_name, store.node(), node_addresses.clone())
+    }
+
+    /// External VIP claims lost to another Service (the `kube_ipvs_vip_conflicts` gauge).
+    pub fn vip_conflicts(&self) -> usize {
+        self.vips.conflicts()
+    }
+
+    /// Derives the given services (and those whose VIP claims they affect); invalid ones keep
+    /// their last good state.
+    pub(super) fn derive(
+        &mut self,
+        store: &Store,
+        node: &NodeInfo,
+        names: impl IntoIterator<Item = ServiceName>,
+        report: &mut SyncReport,
+    ) -> Vec<(ServiceName, Option<desired::ServiceDesired>)> {
+        let mut changes = Vec::new();
+        let names = self.vips.update(store, &self.cfg, names);
+        for name in names {
+            report.services_derived += 1;
+            let key = format!("service {name}");
+            let vip_key = format!("vip {name}");
+            let Some(svc) = store.service(&name) else {
+                self.rejections.clear(&key);
+                self.to_adopt.remove(&name);
+                self.rejections.clear(&vip_key);
+                self.rejections.clear_owned(&key);
+                changes.push((name, None));
+                continue;
+            };
+            let slices = store.slices_of(&name);
+            let lost = self.vips.lost(&name);
+            let lost_vips: BTreeSet<desired::vip::Vip> = lost.keys().copied().collect();
+            match service_desired_except(svc, &slices, &self.cfg, node, &lost_vips) {
+                Ok(d) => {
+                    self.rejections.clear(&key);
+                    self.to_adopt.remove(&name);
+                    match desired::vip::conflict_reason(&lost) {
+                        Some(why) => {
+                            self.rejections.reject(&vip_key, &why);
+                        }
+                        None => self.rejections.clear(&vip_key),
+                    }
+                    let slices: Vec<(String, model::Invalid)> = d
+                        .rejected_slices
+                        .iter()
+                        .map(|(slice, why)| {
+                            (
+                                format!("endpointslice {}/{slice}", name.namespace),
+                                why.clone(),
+                            )
+                        })
+                        .collect();
+                    // Slices fixed or deleted since the last derivation are cleared.
+                    self.rejections.replace_owned(&key, &slices);
+                    changes.push((name, d.desired));
+                }
+                Err(why) => {
+                    // Logged once per reason by `reject`; the last good state stays applied,
+                    // and with none (a restart) the kernel's state is adopted at a full sync.
+                    self.rejections.reject(&key, &why);
+                    if self.desired.service(&name).is_none() {
+                        self.to_adopt.insert(name);
+                    }
+                }
+            }
+        }
+        changes
+    }
+
+    pub(super) fn dirty_names(&mut self, store: &Store, node: &NodeInfo) -> BTreeSet<ServiceName> {
+        let mut names = std::mem::take(&mut self.dirty);
+        if std::mem::take(&mut self.node_dirty) {
+            if node.zone != self.zone {
+                self.zone = node.zone.clone();
+                names.extend(store.service_names().cloned());
+                names.extend(self.desired_names());
+            } else {
+                names.extend(self.desired.node_dependent_services());
+            }
+        }
+        names
+    }
+
+    pub(super) fn desired_names(&self) -> Vec<ServiceName> {
+        self.desired.service_names().cloned().collect()
+    }
+}
