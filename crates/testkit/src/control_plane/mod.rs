@@ -18,6 +18,13 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+mod certs;
+mod process;
+
+use certs::make_certs;
+pub use process::run_with_timeout;
+use process::{run_ok, stop};
+
 /// The Kubernetes release `cargo xtask kube` builds (kept equal to xtask's constant).
 pub const KUBERNETES_VERSION: &str = "1.37.2";
 
@@ -123,175 +130,10 @@ pub fn require_upstream() -> PathBuf {
     }
 }
 
-fn show(cmd: &Command) -> String {
-    let mut s = cmd.get_program().to_string_lossy().into_owned();
-    for a in cmd.get_args() {
-        s.push(' ');
-        s.push_str(&a.to_string_lossy());
-    }
-    s
-}
-
-/// Runs `cmd` to completion with `stdin` fed, killing it after `limit`.
-pub fn run_with_timeout(
-    cmd: &mut Command,
-    stdin: Option<&[u8]>,
-    limit: Duration,
-) -> Result<Output> {
-    let shown = show(cmd);
-    let mut child = io_ctx(
-        cmd.stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn(),
-        || format!("starting `{shown}`"),
-    )?;
-    if let (Some(data), Some(mut w)) = (stdin, child.stdin.take()) {
-        use std::io::Write;
-        let data = data.to_vec();
-        std::thread::spawn(move || {
-            let _ = w.write_all(&data);
-        });
-    }
-    let mut so = child.stdout.take();
-    let mut se = child.stderr.take();
-    let out_t = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        if let Some(s) = so.as_mut() {
-            let _ = s.read_to_end(&mut v);
-        }
-        v
-    });
-    let err_t = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        if let Some(s) = se.as_mut() {
-            let _ = s.read_to_end(&mut v);
-        }
-        v
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = io_ctx(child.try_wait(), || format!("waiting for `{shown}`"))? {
-            break s;
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(ControlPlaneError::Timeout(format!(
-                "`{shown}` killed after {} s",
-                limit.as_secs()
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Ok(Output {
-        status,
-        stdout: out_t.join().unwrap_or_default(),
-        stderr: err_t.join().unwrap_or_default(),
-    })
-}
-
-/// Like [`run_with_timeout`], failing unless the command exits 0; returns stdout.
-fn run_ok(cmd: &mut Command, stdin: Option<&[u8]>) -> Result<String> {
-    let shown = show(cmd);
-    let out = run_with_timeout(cmd, stdin, CMD_TIMEOUT)?;
-    if !out.status.success() {
-        return Err(ControlPlaneError::Command {
-            cmd: shown,
-            status: out.status.to_string(),
-            stderr: format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stderr),
-                String::from_utf8_lossy(&out.stdout)
-            ),
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// A free loopback TCP port (bound and released: a small race, acceptable in tests).
 fn free_port() -> Result<u16> {
     let l = io_ctx(TcpListener::bind("127.0.0.1:0"), || "binding a port".into())?;
     Ok(io_ctx(l.local_addr(), || "local_addr".into())?.port())
-}
-
-fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
-    run_ok(Command::new("openssl").args(args).current_dir(dir), None).map(|_| ())
-}
-
-/// Writes the CA, the serving certificate (for loopback, the test VM's forwarded address and
-/// the in-cluster names) and the service-account key pair into `dir`.
-fn make_certs(dir: &Path) -> Result<()> {
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
-    let mut ca = vec!["req", "-x509", "-nodes", "-days", "3"];
-    ca.extend(ec);
-    ca.extend([
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-subj",
-        "/CN=kube-ipvs-test-ca",
-    ]);
-    openssl(dir, &ca)?;
-    let mut csr = vec!["req", "-new", "-nodes"];
-    csr.extend(ec);
-    csr.extend([
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-        "-subj",
-        "/CN=kube-apiserver",
-    ]);
-    openssl(dir, &csr)?;
-    io_ctx(
-        std::fs::write(
-            dir.join("server.ext"),
-            "subjectAltName=IP:127.0.0.1,IP:10.0.2.100,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,\
-             DNS:kubernetes.default,DNS:kubernetes.default.svc\n\
-             extendedKeyUsage=serverAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n\
-             basicConstraints=critical,CA:FALSE\n",
-        ),
-        || "writing server.ext".into(),
-    )?;
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "3",
-            "-out",
-            "server.crt",
-            "-extfile",
-            "server.ext",
-        ],
-    )?;
-    openssl(
-        dir,
-        &[
-            "ecparam",
-            "-name",
-            "prime256v1",
-            "-genkey",
-            "-noout",
-            "-out",
-            "sa.key",
-        ],
-    )?;
-    openssl(dir, &["ec", "-in", "sa.key", "-pubout", "-out", "sa.pub"])
 }
 
 /// A kubeconfig for `server` trusting `ca`, authenticating with `token`.
@@ -609,22 +451,6 @@ impl ControlPlane {
             stop(c);
         }
     }
-}
-
-fn stop(mut c: Child) {
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(c.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    );
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(20) {
-        if let Ok(Some(_)) = c.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = c.kill();
-    let _ = c.wait();
 }
 
 impl Drop for ControlPlane {
