@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::{Error, Result};
+
 /// An iptables table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Table {
@@ -72,6 +74,20 @@ impl Jump {
     pub fn save_line(&self) -> String {
         format!("-A {} {}", self.from, self.spec())
     }
+}
+
+/// An interface name as `-i` takes it (both modes' local-traffic detection): 1 to 15
+/// characters of letters, digits, `-`, `_` and `.`.
+pub(crate) fn iface(s: &str) -> Result<&str> {
+    if s.is_empty()
+        || s.len() > 15
+        || !s
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err(Error::InvalidInput(format!("bad interface name {s:?}")));
+    }
+    Ok(s)
 }
 
 /// Quote a comment the way iptables-save does (always in double quotes here).

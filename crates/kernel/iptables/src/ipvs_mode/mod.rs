@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use ipset::{Family, IpsetState, Protocol, SetKind};
 
-use crate::rules::{quote, Jump, RuleSet, Table};
+use crate::rules::{iface, quote, Jump, RuleSet, Table};
 use crate::{Error, Result};
 
 const SERVICES: &str = "KUBE-SERVICES";
@@ -245,18 +245,6 @@ impl IpvsModeInput {
             LocalDetect::InterfaceNamePrefix(p) => Some(format!("! -i {}+", iface(p)?)),
         })
     }
-}
-
-fn iface(s: &str) -> Result<&str> {
-    if s.is_empty()
-        || s.len() > 15
-        || !s
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-    {
-        return Err(Error::InvalidInput(format!("bad interface name {s:?}")));
-    }
-    Ok(s)
 }
 
 mod render;

@@ -386,15 +386,15 @@ fn fixed_and_filter(rs: &mut RuleSet, input: &IpvsModeInput, mark: &str) {
 /// POSTROUTING: node-originated in-cluster traffic to Local destinations, then the masquerade
 /// of marked packets (once, clearing the mark), and KUBE-MARK-MASQ itself.
 fn postrouting(rs: &mut RuleSet, input: &IpvsModeInput, mark: &str, in_cluster_bit: u32) {
+    let rf = if input.random_fully {
+        " --random-fully"
+    } else {
+        ""
+    };
     // Node-originated in-cluster traffic to a Local destination leaves with a local source
     // (the LB IP itself, or the node IP) and may go to another node: masquerade it, like
     // upstream's iptables proxier ("masquerade LOCAL traffic for ... external destinations").
     if !input.in_cluster.is_empty() && in_cluster_bit != 0 {
-        let rf = if input.random_fully {
-            " --random-fully"
-        } else {
-            ""
-        };
         nat(
             rs,
             format!(
@@ -414,11 +414,6 @@ fn postrouting(rs: &mut RuleSet, input: &IpvsModeInput, mark: &str, in_cluster_b
         // `--xor-mark M`, in iptables-save's spelling.
         format!("-A {POSTROUTING} -j MARK --set-xmark {mark}/0x0"),
     );
-    let rf = if input.random_fully {
-        " --random-fully"
-    } else {
-        ""
-    };
     nat(
         rs,
         format!(

@@ -1,6 +1,7 @@
 //! The mode's node-wide configuration.
 
 use super::*;
+use crate::rules::iface;
 
 /// Configuration of the mode (node-wide).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,16 +103,4 @@ impl ProxyModeConfig {
             }
         })
     }
-}
-
-pub(super) fn iface(s: &str) -> Result<&str> {
-    if s.is_empty()
-        || s.len() > 15
-        || !s
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-    {
-        return Err(Error::InvalidInput(format!("bad interface name {s:?}")));
-    }
-    Ok(s)
 }
