@@ -576,6 +576,48 @@ fn per_file_diff_duplicates_fall_back_to_the_earlier_file() {
     assert_eq!(ip(&state).as_deref(), Some("10.96.0.1"));
 }
 
+/// A large multi-document file (indexed by key, unlike the one-object files, which are
+/// scanned): its last definition of a repeated object wins, a change emits only the changed
+/// object, and dropping the later definition falls back to the earlier one in the same file.
+#[test]
+fn large_multi_document_file_last_definition_wins() {
+    let dir = TempDir::new("diff-large");
+    let mut state = static_dir::DirState::new(dir.path(), "h");
+    let docs = |changed: Option<&str>, with_repeat: bool| {
+        let mut d: Vec<String> = (0..12)
+            .map(|i| {
+                let ip = match changed {
+                    Some(ip) if i == 7 => ip.to_string(),
+                    _ => format!("10.96.1.{i}"),
+                };
+                svc(&format!("s{i}"), &ip)
+            })
+            .collect();
+        if with_repeat {
+            d.push(svc("s3", "10.96.9.3"));
+        }
+        d.join("---\n")
+    };
+    let ip_of = |st: &static_dir::DirState, name: &str| {
+        st.snapshot()
+            .services
+            .iter()
+            .find(|s| &*s.name.name == name)
+            .and_then(|s| s.spec.as_ref())
+            .and_then(|s| s.cluster_ip.clone())
+    };
+    dir.write("all.yaml", &docs(None, true));
+    state.scan(false).unwrap();
+    assert_eq!(state.snapshot().services.len(), 12);
+    assert_eq!(ip_of(&state, "s3").as_deref(), Some("10.96.9.3"));
+    dir.write("all.yaml", &docs(Some("10.96.8.7"), true));
+    assert_eq!(shapes(&state.scan(false).unwrap()), vec!["apply s7"]);
+    assert_eq!(ip_of(&state, "s7").as_deref(), Some("10.96.8.7"));
+    dir.write("all.yaml", &docs(Some("10.96.8.7"), false));
+    assert_eq!(shapes(&state.scan(false).unwrap()), vec!["apply s3"]);
+    assert_eq!(ip_of(&state, "s3").as_deref(), Some("10.96.1.3"));
+}
+
 #[tokio::test]
 async fn run_fails_on_a_missing_directory() {
     let dir = TempDir::new("missing");

@@ -13,7 +13,7 @@ use super::parse::{par_map, parse_file, FileObjects};
 use super::{StaticDirError, FILE_EXTENSIONS};
 use model::event::{Kind, Object, SourceEvent};
 use model::objects::{Interner, Slice, Svc};
-use model::sorted::SortedVec;
+use model::sorted::{SortedMap, SortedVec};
 
 /// Everything the directory holds at one point in time.
 #[derive(Debug, Clone, PartialEq)]
@@ -107,6 +107,16 @@ impl Stamp {
     }
 }
 
+/// Files with at most this many objects are searched by a scan, without an index.
+pub(super) const SCAN_MAX: usize = 8;
+
+/// Where each object of a large file is: the index of the last document defining it.
+#[derive(Debug, Default)]
+pub(super) struct FileIndex {
+    services: SortedMap<ObjKey, usize>,
+    slices: SortedMap<ObjKey, usize>,
+}
+
 /// One file as the source knows it.
 #[derive(Debug, Default)]
 pub(super) struct FileEntry {
@@ -114,9 +124,13 @@ pub(super) struct FileEntry {
     pub(super) hash: Option<u64>,
     /// `stat` of the last read.
     pub(super) stamp: Option<Stamp>,
-    /// The objects of its last good version (found by key with a scan: nearly every file
-    /// holds one object, and a per-file index cost ~150 bytes a file at 20,000 files).
+    /// The objects of its last good version.
     pub(super) objects: FileObjects,
+    /// Index of the last document defining each object, only for a file holding more than
+    /// [`SCAN_MAX`] objects: a file of one or two objects is scanned (an index for every file
+    /// cost ~150 bytes a file at 20,000 files), while a scan per key of a large multi-document
+    /// file would make its change quadratic.
+    pub(super) index: Option<Box<FileIndex>>,
     /// The last read failed (its last good objects are kept).
     pub(super) bad: bool,
     /// A read succeeded at least once (`objects` is a real version, not the empty default).
@@ -131,25 +145,43 @@ impl FileEntry {
             // Just parsed: the only holder, so this does not copy.
             Arc::make_mut(s).intern(names);
         }
+        self.index =
+            (objects.services.len() + objects.endpoint_slices.len() > SCAN_MAX).then(|| {
+                Box::new(FileIndex {
+                    // Collecting keeps the last index of a repeated key: the last document wins.
+                    services: (objects.services.iter().enumerate())
+                        .map(|(i, s)| (service_key(s), i))
+                        .collect(),
+                    slices: (objects.endpoint_slices.iter().enumerate())
+                        .map(|(i, s)| (slice_key(s), i))
+                        .collect(),
+                })
+            });
         self.objects = objects;
     }
 
     /// The last document's Service `key` (a later document overrides an earlier one).
     fn service(&self, key: &ObjKey) -> Option<&Arc<Svc>> {
-        self.objects
-            .services
-            .iter()
-            .rev()
-            .find(|s| *s.name.namespace == *key.0 && *s.name.name == *key.1)
+        let services = &self.objects.services;
+        match &self.index {
+            Some(ix) => services.get(*ix.services.get(key)?),
+            None => services
+                .iter()
+                .rev()
+                .find(|s| *s.name.namespace == *key.0 && *s.name.name == *key.1),
+        }
     }
 
     /// The last document's EndpointSlice `key`.
     fn slice(&self, key: &ObjKey) -> Option<&Arc<Slice>> {
-        self.objects
-            .endpoint_slices
-            .iter()
-            .rev()
-            .find(|s| *s.namespace == *key.0 && *s.name == *key.1)
+        let slices = &self.objects.endpoint_slices;
+        match &self.index {
+            Some(ix) => slices.get(*ix.slices.get(key)?),
+            None => slices
+                .iter()
+                .rev()
+                .find(|s| *s.namespace == *key.0 && *s.name == *key.1),
+        }
     }
 }
 
