@@ -62,6 +62,18 @@ impl Rejections {
         }
     }
 
+    /// [`Rejections::replace_owned`] for a Service's EndpointSlices skipped by a derivation,
+    /// given by name: each is keyed `endpointslice NAMESPACE/NAME`, the form Events and logs
+    /// name them by (both proxy modes record them this way).
+    pub fn replace_slices(&mut self, owner: &str, namespace: &str, slices: &[(String, Invalid)]) {
+        let keyed: Vec<(String, Invalid)> = slices
+            .iter()
+            .map(|(slice, why)| (format!("endpointslice {namespace}/{slice}"), why.clone()))
+            .collect();
+        // Slices fixed or deleted since the last derivation are cleared.
+        self.replace_owned(owner, &keyed);
+    }
+
     /// Clears every rejection owned by `owner` (the owner was deleted).
     pub fn clear_owned(&mut self, owner: &str) {
         self.replace_owned(owner, &[]);

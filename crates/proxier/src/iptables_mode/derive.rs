@@ -155,17 +155,8 @@ impl IptablesProxier {
                                 }
                                 None => self.rejections.clear(&vip_key),
                             }
-                            let rejected: Vec<(String, Invalid)> = rejected
-                                .iter()
-                                .map(|(slice, why)| {
-                                    (
-                                        format!("endpointslice {}/{slice}", name.namespace),
-                                        why.clone(),
-                                    )
-                                })
-                                .collect();
-                            // Slices fixed or deleted since the last derivation are cleared.
-                            self.rejections.replace_owned(&key, &rejected);
+                            self.rejections
+                                .replace_slices(&key, &name.namespace, &rejected);
                             let mut states = Vec::with_capacity(ports.len());
                             let mut bad = None;
                             for p in ports {

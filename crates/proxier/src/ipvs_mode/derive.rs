@@ -68,18 +68,8 @@ impl Proxier {
                         }
                         None => self.rejections.clear(&vip_key),
                     }
-                    let slices: Vec<(String, model::Invalid)> = d
-                        .rejected_slices
-                        .iter()
-                        .map(|(slice, why)| {
-                            (
-                                format!("endpointslice {}/{slice}", name.namespace),
-                                why.clone(),
-                            )
-                        })
-                        .collect();
-                    // Slices fixed or deleted since the last derivation are cleared.
-                    self.rejections.replace_owned(&key, &slices);
+                    self.rejections
+                        .replace_slices(&key, &name.namespace, &d.rejected_slices);
                     changes.push((name, d.desired));
                 }
                 Err(why) => {
