@@ -336,11 +336,21 @@ async fn vip_conflict() {
     let m = common::get(d.metrics, "/metrics").await.unwrap().body;
     assert_eq!(metric(&m, "kube_ipvs_vip_conflicts "), 1.0, "{m}");
 
-    // The winner goes: the loser's claim is served now.
+    // The winner goes: the loser's claim is served now, and the winner's ClusterIP virtual
+    // server is gone. Both are waited for: within one sync the loser's real server is added
+    // (IPVS creates) before the winner's virtual server is deleted (after its VIP is unbound;
+    // desired::diff's ordering contract), so a read in between sees the first without the
+    // second.
     api.delete::<Service>("zz", "older").unwrap();
-    let table = wait_ipvs(&d, "the loser taking over", Duration::from_secs(60), |t| {
-        t.contains("-a -t 203.0.113.10:80 -r 10.244.0.9:8080 -m")
-    })
+    let table = wait_ipvs(
+        &d,
+        "the loser taking over and the winner's ClusterIP gone",
+        Duration::from_secs(60),
+        |t| {
+            t.contains("-a -t 203.0.113.10:80 -r 10.244.0.9:8080 -m")
+                && !t.contains("-A -t 10.96.0.40:80")
+        },
+    )
     .await;
     assert!(!table.contains("-A -t 10.96.0.40:80"), "{table}");
     let m = wait_metrics(&d, "no conflict left", |m| {
