@@ -10,6 +10,7 @@
 use std::net::IpAddr;
 
 use ipvs_netlink::Destination;
+use model::sorted::sorted_last_wins;
 
 /// A real server's key: its address and port.
 pub type RealServerKey = (IpAddr, u16);
@@ -105,18 +106,9 @@ impl FromIterator<Destination> for RealServers {
     /// Keyed by address and port; of several with the same key the last one stays (like
     /// collecting into a map).
     fn from_iter<I: IntoIterator<Item = Destination>>(iter: I) -> RealServers {
-        let mut v: Vec<Destination> = iter.into_iter().collect();
-        // Stable: equal keys keep their order, so the last one is last.
-        v.sort_by_key(key_of);
-        let mut out: Vec<Destination> = Vec::with_capacity(v.len());
-        for d in v {
-            match out.last_mut() {
-                Some(last) if key_of(last) == key_of(&d) => *last = d,
-                _ => out.push(d),
-            }
-        }
-        out.shrink_to_fit();
-        RealServers(out)
+        RealServers(sorted_last_wins(iter.into_iter().collect(), |a, b| {
+            key_of(a).cmp(&key_of(b))
+        }))
     }
 }
 

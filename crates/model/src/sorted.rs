@@ -215,19 +215,27 @@ impl<K, V> SortedMap<K, V> {
 
 impl<K: Ord, V> FromIterator<(K, V)> for SortedMap<K, V> {
     fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
-        let mut v: Vec<(K, V)> = iter.into_iter().collect();
-        // Stable sort, last value of a key wins (like collecting into a BTreeMap).
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut out: Vec<(K, V)> = Vec::with_capacity(v.len());
-        for e in v {
-            match out.last_mut() {
-                Some(last) if last.0 == e.0 => *last = e,
-                _ => out.push(e),
-            }
-        }
-        out.shrink_to_fit();
-        SortedMap(out)
+        SortedMap(sorted_last_wins(iter.into_iter().collect(), |a, b| {
+            a.0.cmp(&b.0)
+        }))
     }
+}
+
+/// `v` sorted by `by` (which compares elements by their keys), one element per key: of
+/// elements with equal keys the last one stays (like collecting into a `BTreeMap`); no spare
+/// capacity. For map-like vectors whose key is part of the element.
+pub fn sorted_last_wins<T>(mut v: Vec<T>, by: impl Fn(&T, &T) -> std::cmp::Ordering) -> Vec<T> {
+    // Stable: equal keys keep their order, so the last one comes last.
+    v.sort_by(&by);
+    let mut out: Vec<T> = Vec::with_capacity(v.len());
+    for e in v {
+        match out.last_mut() {
+            Some(last) if by(last, &e).is_eq() => *last = e,
+            _ => out.push(e),
+        }
+    }
+    out.shrink_to_fit();
+    out
 }
 
 impl<K, V> IntoIterator for SortedMap<K, V> {
