@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipvs_netlink::Family;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -12,7 +13,7 @@ use crate::names::{
     Invalid, ServiceName, MAX_ENDPOINTS_PER_SERVICE_PORT, MAX_ENDPOINTS_PER_SLICE,
     MAX_PORTS_PER_SERVICE, SERVICE_NAME_LABEL,
 };
-use crate::objects::{AddressType, Slice};
+use crate::objects::{AddressType, Hints, Slice};
 use crate::service::{parse_ip, parse_port, parse_protocol, NoLocalEndpoints, ServicePort};
 
 /// One endpoint (pod address and target port) of a service port.
@@ -22,13 +23,13 @@ pub struct Endpoint {
     pub ip: IpAddr,
     /// Target port.
     pub port: u16,
-    /// `nodeName`.
-    pub node_name: Option<String>,
-    /// `hints.forZones` (None when the endpoint carries no zone hints).
-    pub zone_hints: Option<BTreeSet<String>>,
-    /// `hints.forNodes` (None when the endpoint carries no node hints): set by the
-    /// EndpointSlice controller for `trafficDistribution: PreferSameNode`.
-    pub node_hints: Option<BTreeSet<String>>,
+    /// `nodeName` (shared with the slice's copy, as are the hints: deriving a service
+    /// allocates nothing per endpoint).
+    pub node_name: Option<Arc<str>>,
+    /// `hints.forZones` and `hints.forNodes` (the latter set by the EndpointSlice controller for
+    /// `trafficDistribution: PreferSameNode`); see [`Endpoint::zone_hints`] and
+    /// [`Endpoint::node_hints`].
+    pub hints: Option<Arc<Hints>>,
     /// `conditions.ready` (unset = true).
     pub ready: bool,
     /// `conditions.serving` (unset = ready).
@@ -37,6 +38,23 @@ pub struct Endpoint {
     pub terminating: bool,
     /// Runs on this node.
     pub is_local: bool,
+}
+
+impl Endpoint {
+    /// `hints.forZones[].name` (None when the endpoint carries no zone hints).
+    pub fn zone_hints(&self) -> Option<&[Arc<str>]> {
+        self.hints.as_deref()?.zones.as_deref()
+    }
+
+    /// `hints.forNodes[].name` (None when the endpoint carries no node hints).
+    pub fn node_hints(&self) -> Option<&[Arc<str>]> {
+        self.hints.as_deref()?.nodes.as_deref()
+    }
+}
+
+/// True when `names` holds `name`.
+fn names_contain(names: &[Arc<str>], name: &str) -> bool {
+    names.iter().any(|n| &**n == name)
 }
 
 /// Checks an EndpointSlice as a whole: address type, sizes, addresses, ports, protocols.
@@ -153,9 +171,8 @@ pub fn endpoints(slices: &[&Slice], port: &ServicePort, node_name: &str) -> Merg
         if slice.address_type != want {
             continue;
         }
-        let slice_name = slice.name.to_string();
         if let Some(e) = &slice.invalid {
-            rejected.push((slice_name, e.clone()));
+            rejected.push((slice.name.to_string(), e.clone()));
             continue;
         }
         let target = slice.ports.iter().find(|p| {
@@ -173,19 +190,11 @@ pub fn endpoints(slices: &[&Slice], port: &ServicePort, node_name: &str) -> Merg
             let ready = ep.ready.unwrap_or(true);
             let serving = ep.serving.unwrap_or(ready);
             let terminating = ep.terminating.unwrap_or(false);
-            let hints = ep.hints.as_deref();
-            let zone_hints = hints
-                .and_then(|h| h.zones.as_ref())
-                .map(|z| z.iter().map(|z| z.to_string()).collect::<BTreeSet<_>>());
-            let node_hints = hints
-                .and_then(|h| h.nodes.as_ref())
-                .map(|n| n.iter().map(|n| n.to_string()).collect::<BTreeSet<_>>());
             new.push(Endpoint {
                 ip: ep.ip,
                 port: tport,
-                node_name: ep.node_name.as_deref().map(str::to_string),
-                zone_hints,
-                node_hints,
+                node_name: ep.node_name.clone(),
+                hints: ep.hints.clone(),
                 ready,
                 serving,
                 terminating,
@@ -198,7 +207,7 @@ pub fn endpoints(slices: &[&Slice], port: &ServicePort, node_name: &str) -> Merg
             .count();
         if merged.len() + added > MAX_ENDPOINTS_PER_SERVICE_PORT {
             rejected.push((
-                slice_name,
+                slice.name.to_string(),
                 Invalid::new(format!(
                     "service port would exceed {MAX_ENDPOINTS_PER_SERVICE_PORT} endpoints"
                 )),
@@ -280,13 +289,13 @@ pub fn topology_mode(eps: &[Endpoint], node_name: &str, zone: Option<&str>) -> T
     let (mut all_node, mut for_node) = (true, false);
     let (mut all_zone, mut for_zone) = (true, false);
     for e in eps.iter().filter(|e| e.ready) {
-        match &e.node_hints {
+        match e.node_hints() {
             None => all_node = false,
-            Some(n) => for_node |= n.contains(node_name),
+            Some(n) => for_node |= names_contain(n, node_name),
         }
-        match &e.zone_hints {
+        match e.zone_hints() {
             None => all_zone = false,
-            Some(z) => for_zone |= zone.is_some_and(|zn| z.contains(zn)),
+            Some(z) => for_zone |= zone.is_some_and(|zn| names_contain(z, zn)),
         }
     }
     if all_node && for_node {
@@ -303,11 +312,10 @@ impl TopologyMode {
     fn admits(self, e: &Endpoint, node_name: &str, zone: Option<&str>) -> bool {
         match self {
             TopologyMode::None => true,
-            TopologyMode::SameNode => e.node_hints.as_ref().is_some_and(|n| n.contains(node_name)),
+            TopologyMode::SameNode => e.node_hints().is_some_and(|n| names_contain(n, node_name)),
             TopologyMode::SameZone => e
-                .zone_hints
-                .as_ref()
-                .is_some_and(|z| zone.is_some_and(|zn| z.contains(zn))),
+                .zone_hints()
+                .is_some_and(|z| zone.is_some_and(|zn| names_contain(z, zn))),
         }
     }
 }

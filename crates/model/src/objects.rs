@@ -191,7 +191,7 @@ pub struct SlicePort {
 }
 
 /// Topology hints of one endpoint.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct Hints {
     /// `hints.forZones[].name` (None when absent or empty).
     pub zones: Option<Vec<Arc<str>>>,
@@ -207,8 +207,8 @@ pub struct SliceEndpoint {
     pub ip: IpAddr,
     /// `nodeName` (interned).
     pub node_name: Option<Arc<str>>,
-    /// `hints`, when the endpoint carries any.
-    pub hints: Option<Box<Hints>>,
+    /// `hints`, when the endpoint carries any (shared with the endpoints derived from it).
+    pub hints: Option<Arc<Hints>>,
     /// `conditions.ready`.
     pub ready: Option<bool>,
     /// `conditions.serving`.
@@ -312,7 +312,7 @@ impl Slice {
                 Some(SliceEndpoint {
                     ip,
                     node_name: ep.node_name.as_deref().map(|n| names.intern(n)),
-                    hints: (hints != Hints::default()).then(|| Box::new(hints)),
+                    hints: (hints != Hints::default()).then(|| Arc::new(hints)),
                     ready: cond.and_then(|c| c.ready),
                     serving: cond.and_then(|c| c.serving),
                     terminating: cond.and_then(|c| c.terminating),
@@ -364,7 +364,7 @@ impl Slice {
             if let Some(n) = ep.node_name.as_mut() {
                 share(n);
             }
-            if let Some(h) = ep.hints.as_deref_mut() {
+            if let Some(h) = ep.hints.as_mut().map(Arc::make_mut) {
                 for n in h.zones.iter_mut().chain(h.nodes.iter_mut()).flatten() {
                     share(n);
                 }

@@ -2,6 +2,7 @@
 //! `ipset save` text formats.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::fmt::Write as _;
 
 use crate::entry::Entry;
@@ -209,71 +210,80 @@ pub fn diff(desired: &IpsetState, current: &IpsetState) -> IpsetDiff {
     d
 }
 
-/// Where a line of a restore script came from (to map ipset's "Error in line N").
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LineOrigin {
+/// One line of a restore script, borrowed from its diff: what it does and to what (so ipset's
+/// "Error in line N" maps back to an entry and its owner). Its text is its `Display`; a line
+/// costs no allocation until it is written out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineOrigin<'a> {
     /// `destroy` of a wrong-type set before recreating it.
-    DestroyForRecreate(String),
+    DestroyForRecreate(&'a SetSpec),
     /// `create` of a set.
-    Create(String),
+    Create(&'a SetSpec),
     /// `del` of a member.
-    Del(EntryChange),
+    Del(&'a EntryChange),
     /// `add` of a member.
-    Add(EntryChange),
+    Add(&'a EntryChange),
     /// `destroy` of a set no longer desired.
-    Destroy(String),
+    Destroy(&'a str),
 }
 
-impl LineOrigin {
+impl<'a> LineOrigin<'a> {
     /// The set the line touches.
-    pub fn set(&self) -> &str {
-        match self {
-            LineOrigin::DestroyForRecreate(s) | LineOrigin::Create(s) | LineOrigin::Destroy(s) => s,
+    pub fn set(&self) -> &'a str {
+        match *self {
+            LineOrigin::DestroyForRecreate(s) | LineOrigin::Create(s) => &s.name,
+            LineOrigin::Destroy(s) => s,
             LineOrigin::Del(c) | LineOrigin::Add(c) => &c.set,
+        }
+    }
+
+    /// The member added or deleted (`None` for set lines).
+    pub fn member(&self) -> Option<&'a EntryChange> {
+        match *self {
+            LineOrigin::Del(c) | LineOrigin::Add(c) => Some(c),
+            _ => None,
         }
     }
 }
 
-/// The restore script lines of a diff, each with its origin, in a safe order: wrong-type sets
-/// destroyed, sets created, members deleted, members added, unwanted sets destroyed.
-pub fn restore_lines(diff: &IpsetDiff) -> Vec<(String, LineOrigin)> {
+impl fmt::Display for LineOrigin<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LineOrigin::DestroyForRecreate(s) => write!(f, "destroy {}", s.name),
+            LineOrigin::Create(s) => write!(f, "create {} {}", s.name, s.create_args()),
+            LineOrigin::Del(c) => write!(f, "del {} {}", c.set, c.entry),
+            LineOrigin::Add(c) => write!(f, "add {} {}", c.set, c.entry),
+            LineOrigin::Destroy(s) => write!(f, "destroy {s}"),
+        }
+    }
+}
+
+/// The restore script lines of a diff in a safe order: wrong-type sets destroyed, sets
+/// created, members deleted, members added, unwanted sets destroyed.
+pub fn restore_lines(diff: &IpsetDiff) -> Vec<LineOrigin<'_>> {
     let mut out = Vec::with_capacity(diff.len());
-    for s in &diff.recreates {
-        out.push((
-            format!("destroy {}", s.name),
-            LineOrigin::DestroyForRecreate(s.name.clone()),
-        ));
-    }
-    for s in diff.recreates.iter().chain(&diff.creates) {
-        out.push((
-            format!("create {} {}", s.name, s.create_args()),
-            LineOrigin::Create(s.name.clone()),
-        ));
-    }
-    for c in &diff.dels {
-        out.push((
-            format!("del {} {}", c.set, c.entry),
-            LineOrigin::Del(c.clone()),
-        ));
-    }
-    for c in &diff.adds {
-        out.push((
-            format!("add {} {}", c.set, c.entry),
-            LineOrigin::Add(c.clone()),
-        ));
-    }
-    for s in &diff.destroys {
-        out.push((format!("destroy {s}"), LineOrigin::Destroy(s.clone())));
-    }
+    out.extend(diff.recreates.iter().map(LineOrigin::DestroyForRecreate));
+    out.extend(
+        diff.recreates
+            .iter()
+            .chain(&diff.creates)
+            .map(LineOrigin::Create),
+    );
+    out.extend(diff.dels.iter().map(LineOrigin::Del));
+    out.extend(diff.adds.iter().map(LineOrigin::Add));
+    out.extend(
+        diff.destroys
+            .iter()
+            .map(|s| LineOrigin::Destroy(s.as_str())),
+    );
     out
 }
 
 /// The diff as one `ipset restore -exist` script.
 pub fn render_restore(diff: &IpsetDiff) -> String {
     let mut s = String::new();
-    for (line, _) in restore_lines(diff) {
-        s.push_str(&line);
-        s.push('\n');
+    for line in restore_lines(diff) {
+        let _ = writeln!(s, "{line}");
     }
     s
 }

@@ -43,7 +43,7 @@ pub(super) enum NetlinkState {
 impl Ipset {
     /// The netlink path; `None` when netlink is unavailable or the socket failed (nothing is
     /// known to be lost: ADD/DEL with `-exist` semantics can be sent again with restore).
-    pub(super) fn apply_netlink(&self, lines: &[(String, LineOrigin)]) -> Option<ApplyReport> {
+    pub(super) fn apply_netlink(&self, lines: &[LineOrigin<'_>]) -> Option<ApplyReport> {
         let mut state = self.netlink.lock().unwrap_or_else(|e| e.into_inner());
         if matches!(*state, NetlinkState::Closed) {
             *state = self.open_channel();
@@ -165,10 +165,10 @@ fn probe_protocol(sock: &mut Socket) -> Result<u8> {
 /// caller falls back to restore).
 fn send_members(
     ch: &mut Channel,
-    lines: &[(String, LineOrigin)],
+    lines: &[LineOrigin<'_>],
     report: &mut ApplyReport,
 ) -> Result<()> {
-    let member = |i: usize| match &lines[i].1 {
+    let member = |i: usize| match lines[i] {
         LineOrigin::Add(c) => Some((Adt::Add, c)),
         LineOrigin::Del(c) => Some((Adt::Del, c)),
         _ => None,
@@ -177,7 +177,7 @@ fn send_members(
     if let Some(i) = (0..lines.len()).find(|&i| member(i).is_none()) {
         return Err(Error::Netlink(format!(
             "not a member line: {:?}",
-            lines[i].0
+            lines[i].to_string()
         )));
     }
     let window = Window {
@@ -197,14 +197,14 @@ fn send_members(
             }
             None => Err(Error::Netlink(format!(
                 "not a member line: {:?}",
-                lines[i].0
+                lines[i].to_string()
             ))),
         },
         |i, answer| {
-            let (line, origin) = &lines[i];
+            let origin = &lines[i];
             let message = match (answer, member(i)) {
                 (Err(e), _) => {
-                    report.rejected.push(rejected(line, origin, e.to_string()));
+                    report.rejected.push(rejected(origin, e.to_string()));
                     return;
                 }
                 (Ok(Answer::Ack), _) => return,
@@ -214,7 +214,7 @@ fn send_members(
                 (Ok(Answer::Unsent), _) => return,
                 _ => "no answer from the kernel (netlink receive buffer overrun)".to_string(),
             };
-            let r = rejected(line, origin, message);
+            let r = rejected(origin, message);
             tracing::warn!(set = %r.set, line = %r.line, owner = %r.owner,
                 message = %r.message, "kernel rejected an ipset member");
             report.rejected.push(r);

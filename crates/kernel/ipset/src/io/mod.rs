@@ -5,6 +5,7 @@
 //! unavailable or the diff destroys a set.
 
 use std::collections::BTreeSet;
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -296,9 +297,8 @@ impl Ipset {
         }
         // Sets first (one restore, only when the diff creates or recreates one), then the
         // members over netlink; a set that could not be made takes its members with it.
-        let (structure, members): (Vec<_>, Vec<_>) = lines
-            .into_iter()
-            .partition(|(_, o)| !matches!(o, LineOrigin::Add(_) | LineOrigin::Del(_)));
+        let (structure, members): (Vec<_>, Vec<_>) =
+            lines.into_iter().partition(|o| o.member().is_none());
         let mut report = if structure.is_empty() {
             ApplyReport::default()
         } else {
@@ -310,10 +310,9 @@ impl Ipset {
             .filter(|r| r.entry.is_none())
             .map(|r| r.set.clone())
             .collect();
-        let (members, skipped): (Vec<_>, Vec<_>) = members
-            .into_iter()
-            .partition(|(_, o)| !unmade.contains(o.set()));
-        for (_, o) in &skipped {
+        let (members, skipped): (Vec<_>, Vec<_>) =
+            members.into_iter().partition(|o| !unmade.contains(o.set()));
+        for o in &skipped {
             if let Some(r) = report.rejected.iter_mut().find(|r| r.set == o.set()) {
                 r.skipped += 1;
             }
@@ -336,7 +335,7 @@ impl Ipset {
     /// for a set that cannot be created, that set's lines) is reported in
     /// [`ApplyReport::rejected`] and the rest is sent again, so one bad entry never stops the
     /// batch.
-    fn apply_restore(&self, lines: Vec<(String, LineOrigin)>) -> Result<ApplyReport> {
+    fn apply_restore(&self, lines: Vec<LineOrigin<'_>>) -> Result<ApplyReport> {
         let mut report = ApplyReport {
             lines: lines.len(),
             ..ApplyReport::default()
@@ -346,10 +345,9 @@ impl Ipset {
         loop {
             let mut script = String::new();
             let mut index = Vec::new(); // script line number - 1 → lines index
-            for (i, (l, _)) in lines.iter().enumerate() {
+            for (i, l) in lines.iter().enumerate() {
                 if active[i] {
-                    script.push_str(l);
-                    script.push('\n');
+                    let _ = writeln!(script, "{l}");
                     index.push(i);
                 }
             }
@@ -378,24 +376,15 @@ impl Ipset {
                     stderr,
                 });
             };
-            let (line, origin) = &lines[bad];
+            let origin = lines[bad];
             active[bad] = false;
-            let mut rejected = Rejected {
-                set: origin.set().to_string(),
-                entry: None,
-                owner: String::new(),
-                line: line.clone(),
-                message: message.clone(),
-                skipped: 0,
-            };
+            let mut rejected = rejected(&origin, message.clone());
             match origin {
-                LineOrigin::Add(c) | LineOrigin::Del(c) => {
-                    rejected.entry = Some(c.entry.clone());
-                    rejected.owner = c.owner.clone();
-                }
-                LineOrigin::DestroyForRecreate(set) | LineOrigin::Create(set) => {
+                LineOrigin::Add(_) | LineOrigin::Del(_) => {}
+                LineOrigin::DestroyForRecreate(spec) | LineOrigin::Create(spec) => {
+                    let set = spec.name.as_str();
                     // The set cannot be (re)made: its members cannot go in either.
-                    for (i, (_, o)) in lines.iter().enumerate() {
+                    for (i, o) in lines.iter().enumerate() {
                         if active[i] && o.set() == set && !matches!(o, LineOrigin::Destroy(_)) {
                             active[i] = false;
                             rejected.skipped += 1;
@@ -427,17 +416,17 @@ impl Ipset {
     }
 }
 
-/// A rejected member line with its owner.
-fn rejected(line: &str, origin: &LineOrigin, message: String) -> Rejected {
-    let (entry, owner) = match origin {
-        LineOrigin::Add(c) | LineOrigin::Del(c) => (Some(c.entry.clone()), c.owner.clone()),
-        _ => (None, String::new()),
+/// A rejected line, with the member and its owner for a member line.
+fn rejected(origin: &LineOrigin<'_>, message: String) -> Rejected {
+    let (entry, owner) = match origin.member() {
+        Some(c) => (Some(c.entry.clone()), c.owner.clone()),
+        None => (None, String::new()),
     };
     Rejected {
         set: origin.set().to_string(),
         entry,
         owner,
-        line: line.to_string(),
+        line: origin.to_string(),
         message,
         skipped: 0,
     }
