@@ -1,15 +1,19 @@
 //! Small sorted sets and maps on a vector: for the many collections that nearly always hold
 //! one or two elements (the claimants of a VIP or of a virtual server, the slices of a
 //! service, the virtual servers of a service), where a `BTreeSet`/`BTreeMap` would allocate a
-//! whole eleven-slot node for each. Growth is exact: no spare capacity is kept.
+//! whole eleven-slot node for each. Growth is exact: no spare capacity is kept. A set keeps
+//! its one element inline (no allocation at all), which is the common case: at 10,000
+//! services that is tens of thousands of allocations fewer.
 
-/// A set kept as a sorted, deduplicated vector.
+use smallvec::SmallVec;
+
+/// A set kept as a sorted, deduplicated vector; one element is stored inline.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SortedVec<T>(Vec<T>);
+pub struct SortedVec<T>(SmallVec<[T; 1]>);
 
 impl<T> Default for SortedVec<T> {
     fn default() -> Self {
-        SortedVec(Vec::new())
+        SortedVec(SmallVec::new())
     }
 }
 
@@ -70,14 +74,14 @@ impl<T: Ord> SortedVec<T> {
 
 impl<T: Ord> SortedVec<T> {
     /// Keeps the elements `f` accepts.
-    pub fn retain(&mut self, f: impl FnMut(&T) -> bool) {
-        self.0.retain(f);
+    pub fn retain(&mut self, mut f: impl FnMut(&T) -> bool) {
+        self.0.retain(|v| f(v));
     }
 }
 
 impl<T: Ord> FromIterator<T> for SortedVec<T> {
     fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
-        let mut v: Vec<T> = iter.into_iter().collect();
+        let mut v: SmallVec<[T; 1]> = iter.into_iter().collect();
         v.sort();
         v.dedup();
         v.shrink_to_fit();
@@ -95,7 +99,7 @@ impl<T: Ord> Extend<T> for SortedVec<T> {
 
 impl<T> IntoIterator for SortedVec<T> {
     type Item = T;
-    type IntoIter = std::vec::IntoIter<T>;
+    type IntoIter = smallvec::IntoIter<[T; 1]>;
     fn into_iter(self) -> Self::IntoIter {
         self.0.into_iter()
     }
@@ -315,5 +319,19 @@ mod tests {
             s.remove(&v);
         }
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn one_element_is_inline_and_more_spill_exactly() {
+        let mut s = SortedVec::default();
+        s.insert(7u64);
+        assert!(!s.0.spilled());
+        s.insert(3);
+        assert!(s.0.spilled());
+        assert_eq!(s.0.capacity(), 2);
+        assert_eq!(s.iter().copied().collect::<Vec<_>>(), [3, 7]);
+        let c: SortedVec<u64> = [9, 9].into_iter().collect();
+        assert!(!c.0.spilled());
+        assert_eq!(c.into_iter().collect::<Vec<_>>(), [9]);
     }
 }

@@ -92,6 +92,9 @@ impl Desired {
     pub fn ipset_state(&self) -> ipset::IpsetState {
         let fam = self.family;
         let mut st = ipset::IpsetState::kube(fam);
+        // Every set is declared above; their names are made once, not once per member.
+        let set_names: Vec<(SetKind, String)> =
+            SetKind::ALL.iter().map(|k| (*k, k.name(fam))).collect();
         let mut names: Vec<&ServiceName> = self.services.keys().collect();
         names.sort();
         let mut done: BTreeSet<&IpsetEntry> = BTreeSet::new();
@@ -99,10 +102,13 @@ impl Desired {
             if let Some(sd) = self.services.get(n) {
                 let owner = n.to_string();
                 for e in &sd.ipset_entries {
+                    let Some((_, set)) = set_names.iter().find(|(k, _)| *k == e.set) else {
+                        continue;
+                    };
                     if done.insert(e) {
                         // Entries are built per family from typed values; a misfit is a bug
                         // upstream of here and is skipped rather than aborting the view.
-                        let _ = st.add(e.set, fam, e.entry.clone(), &owner);
+                        let _ = st.insert(set, e.entry.clone(), &owner);
                     }
                 }
             }
