@@ -242,7 +242,9 @@ pub struct Batch {
 pub struct DirState {
     pub(super) dir: PathBuf,
     pub(super) node_name: String,
-    pub(super) files: BTreeMap<PathBuf, FileEntry>,
+    /// Boxed: a B-tree node holds eleven entries whatever its fill, and a [`FileEntry`] is
+    /// ~180 bytes (at 20,000 files the unboxed map took 7.4 MB, now ~5 MB).
+    pub(super) files: BTreeMap<PathBuf, Box<FileEntry>>,
     /// For every Service / EndpointSlice, the files defining it (nearly always one); the last
     /// one (name order) wins, like on a full read.
     pub(super) service_defs: HashMap<ObjKey, SortedVec<PathBuf>>,
