@@ -51,8 +51,8 @@ pub struct Svc {
 /// The used fields of a `ServiceSpec` and of the Service's `status.loadBalancer`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SvcSpec {
-    /// `spec.type`.
-    pub type_: Option<Box<str>>,
+    /// `spec.type` (interned, like every value drawn from a small vocabulary).
+    pub type_: Option<Arc<str>>,
     /// `spec.clusterIP`.
     pub cluster_ip: Option<Box<str>>,
     /// `spec.clusterIPs`.
@@ -64,11 +64,11 @@ pub struct SvcSpec {
     /// `spec.loadBalancerSourceRanges`.
     pub load_balancer_source_ranges: Option<Vec<Box<str>>>,
     /// `spec.externalTrafficPolicy`.
-    pub external_traffic_policy: Option<Box<str>>,
+    pub external_traffic_policy: Option<Arc<str>>,
     /// `spec.internalTrafficPolicy`.
-    pub internal_traffic_policy: Option<Box<str>>,
+    pub internal_traffic_policy: Option<Arc<str>>,
     /// `spec.sessionAffinity`.
-    pub session_affinity: Option<Box<str>>,
+    pub session_affinity: Option<Arc<str>>,
     /// `spec.sessionAffinityConfig.clientIP.timeoutSeconds`.
     pub affinity_timeout: Option<i32>,
     /// `spec.healthCheckNodePort`.
@@ -80,10 +80,10 @@ pub struct SvcSpec {
 /// One `spec.ports[]` entry.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SvcPort {
-    /// `name`.
-    pub name: Option<Box<str>>,
-    /// `protocol`.
-    pub protocol: Option<Box<str>>,
+    /// `name` (interned).
+    pub name: Option<Arc<str>>,
+    /// `protocol` (interned).
+    pub protocol: Option<Arc<str>>,
     /// `port`.
     pub port: i32,
     /// `nodePort`.
@@ -92,6 +92,10 @@ pub struct SvcPort {
 
 fn boxed(s: &Option<String>) -> Option<Box<str>> {
     s.as_deref().map(Box::from)
+}
+
+fn shared(s: &Option<String>) -> Option<Arc<str>> {
+    s.as_deref().map(Arc::from)
 }
 
 fn boxed_all(v: &Option<Vec<String>>) -> Option<Vec<Box<str>>> {
@@ -123,15 +127,15 @@ impl Svc {
                 })
                 .collect();
             Box::new(SvcSpec {
-                type_: boxed(&s.type_),
+                type_: shared(&s.type_),
                 cluster_ip: boxed(&s.cluster_ip),
                 cluster_ips: boxed_all(&s.cluster_ips),
                 ports: s.ports.as_ref().map(|ports| {
                     ports
                         .iter()
                         .map(|p| SvcPort {
-                            name: boxed(&p.name),
-                            protocol: boxed(&p.protocol),
+                            name: shared(&p.name),
+                            protocol: shared(&p.protocol),
                             port: p.port,
                             node_port: p.node_port,
                         })
@@ -139,9 +143,9 @@ impl Svc {
                 }),
                 external_ips: boxed_all(&s.external_ips),
                 load_balancer_source_ranges: boxed_all(&s.load_balancer_source_ranges),
-                external_traffic_policy: boxed(&s.external_traffic_policy),
-                internal_traffic_policy: boxed(&s.internal_traffic_policy),
-                session_affinity: boxed(&s.session_affinity),
+                external_traffic_policy: shared(&s.external_traffic_policy),
+                internal_traffic_policy: shared(&s.internal_traffic_policy),
+                session_affinity: shared(&s.session_affinity),
                 affinity_timeout: s
                     .session_affinity_config
                     .as_ref()
@@ -158,6 +162,30 @@ impl Svc {
             scheduler: annotation(SCHEDULER_ANNOTATION),
             scheduler_flags: annotation(SCHEDULER_FLAGS_ANNOTATION),
             spec,
+        }
+    }
+}
+
+impl Svc {
+    /// Replaces the namespace and the values drawn from a small vocabulary (type, traffic
+    /// policies, session affinity, port names and protocols) by their copies in `names`: ten
+    /// thousand Services in a few namespaces then hold a few dozen such strings, not ~60,000.
+    pub fn intern(&mut self, names: &mut Interner) {
+        names.share(&mut self.name.namespace);
+        let Some(spec) = self.spec.as_deref_mut() else {
+            return;
+        };
+        for v in [
+            &mut spec.type_,
+            &mut spec.external_traffic_policy,
+            &mut spec.internal_traffic_policy,
+            &mut spec.session_affinity,
+        ] {
+            names.share_opt(v);
+        }
+        for p in spec.ports.iter_mut().flatten() {
+            names.share_opt(&mut p.name);
+            names.share_opt(&mut p.protocol);
         }
     }
 }
@@ -182,10 +210,10 @@ pub enum AddressType {
 /// One `ports[]` entry of a slice.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlicePort {
-    /// `name` (empty when unset).
-    pub name: Box<str>,
-    /// `protocol` (raw; matched against the service port's).
-    pub protocol: Option<Box<str>>,
+    /// `name` (empty when unset; interned).
+    pub name: Arc<str>,
+    /// `protocol` (raw; matched against the service port's; interned).
+    pub protocol: Option<Arc<str>>,
     /// `port`.
     pub port: Option<i32>,
 }
@@ -222,8 +250,8 @@ pub struct SliceEndpoint {
 pub struct Slice {
     /// `metadata.namespace` (`default` when unset).
     pub namespace: Arc<str>,
-    /// `metadata.name` (empty when unset).
-    pub name: Box<str>,
+    /// `metadata.name` (empty when unset; the store's and the source's keys share it).
+    pub name: Arc<str>,
     /// The Service it belongs to (namespace + `kubernetes.io/service-name` label).
     pub service: Option<ServiceName>,
     /// `addressType`.
@@ -249,6 +277,18 @@ pub struct Interner {
 }
 
 impl Interner {
+    /// Replaces `a` by the shared copy of its text.
+    pub fn share(&mut self, a: &mut Arc<str>) {
+        *a = self.intern(a);
+    }
+
+    /// [`Interner::share`] for an optional string.
+    pub fn share_opt(&mut self, a: &mut Option<Arc<str>>) {
+        if let Some(a) = a.as_mut() {
+            self.share(a);
+        }
+    }
+
     /// The shared copy of `s`.
     pub fn intern(&mut self, s: &str) -> Arc<str> {
         if let Some(a) = self.names.get(s) {
@@ -322,7 +362,7 @@ impl Slice {
         };
         Slice {
             namespace: Arc::from(slice.metadata.namespace.as_deref().unwrap_or("default")),
-            name: Box::from(slice.metadata.name.as_deref().unwrap_or_default()),
+            name: Arc::from(slice.metadata.name.as_deref().unwrap_or_default()),
             service: slice_service(slice),
             address_type,
             ports: slice
@@ -331,8 +371,8 @@ impl Slice {
                 .unwrap_or_default()
                 .iter()
                 .map(|p| SlicePort {
-                    name: Box::from(p.name.as_deref().unwrap_or_default()),
-                    protocol: boxed(&p.protocol),
+                    name: Arc::from(p.name.as_deref().unwrap_or_default()),
+                    protocol: shared(&p.protocol),
                     port: p.port,
                 })
                 .collect(),
@@ -356,17 +396,23 @@ impl Slice {
         }
     }
 
-    /// Replaces every node and zone name by its copy in `names`, so that a slice converted by
-    /// a source shares one allocation per name with the rest of the store.
+    /// Replaces every node and zone name, the namespace, and the port names and protocols by
+    /// their copies in `names`, so that a slice converted by a source shares one allocation per
+    /// name with the rest of the store.
     pub fn intern(&mut self, names: &mut Interner) {
-        let mut share = |a: &mut Arc<str>| *a = names.intern(a);
+        names.share(&mut self.namespace);
+        if let Some(s) = self.service.as_mut() {
+            names.share(&mut s.namespace);
+        }
+        for p in &mut self.ports {
+            names.share(&mut p.name);
+            names.share_opt(&mut p.protocol);
+        }
         for ep in &mut self.endpoints {
-            if let Some(n) = ep.node_name.as_mut() {
-                share(n);
-            }
+            names.share_opt(&mut ep.node_name);
             if let Some(h) = ep.hints.as_mut().map(Arc::make_mut) {
                 for n in h.zones.iter_mut().chain(h.nodes.iter_mut()).flatten() {
-                    share(n);
+                    names.share(n);
                 }
             }
         }

@@ -21,7 +21,7 @@ use crate::{ServiceName, ZONE_LABEL};
 type ObjKey = (Arc<str>, Arc<str>);
 
 fn slice_key(s: &Slice) -> ObjKey {
-    (s.namespace.clone(), Arc::from(&*s.name))
+    (s.namespace.clone(), s.name.clone())
 }
 
 /// What one event changed.
@@ -118,7 +118,8 @@ impl Store {
         self.services.len()
     }
 
-    /// Distinct node and zone names held by the interner (bounded by those in use).
+    /// Distinct strings held by the interner: node and zone names, namespaces and the other
+    /// interned values (bounded by those in use).
     pub fn interned_names(&self) -> usize {
         self.names.len()
     }
@@ -203,7 +204,12 @@ impl Store {
     fn upsert(&mut self, obj: Object) -> Changes {
         let mut ch = Changes::default();
         match obj {
-            Object::Service(svc) => {
+            Object::Service(mut svc) => {
+                // Like slices below: a Service only this event holds shares its namespace and
+                // vocabulary strings with the store's (before its name is copied into keys).
+                if let Some(s) = Arc::get_mut(&mut svc) {
+                    s.intern(&mut self.names);
+                }
                 let name = svc.name.clone();
                 if self.services.get(&name).map(|s| &**s) != Some(&svc) {
                     self.services.insert(name.clone(), svc);
@@ -212,6 +218,11 @@ impl Store {
                 }
             }
             Object::EndpointSlice(mut slice) => {
+                // A slice only this event holds shares its names with the store's (before they
+                // are copied into keys); one a source still holds was interned by that source.
+                if let Some(s) = Arc::get_mut(&mut slice) {
+                    s.intern(&mut self.names);
+                }
                 let key = slice_key(&slice);
                 let old = self.slices.get(&key).map(|s| &**s);
                 if old == Some(&*slice) {
@@ -233,11 +244,6 @@ impl Store {
                         .insert(key.clone());
                     ch.endpoints.insert(n.clone());
                     ch.dirty.insert(n.clone());
-                }
-                // A slice only this event holds shares its node and zone names with the
-                // store's; one a source still holds was interned by that source.
-                if let Some(s) = Arc::get_mut(&mut slice) {
-                    s.intern(&mut self.names);
                 }
                 self.slices.insert(key, slice);
             }

@@ -214,3 +214,46 @@ fn model_store_node_name_interning_is_bounded() {
         Some("node-19999")
     );
 }
+
+/// Namespaces, types, port names and protocols are interned too: Services and slices in one
+/// namespace share one copy of each such string, and the store's keys share the objects'
+/// names (the namespace a slice names its Service in as well).
+#[test]
+fn model_store_shares_namespaces_and_vocabulary_strings() {
+    use std::sync::Arc;
+    let mut s = Store::new();
+    for (name, ip) in [("a", "10.96.0.1"), ("b", "10.96.0.2")] {
+        s.apply(SourceEvent::Apply(svc_obj(name, ip)));
+        s.apply(SourceEvent::Apply(slice_obj(
+            name,
+            &format!("{name}-1"),
+            "10.244.0.1",
+        )));
+    }
+    let (a, b) = (ServiceName::new("ns", "a"), ServiceName::new("ns", "b"));
+    let (sa, sb) = (s.service(&a).unwrap(), s.service(&b).unwrap());
+    assert!(Arc::ptr_eq(&sa.name.namespace, &sb.name.namespace));
+    let (spa, spb) = (sa.spec.as_deref().unwrap(), sb.spec.as_deref().unwrap());
+    let shared = |x: &Option<Arc<str>>, y: &Option<Arc<str>>| match (x, y) {
+        (Some(x), Some(y)) => Arc::ptr_eq(x, y),
+        _ => false,
+    };
+    assert!(shared(&spa.type_, &spb.type_));
+    let (pa, pb) = (
+        &spa.ports.as_ref().unwrap()[0],
+        &spb.ports.as_ref().unwrap()[0],
+    );
+    assert!(shared(&pa.name, &pb.name) && shared(&pa.protocol, &pb.protocol));
+    let (la, lb) = (s.slices_of(&a)[0], s.slices_of(&b)[0]);
+    assert!(Arc::ptr_eq(&la.namespace, &sa.name.namespace));
+    assert!(Arc::ptr_eq(&la.namespace, &lb.namespace));
+    let owner = la.service.as_ref().unwrap();
+    assert!(Arc::ptr_eq(&owner.namespace, &sa.name.namespace));
+    assert!(Arc::ptr_eq(&la.ports[0].name, &lb.ports[0].name));
+    assert!(shared(&la.ports[0].protocol, &pa.protocol));
+    // Still the objects' own values.
+    assert_eq!(
+        (&*la.ports[0].name, pa.protocol.as_deref()),
+        ("http", Some("TCP"))
+    );
+}

@@ -66,7 +66,7 @@ fn examples_cover_the_documented_features() {
     let protocols: BTreeSet<String> = specs
         .iter()
         .flat_map(|x| x.ports.clone().unwrap_or_default())
-        .filter_map(|p| p.protocol.map(String::from))
+        .filter_map(|p| p.protocol.as_deref().map(String::from))
         .collect();
     for p in ["TCP", "UDP", "SCTP"] {
         assert!(protocols.contains(p), "no {p} port");

@@ -74,7 +74,7 @@ pub(super) fn service_key(s: &Svc) -> ObjKey {
 }
 
 pub(super) fn slice_key(s: &Slice) -> ObjKey {
-    (s.namespace.clone(), Arc::from(&*s.name))
+    (s.namespace.clone(), s.name.clone())
 }
 
 /// A file's identity and change stamp from `stat` (following symlinks), used by the polling
@@ -141,8 +141,11 @@ impl FileEntry {
     /// Keeps `objects` as the file's last good version, node and zone names shared through
     /// `names` with the rest of the directory.
     pub(super) fn set_objects(&mut self, mut objects: FileObjects, names: &mut Interner) {
+        // Just parsed: the only holder, so this does not copy.
+        for s in &mut objects.services {
+            Arc::make_mut(s).intern(names);
+        }
         for s in &mut objects.endpoint_slices {
-            // Just parsed: the only holder, so this does not copy.
             Arc::make_mut(s).intern(names);
         }
         self.index =
