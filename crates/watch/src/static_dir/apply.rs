@@ -2,14 +2,14 @@
 //! watch-like events; and the directory's whole content as a snapshot.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 
 use super::parse::FileObjects;
 use super::state::{
-    service_key, slice_key, synthesize_node, Batch, DirState, ObjKey, Snapshot, Update,
+    file_mut, service_key, slice_key, synthesize_node, Batch, DirState, ObjKey, Snapshot, Update,
 };
 use model::event::{Object, SourceEvent};
 use model::objects::{Slice, Svc};
@@ -42,7 +42,7 @@ impl DirState {
             }
         };
         for (path, u) in &updates {
-            if let Some(e) = self.files.get(path) {
+            if let Some(e) = self.files.get(path.as_path()) {
                 note(self, &e.objects);
             }
             if let Update::Read {
@@ -58,11 +58,11 @@ impl DirState {
             match u {
                 Update::Gone => {
                     self.unindex(&path);
-                    self.files.remove(&path);
+                    self.files.remove(path.as_path());
                     changed_files.push(path);
                 }
                 Update::Unreadable(e) => {
-                    if self.files.contains_key(&path) {
+                    if self.files.contains_key(path.as_path()) {
                         batch.warnings.push(format!(
                             "{}: keeping the objects of its last good version",
                             path.display()
@@ -75,7 +75,7 @@ impl DirState {
                     stamp,
                     parsed: None,
                 } => {
-                    let e = self.files.entry(path).or_default();
+                    let e = file_mut(&mut self.files, &path);
                     e.hash = Some(hash);
                     e.stamp = stamp;
                 }
@@ -84,7 +84,7 @@ impl DirState {
                     stamp,
                     parsed: Some(Err(err)),
                 } => {
-                    let e = self.files.entry(path.clone()).or_default();
+                    let e = file_mut(&mut self.files, &path);
                     e.hash = Some(hash);
                     e.stamp = stamp;
                     e.bad = true;
@@ -103,7 +103,7 @@ impl DirState {
                 } => {
                     self.unindex(&path);
                     batch.warnings.extend(objs.warnings.iter().cloned());
-                    let e = self.files.entry(path.clone()).or_default();
+                    let e = file_mut(&mut self.files, &path);
                     e.hash = Some(hash);
                     e.stamp = stamp;
                     e.bad = false;
@@ -169,7 +169,7 @@ impl DirState {
         batch
     }
 
-    fn defined_in(&self, defs: &HashMap<ObjKey, SortedVec<PathBuf>>, k: &ObjKey) -> String {
+    fn defined_in(&self, defs: &HashMap<ObjKey, SortedVec<Arc<Path>>>, k: &ObjKey) -> String {
         defs.get(k)
             .map(|d| {
                 d.iter()
@@ -224,7 +224,7 @@ impl DirState {
                     path.display()
                 ));
             }
-            files.push(path.clone());
+            files.push(path.to_path_buf());
             let objs = &e.objects;
             warnings.extend(objs.warnings.iter().cloned());
             for s in &objs.services {

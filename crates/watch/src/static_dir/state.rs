@@ -247,11 +247,12 @@ pub struct DirState {
     pub(super) node_name: String,
     /// Boxed: a B-tree node holds eleven entries whatever its fill, and a [`FileEntry`] is
     /// ~180 bytes (at 20,000 files the unboxed map took 7.4 MB, now ~5 MB).
-    pub(super) files: BTreeMap<PathBuf, Box<FileEntry>>,
+    /// Its paths are shared with the definitions below (one allocation per path).
+    pub(super) files: BTreeMap<Arc<Path>, Box<FileEntry>>,
     /// For every Service / EndpointSlice, the files defining it (nearly always one); the last
     /// one (name order) wins, like on a full read.
-    pub(super) service_defs: HashMap<ObjKey, SortedVec<PathBuf>>,
-    pub(super) slice_defs: HashMap<ObjKey, SortedVec<PathBuf>>,
+    pub(super) service_defs: HashMap<ObjKey, SortedVec<Arc<Path>>>,
+    pub(super) slice_defs: HashMap<ObjKey, SortedVec<Arc<Path>>>,
     /// The Node last chosen (see [`Snapshot::node_name`]).
     pub(super) node: Option<Node>,
     /// Node and zone names of all files' slices.
@@ -360,7 +361,7 @@ impl DirState {
         for path in paths {
             let meta = std::fs::metadata(path);
             let candidate = is_candidate_name(path) && meta.as_ref().is_ok_and(|m| m.is_file());
-            let known = self.files.get(path);
+            let known = self.files.get(path.as_path());
             if !candidate {
                 if known.is_some() {
                     updates.push((path.clone(), Update::Gone));
@@ -401,7 +402,7 @@ impl DirState {
             }
         }
         // Files known before and not listed now are gone.
-        paths.extend(self.files.keys().cloned());
+        paths.extend(self.files.keys().map(|p| p.to_path_buf()));
         Ok(self.read_paths(&paths, stamps))
     }
 
@@ -418,10 +419,10 @@ impl DirState {
     }
 
     pub(super) fn unindex(&mut self, path: &Path) {
-        let Some(e) = self.files.get(path) else {
+        let Some((path, e)) = self.files.get_key_value(path) else {
             return;
         };
-        let path = path.to_path_buf();
+        let path = path.clone();
         let services = e.objects.services.iter().map(|s| service_key(s));
         let slices = e.objects.endpoint_slices.iter().map(|s| slice_key(s));
         for k in services {
@@ -433,26 +434,39 @@ impl DirState {
     }
 
     pub(super) fn index(&mut self, path: &Path) {
-        let Some(e) = self.files.get(path) else {
+        let Some((path, e)) = self.files.get_key_value(path) else {
             return;
         };
         for s in &e.objects.services {
             self.service_defs
                 .entry(service_key(s))
                 .or_default()
-                .insert(path.to_path_buf());
+                .insert(path.clone());
         }
         for s in &e.objects.endpoint_slices {
             self.slice_defs
                 .entry(slice_key(s))
                 .or_default()
-                .insert(path.to_path_buf());
+                .insert(path.clone());
         }
     }
 }
 
+/// The entry of file `path` in `files`, made empty if it is not there (its path is then stored
+/// once, and shared by the definitions index).
+pub(super) fn file_mut<'a>(
+    files: &'a mut BTreeMap<Arc<Path>, Box<FileEntry>>,
+    path: &Path,
+) -> &'a mut FileEntry {
+    let key = match files.get_key_value(path) {
+        Some((k, _)) => k.clone(),
+        None => Arc::from(path),
+    };
+    files.entry(key).or_default()
+}
+
 /// Drops `path` from the files defining `k` (and `k` when no file is left).
-fn unindex_one(defs: &mut HashMap<ObjKey, SortedVec<PathBuf>>, k: &ObjKey, path: &PathBuf) {
+fn unindex_one(defs: &mut HashMap<ObjKey, SortedVec<Arc<Path>>>, k: &ObjKey, path: &Arc<Path>) {
     if let Some(set) = defs.get_mut(k) {
         set.remove(path);
         if set.is_empty() {
