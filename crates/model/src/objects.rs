@@ -11,8 +11,10 @@
 //! changes nothing here and dirties no service.
 //!
 //! An EndpointSlice is validated once, at conversion ([`crate::validate_slice`]); an
-//! invalid slice keeps its reason and no endpoints. Node names are interned: every endpoint on
-//! the same node shares one allocation ([`Interner`], bounded: unused names are dropped).
+//! invalid slice keeps its reason and no endpoints. Strings drawn from a small vocabulary are
+//! interned where objects are stored (the store, the static source): node and zone names,
+//! namespaces, Service types, traffic policies, port names and protocols each exist once
+//! however many objects carry them ([`Interner`], bounded: unused names are dropped).
 
 use std::collections::HashSet;
 use std::net::IpAddr;
