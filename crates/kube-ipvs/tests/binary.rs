@@ -262,7 +262,7 @@ async fn daemon_serves_health_and_metrics_and_exits_0_on_sigterm() {
         .unwrap_or_default();
     let full = format!("GLIBC_TUNABLES={}", kube_ipvs::allocator::TUNABLES);
     assert!(
-        tunables.starts_with("GLIBC_TUNABLES=glibc.malloc.arena_max=2")
+        tunables.starts_with("GLIBC_TUNABLES=glibc.malloc.arena_max=1")
             && full.starts_with(&tunables),
         "{tunables:?}"
     );
