@@ -279,9 +279,13 @@ pub struct Interner {
 }
 
 impl Interner {
-    /// Replaces `a` by the shared copy of its text.
+    /// Replaces `a` by the shared copy of its text; a text not held yet is held as `a` itself
+    /// (no copy).
     pub fn share(&mut self, a: &mut Arc<str>) {
-        *a = self.intern(a);
+        match self.names.get(&**a) {
+            Some(held) => *a = held.clone(),
+            None => self.hold(a.clone()),
+        }
     }
 
     /// [`Interner::share`] for an optional string.
@@ -296,12 +300,17 @@ impl Interner {
         if let Some(a) = self.names.get(s) {
             return a.clone();
         }
+        let a: Arc<str> = Arc::from(s);
+        self.hold(a.clone());
+        a
+    }
+
+    /// Adds a text not held yet, pruning first when the table has doubled since the last prune.
+    fn hold(&mut self, a: Arc<str>) {
         if self.names.len() >= 2 * self.pruned_at.max(512) {
             self.prune();
         }
-        let a: Arc<str> = Arc::from(s);
-        self.names.insert(a.clone());
-        a
+        self.names.insert(a);
     }
 
     /// Drops the names only the interner holds.
