@@ -31,7 +31,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ipvs_netlink::{Destination, Op, Service, ServiceFlags, ServiceKey};
 
-pub use crate::real_servers::{RealServerKey, RealServers};
+pub use crate::real_servers::{RealServerKey, RealServerMut, RealServers, RealServersIter};
 
 /// A virtual server with its real servers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,7 +128,7 @@ pub fn diff_virtual_server(
         (None, Some(a)) => {
             out.apply.push(Op::NewService(a.service.clone()));
             for d in a.real_servers.values() {
-                out.apply.push(Op::NewDest(a.service.key, d.clone()));
+                out.apply.push(Op::NewDest(a.service.key, d));
             }
         }
         (Some(b), Some(a)) => {
@@ -138,9 +138,9 @@ pub fn diff_virtual_server(
             }
             for (k, d) in &a.real_servers {
                 match b.real_servers.get(&k) {
-                    None => out.apply.push(Op::NewDest(key, d.clone())),
-                    Some(old) if !same_dest(old, d) => {
-                        out.apply.push(Op::SetDest(key, d.clone()));
+                    None => out.apply.push(Op::NewDest(key, d)),
+                    Some(old) if !same_dest(&old, &d) => {
+                        out.apply.push(Op::SetDest(key, d));
                     }
                     Some(_) => {}
                 }

@@ -324,7 +324,7 @@ fn table_text(t: &IpvsTable) -> String {
         .map(|vs| {
             (
                 vs.service.clone(),
-                vs.real_servers.values().cloned().collect::<Vec<_>>(),
+                vs.real_servers.values().collect::<Vec<_>>(),
             )
         })
         .collect();

@@ -441,7 +441,10 @@ fn first_program_spanning_chunks_arrives_whole() {
         .values_mut()
         .next()
         .expect("a kept virtual server");
-    drifted.real_servers.values_mut().for_each(|d| d.weight = 3);
+    drifted
+        .real_servers
+        .values_mut()
+        .for_each(|mut d| d.weight = 3);
     let kept_n = kept.ipvs.len();
     let (mut k, h) = FaultKernel::new(kept);
     let mut p = proxier();

@@ -210,7 +210,7 @@ fn as_read_from_kernel(t: &IpvsTable) -> IpvsTable {
             conns: 7,
             ..Default::default()
         }));
-        for d in vs.real_servers.values_mut() {
+        for mut d in vs.real_servers.values_mut() {
             d.active_conns = 3;
             d.inactive_conns = 1;
             d.stats = Some(Box::default());
@@ -307,18 +307,18 @@ fn model_desired_startup_adopts_and_repairs_drift() {
     }
     assert_eq!(d.diff_ipvs_undesired(&actual, &owned), ops.remove);
     let mut want_apply = vec![
-        Op::SetDest(keys[0], desired[&keys[0]].real_servers[&first].clone()),
+        Op::SetDest(keys[0], desired[&keys[0]].real_servers.get(&first).unwrap()),
         Op::SetService(desired[&keys[1]].service.clone()),
         Op::NewService(missing.service.clone()),
     ];
     let mut m = missing.service.clone();
     m.flags = ServiceFlags::default();
     for dst in desired[&keys[2]].real_servers.values() {
-        want_apply.push(Op::NewDest(keys[2], dst.clone()));
+        want_apply.push(Op::NewDest(keys[2], dst));
     }
     want_apply.push(Op::NewDest(
         keys[3],
-        desired[&keys[3]].real_servers[&gone].clone(),
+        desired[&keys[3]].real_servers.get(&gone).unwrap(),
     ));
     want_apply.push(Op::DelDest(keys[3], ip("10.99.0.1"), 8080));
     // NewService carries the desired service (no kernel-only flags).

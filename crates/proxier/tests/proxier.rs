@@ -182,7 +182,7 @@ fn one_endpoint_change_is_a_few_requests_and_no_dump() {
     // The replaced endpoint drains at weight 0 instead of being deleted.
     assert_eq!(vs.real_servers.len(), 11);
     let gone = (ip("10.244.20.10"), 8080);
-    assert_eq!(vs.real_servers[&gone].weight, 0);
+    assert_eq!(vs.real_servers.get(&gone).unwrap().weight, 0);
     assert_eq!(p.draining(), 1);
 }
 
@@ -223,16 +223,16 @@ fn draining_real_server_is_deleted_when_its_connections_end_and_restored_if_want
         "only the draining service is read"
     );
     assert!(!k.ipvs[&key(1)].real_servers.contains_key(&b));
-    assert_eq!(k.ipvs[&key(1)].real_servers[&a].weight, 0);
+    assert_eq!(k.ipvs[&key(1)].real_servers.get(&a).unwrap().weight, 0);
     assert_eq!(p.drain_stats().removed_drained, 1);
     // a comes back: weight restored in place, no delete/re-add.
     let ch = store.apply(SourceEvent::Apply(slice_ev(1, 9, 0)));
     p.note(&ch);
     let before = k.counters();
     assert!(p.sync(&store, &node_addrs(), &mut k).ok());
-    assert_eq!(k.ipvs[&key(1)].real_servers[&a].weight, 1);
+    assert_eq!(k.ipvs[&key(1)].real_servers.get(&a).unwrap().weight, 1);
     assert_eq!(
-        k.ipvs[&key(1)].real_servers[&a].active_conns,
+        k.ipvs[&key(1)].real_servers.get(&a).unwrap().active_conns,
         1,
         "same real server"
     );
@@ -448,7 +448,7 @@ fn startup_adopts_matching_state_and_removes_only_stale_owned_services() {
         k.ipvs.contains_key(&excluded),
         "excludeCIDRs are never deleted"
     );
-    assert_eq!(k.ipvs[&key(1)].real_servers[&dk].weight, 1);
+    assert_eq!(k.ipvs[&key(1)].real_servers.get(&dk).unwrap().weight, 1);
 }
 
 #[test]

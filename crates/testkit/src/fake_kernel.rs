@@ -76,7 +76,7 @@ impl FakeKernel {
                 let vs = self.ipvs.get_mut(k).ok_or_else(|| Self::errno(op, ESRCH))?;
                 match vs.real_servers.get_mut(&(d.addr, d.port)) {
                     // Like the kernel: settable attributes change, connections stay.
-                    Some(old) => {
+                    Some(mut old) => {
                         let (a, i, p, st) = (
                             old.active_conns,
                             old.inactive_conns,
