@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 
-use super::parse::FileObjects;
 use super::state::{
     file_mut, service_key, slice_key, synthesize_node, Batch, DirState, ObjKey, Snapshot, Update,
 };
@@ -25,15 +24,15 @@ impl DirState {
         // The objects the batch may change, with their effective version before it.
         let mut services: BTreeMap<ObjKey, Option<Arc<Svc>>> = BTreeMap::new();
         let mut slices: BTreeMap<ObjKey, Option<Arc<Slice>>> = BTreeMap::new();
-        let mut note = |this: &DirState, objs: &FileObjects| {
-            for s in &objs.services {
+        let mut note = |this: &DirState, svcs: &[Arc<Svc>], slcs: &[Arc<Slice>]| {
+            for s in svcs {
                 let k = service_key(s);
                 if let std::collections::btree_map::Entry::Vacant(v) = services.entry(k) {
                     let before = this.service(v.key()).cloned();
                     v.insert(before);
                 }
             }
-            for s in &objs.endpoint_slices {
+            for s in slcs {
                 let k = slice_key(s);
                 if let std::collections::btree_map::Entry::Vacant(v) = slices.entry(k) {
                     let before = this.slice(v.key()).cloned();
@@ -43,14 +42,14 @@ impl DirState {
         };
         for (path, u) in &updates {
             if let Some(e) = self.files.get(path.as_path()) {
-                note(self, &e.objects);
+                note(self, e.services(), e.endpoint_slices());
             }
             if let Update::Read {
                 parsed: Some(Ok(objs)),
                 ..
             } = u
             {
-                note(self, objs);
+                note(self, &objs.services, &objs.endpoint_slices);
             }
         }
         let mut changed_files: Vec<PathBuf> = Vec::new();
@@ -77,7 +76,7 @@ impl DirState {
                 } => {
                     let e = file_mut(&mut self.files, &path);
                     e.hash = Some(hash);
-                    e.stamp = stamp;
+                    e.stamp = stamp.map(|s| s.digest());
                 }
                 Update::Read {
                     hash,
@@ -86,7 +85,7 @@ impl DirState {
                 } => {
                     let e = file_mut(&mut self.files, &path);
                     e.hash = Some(hash);
-                    e.stamp = stamp;
+                    e.stamp = stamp.map(|s| s.digest());
                     e.bad = true;
                     if e.has_good {
                         batch.warnings.push(format!(
@@ -105,7 +104,7 @@ impl DirState {
                     batch.warnings.extend(objs.warnings.iter().cloned());
                     let e = file_mut(&mut self.files, &path);
                     e.hash = Some(hash);
-                    e.stamp = stamp;
+                    e.stamp = stamp.map(|s| s.digest());
                     e.bad = false;
                     e.has_good = true;
                     e.set_objects(objs, &mut self.names);
@@ -184,7 +183,7 @@ impl DirState {
     pub(super) fn choose_node(&self, warnings: &mut Vec<String>) -> Node {
         let mut nodes: BTreeMap<&str, &Node> = BTreeMap::new();
         for e in self.files.values() {
-            for n in &e.objects.nodes {
+            for n in e.nodes() {
                 nodes.insert(n.metadata.name.as_deref().unwrap_or_default(), n);
             }
         }
@@ -225,9 +224,8 @@ impl DirState {
                 ));
             }
             files.push(path.to_path_buf());
-            let objs = &e.objects;
-            warnings.extend(objs.warnings.iter().cloned());
-            for s in &objs.services {
+            warnings.extend(e.warnings().iter().cloned());
+            for s in e.services() {
                 seq += 1;
                 let k = service_key(s);
                 if services.insert(k.clone(), (seq, s.clone())).is_some() {
@@ -239,7 +237,7 @@ impl DirState {
                     ));
                 }
             }
-            for s in &objs.endpoint_slices {
+            for s in e.endpoint_slices() {
                 seq += 1;
                 let k = slice_key(s);
                 if slices.insert(k.clone(), (seq, s.clone())).is_some() {
@@ -251,7 +249,7 @@ impl DirState {
                     ));
                 }
             }
-            for n in &objs.nodes {
+            for n in e.nodes() {
                 let name = n.metadata.name.clone().unwrap_or_default();
                 if nodes.insert(name.clone(), n.clone()).is_some() {
                     warnings.push(format!(
