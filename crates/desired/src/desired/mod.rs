@@ -35,7 +35,10 @@ use crate::types::{
 use model::sorted::SortedVec;
 use model::{ProxyConfig, ServiceName, ServicePortName};
 
+mod counts;
 mod views;
+
+use counts::EntryCounts;
 
 /// Changes to apply for a batch of service updates. Apply in the order of [`crate::diff`]:
 /// `ipset_add` (+ iptables if `iptables_changed`), `ipvs.apply`, `addresses_add`,
@@ -82,8 +85,9 @@ pub struct Desired {
     services: HashMap<ServiceName, Box<ServiceDesired>>,
     /// Claimants of each key, the winner first (nearly always one).
     claims: HashMap<ServiceKey, SortedVec<ServiceName>>,
-    addresses: HashMap<IpAddr, usize>,
-    entries: HashMap<IpsetEntry, usize>,
+    addresses: HashMap<IpAddr, u32>,
+    /// ipset members by the number of services holding them (compact keys: `counts`).
+    entries: EntryCounts,
     features: [usize; Features::COUNT],
     /// In-cluster marks in use (one per externalTrafficPolicy=Local port with external
     /// destinations), by the number of ports holding them.
@@ -107,7 +111,7 @@ impl Desired {
             services: HashMap::new(),
             claims: HashMap::new(),
             addresses: HashMap::new(),
-            entries: HashMap::new(),
+            entries: EntryCounts::default(),
             features: [0; Features::COUNT],
             marks_used: HashMap::new(),
             in_cluster: BTreeMap::new(),
@@ -172,7 +176,7 @@ impl Desired {
             .collect();
         let before_ent: BTreeSet<IpsetEntry> = ents
             .iter()
-            .filter(|e| self.entries.contains_key(*e))
+            .filter(|e| self.entries.contains(e))
             .cloned()
             .collect();
         let before_ipt = self.iptables();
@@ -202,7 +206,7 @@ impl Desired {
             }
         }
         for e in &ents {
-            match (before_ent.contains(e), self.entries.contains_key(e)) {
+            match (before_ent.contains(e), self.entries.contains(e)) {
                 (false, true) => delta.ipset_add.push(e.clone()),
                 (true, false) => delta.ipset_del.push(e.clone()),
                 _ => {}
@@ -326,10 +330,11 @@ impl Desired {
             self.claims.entry(*k).or_default().insert(name.clone());
         }
         for a in &sd.addresses {
-            *self.addresses.entry(*a).or_insert(0) += 1;
+            let c = self.addresses.entry(*a).or_insert(0);
+            *c = c.saturating_add(1);
         }
         for e in &sd.ipset_entries {
-            *self.entries.entry(e.clone()).or_insert(0) += 1;
+            self.entries.acquire(e);
         }
         for (i, c) in self.features.iter_mut().enumerate() {
             if sd.features.has(1 << i) {
@@ -362,12 +367,7 @@ impl Desired {
             }
         }
         for e in &sd.ipset_entries {
-            if let Some(c) = self.entries.get_mut(e) {
-                *c = c.saturating_sub(1);
-                if *c == 0 {
-                    self.entries.remove(e);
-                }
-            }
+            self.entries.release(e);
         }
         for (i, c) in self.features.iter_mut().enumerate() {
             if sd.features.has(1 << i) {

@@ -84,7 +84,7 @@ impl Desired {
 
     /// All ipset members.
     pub fn ipset_entries(&self) -> BTreeSet<IpsetEntry> {
-        self.entries.keys().cloned().collect()
+        self.entries.entries().collect()
     }
 
     /// The full ipset state (all 17 sets of this family declared, members labelled with the
