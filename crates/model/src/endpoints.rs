@@ -13,7 +13,7 @@ use crate::names::{
     Invalid, ServiceName, MAX_ENDPOINTS_PER_SERVICE_PORT, MAX_ENDPOINTS_PER_SLICE,
     MAX_PORTS_PER_SERVICE, SERVICE_NAME_LABEL,
 };
-use crate::objects::{AddressType, Hints, Slice};
+use crate::objects::{AddressType, Hints, Placement, Slice};
 use crate::service::{parse_ip, parse_port, parse_protocol, NoLocalEndpoints, ServicePort};
 
 /// One endpoint (pod address and target port) of a service port.
@@ -23,13 +23,11 @@ pub struct Endpoint {
     pub ip: IpAddr,
     /// Target port.
     pub port: u16,
-    /// `nodeName` (shared with the slice's copy, as are the hints: deriving a service
-    /// allocates nothing per endpoint).
-    pub node_name: Option<Arc<str>>,
-    /// `hints.forZones` and `hints.forNodes` (the latter set by the EndpointSlice controller for
-    /// `trafficDistribution: PreferSameNode`); see [`Endpoint::zone_hints`] and
-    /// [`Endpoint::node_hints`].
-    pub hints: Option<Arc<Hints>>,
+    /// `nodeName`, `hints.forZones` and `hints.forNodes` (the latter set by the EndpointSlice
+    /// controller for `trafficDistribution: PreferSameNode`), shared with the slice's
+    /// endpoint: deriving a service allocates nothing per endpoint. See
+    /// [`Endpoint::node_name`], [`Endpoint::zone_hints`] and [`Endpoint::node_hints`].
+    pub placement: Option<Arc<Placement>>,
     /// `conditions.ready` (unset = true).
     pub ready: bool,
     /// `conditions.serving` (unset = ready).
@@ -41,14 +39,23 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// `nodeName`.
+    pub fn node_name(&self) -> Option<&Arc<str>> {
+        self.placement.as_deref()?.node_name.as_ref()
+    }
+
+    fn hints(&self) -> Option<&Hints> {
+        self.placement.as_deref()?.hints.as_ref()
+    }
+
     /// `hints.forZones[].name` (None when the endpoint carries no zone hints).
     pub fn zone_hints(&self) -> Option<&[Arc<str>]> {
-        self.hints.as_deref()?.zones.as_deref()
+        self.hints()?.zones.as_deref()
     }
 
     /// `hints.forNodes[].name` (None when the endpoint carries no node hints).
     pub fn node_hints(&self) -> Option<&[Arc<str>]> {
-        self.hints.as_deref()?.nodes.as_deref()
+        self.hints()?.nodes.as_deref()
     }
 }
 
@@ -193,12 +200,11 @@ pub fn endpoints(slices: &[&Slice], port: &ServicePort, node_name: &str) -> Merg
             new.push(Endpoint {
                 ip: ep.ip,
                 port: tport,
-                node_name: ep.node_name.clone(),
-                hints: ep.hints.clone(),
+                placement: ep.placement.clone(),
                 ready,
                 serving,
                 terminating,
-                is_local: ep.node_name.as_deref() == Some(node_name) && !node_name.is_empty(),
+                is_local: ep.node_name().map(|n| &**n) == Some(node_name) && !node_name.is_empty(),
             });
         }
         let added = new

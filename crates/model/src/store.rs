@@ -124,6 +124,12 @@ impl Store {
         self.names.len()
     }
 
+    /// Distinct endpoint placements (node name and hints) held by the interner (bounded
+    /// likewise).
+    pub fn interned_placements(&self) -> usize {
+        self.names.placements()
+    }
+
     /// Number of EndpointSlices.
     pub fn slice_count(&self) -> usize {
         self.slices.len()

@@ -208,9 +208,11 @@ fn model_store_node_name_interning_is_bounded() {
     }
     let n = s.interned_names();
     assert!(n <= 1024, "{n} names interned for 1 in use");
+    let p = s.interned_placements();
+    assert!(p <= 1024, "{p} placements interned for 1 in use");
     let slices = s.slices_of(&ServiceName::new("ns", "a"));
     assert_eq!(
-        slices[0].endpoints[0].node_name.as_deref(),
+        slices[0].endpoints[0].node_name().map(|n| &**n),
         Some("node-19999")
     );
 }
@@ -251,6 +253,9 @@ fn model_store_shares_namespaces_and_vocabulary_strings() {
     assert!(Arc::ptr_eq(&owner.namespace, &sa.name.namespace));
     assert!(Arc::ptr_eq(&la.ports[0].name, &lb.ports[0].name));
     assert!(shared(&la.ports[0].protocol, &pa.protocol));
+    // Endpoints on one node share one placement (node name and hints).
+    let placement = |l: &model::objects::Slice| l.endpoints[0].placement.clone().unwrap();
+    assert!(Arc::ptr_eq(&placement(la), &placement(lb)));
     // Still the objects' own values.
     assert_eq!(
         (&*la.ports[0].name, pa.protocol.as_deref()),

@@ -205,7 +205,7 @@ proptest! {
             for e in &merged.endpoints {
                 prop_assert_eq!(family_of(&e.ip), fam);
                 prop_assert!(e.port != 0);
-                prop_assert_eq!(e.is_local, e.node_name.as_deref() == Some("node-1"));
+                prop_assert_eq!(e.is_local, e.node_name().map(|n| &**n) == Some("node-1"));
                 let key = (e.ip, e.port);
                 prop_assert!(prev < Some(key), "not sorted/unique: {:?}", merged.endpoints);
                 prev = Some(key);
