@@ -571,7 +571,7 @@ fn model_desired_ipset_state_view() {
                 ipset::Protocol::Tcp,
                 80
             ))
-            .map(String::as_str),
+            .map(|o| &**o),
         Some("ns/svc-0000")
     );
 }

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use crate::entry::Entry;
 use crate::set::{Family, SetKind, SetSpec, SetType};
@@ -15,8 +16,9 @@ use crate::Error;
 pub struct SetState {
     /// Creation parameters.
     pub spec: SetSpec,
-    /// Members → owner label (empty when unknown, e.g. read from the kernel).
-    pub entries: BTreeMap<Entry, String>,
+    /// Members → owner label (empty when unknown, e.g. read from the kernel). Shared: a
+    /// service's members, and the changes made from them, hold one copy of its label.
+    pub entries: BTreeMap<Entry, Arc<str>>,
     /// Set read from the kernel with a type this crate does not model (its name as printed);
     /// such a set is always recreated if desired.
     pub foreign_type: Option<String>,
@@ -63,6 +65,16 @@ impl IpsetState {
     /// Add a member to a declared set. The entry must fit the set's type and family.
     /// Returns whether it was new.
     pub fn insert(&mut self, set: &str, entry: Entry, owner: &str) -> Result<bool, Error> {
+        self.insert_shared(set, entry, &Arc::from(owner))
+    }
+
+    /// [`IpsetState::insert`] with an owner label shared with other members.
+    pub fn insert_shared(
+        &mut self,
+        set: &str,
+        entry: Entry,
+        owner: &Arc<str>,
+    ) -> Result<bool, Error> {
         let s = self
             .sets
             .get_mut(set)
@@ -82,7 +94,7 @@ impl IpsetState {
                 )));
             }
         }
-        Ok(s.entries.insert(entry, owner.to_string()).is_none())
+        Ok(s.entries.insert(entry, owner.clone()).is_none())
     }
 
     /// Add a member to one of the 17 kube-proxy sets (declaring it if needed).
@@ -124,12 +136,12 @@ impl IpsetState {
 /// An entry to add, with its owner label.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EntryChange {
-    /// Set name.
-    pub set: String,
+    /// Set name (shared by the changes of one set).
+    pub set: Arc<str>,
     /// The member.
     pub entry: Entry,
-    /// Owner label ("" when unknown).
-    pub owner: String,
+    /// Owner label ("" when unknown; shared with the member's state).
+    pub owner: Arc<str>,
 }
 
 /// What must change to turn the current state into the desired one.
@@ -171,13 +183,14 @@ impl IpsetDiff {
 /// `current` that `desired` lacks are destroyed).
 pub fn diff(desired: &IpsetState, current: &IpsetState) -> IpsetDiff {
     let mut d = IpsetDiff::default();
-    let change = |set: &str, e: &Entry, owner: &str| EntryChange {
-        set: set.to_string(),
+    let change = |set: &Arc<str>, e: &Entry, owner: &Arc<str>| EntryChange {
+        set: set.clone(),
         entry: e.clone(),
-        owner: owner.to_string(),
+        owner: owner.clone(),
     };
-    for (name, want) in &desired.sets {
-        match current.sets.get(name) {
+    for (set_name, want) in &desired.sets {
+        let name = &Arc::<str>::from(set_name.as_str());
+        match current.sets.get(set_name) {
             None => {
                 d.creates.push(want.spec.clone());
                 d.adds
@@ -308,6 +321,8 @@ pub fn parse_save(text: &str, keep: impl Fn(&str) -> bool) -> Result<IpsetState,
     let mut st = IpsetState::new();
     // sets whose type we do not model: members are skipped
     let mut foreign: Vec<String> = Vec::new();
+    // Members read from the kernel have no owner: one shared empty label.
+    let unknown: Arc<str> = Arc::from("");
     for (no, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() {
@@ -375,7 +390,7 @@ pub fn parse_save(text: &str, keep: impl Fn(&str) -> bool) -> Result<IpsetState,
                 // `rest` is the member, optionally followed by options (comment "...", timeout …)
                 let member = rest.split_whitespace().next().unwrap_or_default();
                 let e = Entry::parse(set.spec.set_type, member)?;
-                set.entries.insert(e, String::new());
+                set.entries.insert(e, unknown.clone());
             }
             _ => {
                 return Err(Error::Parse(format!(
@@ -465,7 +480,7 @@ mod tests {
         let d = diff(&want, &IpsetState::new());
         assert_eq!(d.creates.len(), 2);
         assert_eq!(d.adds.len(), 1);
-        assert_eq!(d.adds[0].owner, "default/kubernetes:https");
+        assert_eq!(&*d.adds[0].owner, "default/kubernetes:https");
         let script = render_restore(&d);
         let lines: Vec<_> = script.lines().collect();
         assert_eq!(

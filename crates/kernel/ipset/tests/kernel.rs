@@ -416,7 +416,7 @@ fn netlink_adds_and_deletes_every_type(ns: &Netns) {
         let again = IpsetDiff {
             adds: d.adds.clone(),
             dels: vec![EntryChange {
-                set: SetKind::IpvsIps.name(fam),
+                set: SetKind::IpvsIps.name(fam).into(),
                 entry: Entry::Ip(match fam {
                     Family::Inet => ip("192.0.2.99"),
                     Family::Inet6 => ip("2001:db8::99"),

@@ -158,7 +158,7 @@ impl Proxier {
     pub(super) fn no_node_access(&self) -> Vec<iptables::NoNodeAccess> {
         let mut fw = BTreeSet::new();
         let mut allowed = BTreeSet::new();
-        for e in self.desired.ipset_entries() {
+        for e in self.desired.ipset_members() {
             match (e.set, e.entry) {
                 (SetKind::LoadBalancerFw, ipset::Entry::IpPort { ip, proto, port }) => {
                     fw.insert((ip, proto, port));

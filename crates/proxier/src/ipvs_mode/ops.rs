@@ -1,6 +1,8 @@
 //! Pure helpers over diffs and operations: drift not explained by the pending changes, set
 //! counts, the split of an ipset diff around address changes, which real servers drain.
 
+use std::sync::Arc;
+
 use super::*;
 
 /// The differences a full sync found that the pending changes do not explain (drift), per
@@ -39,7 +41,7 @@ pub(super) fn unexplained(
             .adds
             .iter()
             .chain(&d.dels)
-            .filter(|c| !members.contains(&(c.set.clone(), c.entry.clone())))
+            .filter(|c| !members.contains(&(c.set.to_string(), c.entry.clone())))
             .count();
         d.len() - d.adds.len() - d.dels.len() + changed
     });
@@ -59,7 +61,7 @@ pub(super) fn unexplained(
 
 pub(super) fn count_sets(desired: &Desired) -> BTreeMap<SetKind, usize> {
     let mut counts = BTreeMap::new();
-    for e in desired.ipset_entries() {
+    for e in desired.ipset_members() {
         *counts.entry(e.set).or_default() += 1;
     }
     counts
@@ -79,12 +81,13 @@ pub(super) fn non_empty(counts: &BTreeMap<SetKind, usize>) -> BTreeSet<SetKind> 
 }
 
 pub(super) fn entry_changes(entries: &[IpsetEntry], fam: ipset::Family) -> Vec<EntryChange> {
+    let unknown: Arc<str> = Arc::from("");
     entries
         .iter()
         .map(|e| EntryChange {
-            set: e.set.name(fam),
+            set: Arc::from(e.set.name(fam)),
             entry: e.entry.clone(),
-            owner: String::new(),
+            owner: unknown.clone(),
         })
         .collect()
 }

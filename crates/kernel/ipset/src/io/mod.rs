@@ -419,7 +419,7 @@ impl Ipset {
 /// A rejected line, with the member and its owner for a member line.
 fn rejected(origin: &LineOrigin<'_>, message: String) -> Rejected {
     let (entry, owner) = match origin.member() {
-        Some(c) => (Some(c.entry.clone()), c.owner.clone()),
+        Some(c) => (Some(c.entry.clone()), c.owner.to_string()),
         None => (None, String::new()),
     };
     Rejected {
