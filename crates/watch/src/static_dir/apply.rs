@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Node;
 use super::state::{
     file_mut, service_key, slice_key, synthesize_node, Batch, DirState, ObjKey, Snapshot, Update,
 };
-use model::event::{Object, SourceEvent};
+use model::event::{Kind, Object, SourceEvent};
 use model::objects::{Slice, Svc};
 use model::sorted::SortedVec;
 
@@ -52,13 +52,11 @@ impl DirState {
                 note(self, &objs.services, &objs.endpoint_slices);
             }
         }
-        let mut changed_files: Vec<PathBuf> = Vec::new();
         for (path, u) in updates {
             match u {
                 Update::Gone => {
                     self.unindex(&path);
                     self.files.remove(path.as_path());
-                    changed_files.push(path);
                 }
                 Update::Unreadable(e) => {
                     if self.files.contains_key(path.as_path()) {
@@ -109,7 +107,6 @@ impl DirState {
                     e.has_good = true;
                     e.set_objects(objs, &mut self.names);
                     self.index(&path);
-                    changed_files.push(path);
                 }
             }
         }
@@ -205,6 +202,33 @@ impl DirState {
         synthesize_node(&self.node_name)
     }
 
+    /// The objects as a full relist, exactly [`Snapshot::events`] of [`DirState::snapshot`]
+    /// (each object where its effective definition is, in file name then document order),
+    /// made without the snapshot's maps and copies: the daemon's first list of a directory of
+    /// 10,000 services otherwise allocated ~2 MB of small map nodes for it (issue #18).
+    pub fn relist(&self) -> Vec<SourceEvent> {
+        let good = || self.files.values().filter(|e| e.has_good);
+        let services = good().flat_map(|e| e.services()).filter(|s| {
+            self.service(&service_key(s))
+                .is_some_and(|w| Arc::ptr_eq(w, s))
+        });
+        let slices = good()
+            .flat_map(|e| e.endpoint_slices())
+            .filter(|s| self.slice(&slice_key(s)).is_some_and(|w| Arc::ptr_eq(w, s)));
+        let node = self.choose_node(&mut Vec::new());
+        let mut ev = Vec::with_capacity(7 + self.service_defs.len() + self.slice_defs.len());
+        ev.push(SourceEvent::Init(Kind::Node));
+        ev.push(SourceEvent::InitApply(Object::Node(Box::new(node))));
+        ev.push(SourceEvent::InitDone(Kind::Node));
+        ev.push(SourceEvent::Init(Kind::Service));
+        ev.extend(services.map(|s| SourceEvent::InitApply(Object::Service(s.clone()))));
+        ev.push(SourceEvent::InitDone(Kind::Service));
+        ev.push(SourceEvent::Init(Kind::EndpointSlice));
+        ev.extend(slices.map(|s| SourceEvent::InitApply(Object::EndpointSlice(s.clone()))));
+        ev.push(SourceEvent::InitDone(Kind::EndpointSlice));
+        ev
+    }
+
     /// Everything the state holds, in file name then document order.
     pub fn snapshot(&self) -> Snapshot {
         let mut warnings = Vec::new();
@@ -223,7 +247,7 @@ impl DirState {
                     path.display()
                 ));
             }
-            files.push(path.to_path_buf());
+            files.push(path.clone());
             warnings.extend(e.warnings().iter().cloned());
             for s in e.services() {
                 seq += 1;

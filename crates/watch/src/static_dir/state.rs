@@ -27,8 +27,9 @@ pub struct Snapshot {
     pub node: Node,
     /// True if `node` was synthesized because the directory has no matching Node.
     pub node_synthesized: bool,
-    /// Files read successfully (or kept from their last good version), in order.
-    pub files: Vec<PathBuf>,
+    /// Files read successfully (or kept from their last good version), in order (the
+    /// source's own paths, not copies).
+    pub files: Vec<Arc<Path>>,
     /// Warnings: ignored kinds, duplicates, missing labels, files kept from a previous read.
     pub warnings: Vec<String>,
 }
@@ -638,5 +639,67 @@ mod tests {
             assert_eq!(s0.and_then(|p| p.first().map(|p| p.port)), Some(81), "{n}");
             assert!(e.service(&key(&format!("s{}", n - 1))).is_some());
         }
+    }
+
+    fn slice(name: &str, svc: &str, ip: &str) -> String {
+        format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  \
+             namespace: ns\n  labels:\n    kubernetes.io/service-name: {svc}\naddressType: IPv4\n\
+             endpoints:\n- addresses:\n  - {ip}\n"
+        )
+    }
+
+    fn read(path: &str, text: &str) -> (PathBuf, Update) {
+        let parsed = Some(parse_file(Path::new(path), text));
+        let hash = hash_text(text);
+        let update = Update::Read {
+            hash,
+            stamp: None,
+            parsed,
+        };
+        (PathBuf::from(path), update)
+    }
+
+    #[test]
+    fn relist_equals_the_snapshots_events() {
+        let mut st = DirState::new("/d", "node-a");
+        let node = "apiVersion: v1\nkind: Node\nmetadata:\n  name: node-a\n";
+        st.apply(vec![
+            read(
+                "/d/a.yaml",
+                &[svc("x", 80), slice("x-1", "x", "10.0.0.1")].join("---\n"),
+            ),
+            // Redefined in a later file and twice within one file: the last one wins.
+            read(
+                "/d/b.yaml",
+                &[svc("x", 81), svc("y", 80), svc("y", 82)].join("---\n"),
+            ),
+            read("/d/c.yaml", &slice("x-1", "x", "10.0.0.2")),
+            read("/d/n.yaml", node),
+            read("/d/z.yaml", "kind: [unclosed"),
+        ]);
+        // A file that goes bad keeps its last good objects.
+        st.apply(vec![read("/d/c.yaml", "kind: [unclosed")]);
+        let relist = st.relist();
+        assert_eq!(relist, st.snapshot().events());
+        let services: Vec<(String, i32)> = (relist.iter())
+            .filter_map(|e| match e {
+                SourceEvent::InitApply(Object::Service(s)) => Some((
+                    s.name.name.to_string(),
+                    s.spec.as_ref()?.ports.as_ref()?.first()?.port,
+                )),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(services, [("x".to_string(), 81), ("y".to_string(), 82)]);
+        let ips: Vec<String> = (relist.iter())
+            .filter_map(|e| match e {
+                SourceEvent::InitApply(Object::EndpointSlice(s)) => {
+                    Some(s.endpoints.first()?.ip.to_string())
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(ips, ["10.0.0.2"]);
     }
 }

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 
 use super::state::{is_candidate_name, load, Batch, DirState, LoadResult, SourceStats};
 use super::{StaticDirError, DEFAULT_DEBOUNCE};
-use model::event::SourceEvent;
+use model::event::{Object, SourceEvent};
 
 /// Most changed paths remembered between two batches; beyond, the next batch rescans the
 /// directory (bounded memory whatever happens in the directory).
@@ -294,22 +294,32 @@ impl StaticDirSource {
         state = state_back;
         let first = first?;
         log_batch(&first);
-        let snapshot = state.snapshot();
+        // Its events hold the objects the relist lists again.
+        drop(first);
+        let relist = state.relist();
+        let count = |f: fn(&Object) -> bool| {
+            (relist.iter())
+                .filter(|e| matches!(e, SourceEvent::InitApply(o) if f(o)))
+                .count()
+        };
+        let node = relist.iter().find_map(|e| match e {
+            SourceEvent::InitApply(Object::Node(n)) => n.metadata.name.clone(),
+            _ => None,
+        });
         tracing::info!(
             source = "static-dir",
             dir = %self.dir.display(),
-            files = snapshot.files.len(),
-            services = snapshot.services.len(),
-            endpoint_slices = snapshot.endpoint_slices.len(),
-            node = snapshot.node_name(),
+            files = state.files.values().filter(|e| e.has_good).count(),
+            services = count(|o| matches!(o, Object::Service(_))),
+            endpoint_slices = count(|o| matches!(o, Object::EndpointSlice(_))),
+            node = node.as_deref().unwrap_or_default(),
             "read static directory"
         );
-        for ev in snapshot.events() {
+        for ev in relist {
             if tx.send(ev).await.is_err() {
                 return Ok(());
             }
         }
-        drop(snapshot);
         loop {
             let (rescan, paths) = match poll {
                 Some(interval) => {
