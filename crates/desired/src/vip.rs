@@ -100,22 +100,58 @@ pub fn claims_of(svc: &Svc, cfg: &ProxyConfig) -> Result<Vec<(Vip, Rank)>, Inval
     Ok(out)
 }
 
+/// One Service's claims as [`VipClaims`] keeps them: the VIPs with whether each is external,
+/// and the creation time once (every rank of one Service shares it and the name, so a claim
+/// is 22 bytes here instead of an 88-byte (VIP, rank) pair; issue #18).
+#[derive(Debug, Clone)]
+struct Held {
+    created: Option<Time>,
+    vips: Box<[(Vip, bool)]>,
+}
+
+impl Held {
+    fn of(claims: &[(Vip, Rank)]) -> Held {
+        Held {
+            created: claims.first().and_then(|(_, r)| r.created.clone()),
+            vips: claims.iter().map(|(v, r)| (*v, r.external)).collect(),
+        }
+    }
+
+    /// The claims again, with `name`'s ranks.
+    fn claims(&self, name: &ServiceName) -> Vec<(Vip, Rank)> {
+        let rank = |external: bool| Rank {
+            external,
+            no_timestamp: self.created.is_none(),
+            created: self.created.clone(),
+            name: name.clone(),
+        };
+        self.vips.iter().map(|(v, e)| (*v, rank(*e))).collect()
+    }
+}
+
 /// The claims of every Service of one family, indexed by VIP.
 #[derive(Debug, Default, Clone)]
 pub struct VipClaims {
     /// Strongest first (nearly always one claimant).
     by_vip: HashMap<Vip, SortedVec<Rank>>,
-    by_service: HashMap<ServiceName, Vec<(Vip, Rank)>>,
+    by_service: HashMap<ServiceName, Held>,
 }
 
 impl VipClaims {
     /// Replaces `name`'s claims (empty: the Service is gone). Returns the other Services whose
     /// lost VIPs may have changed (re-derive them).
     pub fn set(&mut self, name: &ServiceName, claims: Vec<(Vip, Rank)>) -> BTreeSet<ServiceName> {
-        let old = self.by_service.remove(name).unwrap_or_default();
+        debug_assert!(
+            claims.iter().all(|(_, r)| r.name == *name
+                && claims.first().is_some_and(|(_, f)| f.created == r.created)),
+            "one Service's claims share its name and creation time"
+        );
+        let old = (self.by_service.remove(name))
+            .map(|h| h.claims(name))
+            .unwrap_or_default();
         if old == claims {
             if !claims.is_empty() {
-                self.by_service.insert(name.clone(), claims);
+                self.by_service.insert(name.clone(), Held::of(&claims));
             }
             return BTreeSet::new();
         }
@@ -134,7 +170,7 @@ impl VipClaims {
             self.by_vip.entry(*vip).or_default().insert(rank.clone());
         }
         if !claims.is_empty() {
-            self.by_service.insert(name.clone(), claims);
+            self.by_service.insert(name.clone(), Held::of(&claims));
         }
         let mut affected = BTreeSet::new();
         for (vip, before) in winners_before {
@@ -182,8 +218,9 @@ impl VipClaims {
     /// The external VIPs `name` claims and does not serve, each with the Service that does.
     pub fn lost(&self, name: &ServiceName) -> BTreeMap<Vip, ServiceName> {
         let mut out = BTreeMap::new();
-        for (vip, rank) in self.by_service.get(name).into_iter().flatten() {
-            if !rank.external {
+        let held = self.by_service.get(name).map(|h| &h.vips[..]);
+        for (vip, external) in held.into_iter().flatten() {
+            if !external {
                 continue;
             }
             match self.winner(vip) {
