@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::error::{Error, Result};
 use crate::host;
 
 /// The cargo-deny release the stage installs and runs.
@@ -54,7 +55,7 @@ fn version_of(bin: &std::path::Path) -> Option<String> {
 }
 
 /// The cargo-deny binary, installing it when needed; the note says how long that took.
-fn ensure_cargo_deny() -> Result<(PathBuf, String), String> {
+fn ensure_cargo_deny() -> Result<(PathBuf, String)> {
     let cached = cache_root().join("bin").join("cargo-deny");
     for candidate in [cached.clone(), PathBuf::from("cargo-deny")] {
         if version_of(&candidate).is_some_and(|v| v.contains(CARGO_DENY_VERSION)) {
@@ -73,9 +74,10 @@ fn ensure_cargo_deny() -> Result<(PathBuf, String), String> {
     eprintln!("xtask: + {}", host::show(&cmd));
     let ok = cmd.status().map(|s| s.success()).unwrap_or(false);
     if !ok || version_of(&cached).is_none() {
-        return Err(format!(
-            "cargo install cargo-deny@{CARGO_DENY_VERSION} failed"
-        ));
+        return Err(Error::Command {
+            cmd: host::show(&cmd),
+            detail: format!("installing cargo-deny@{CARGO_DENY_VERSION} failed"),
+        });
     }
     Ok((
         cached,
@@ -122,7 +124,7 @@ pub fn deny_stage() -> DenyOutcome {
             return DenyOutcome {
                 passed: 0,
                 failed: 1,
-                note: e,
+                note: e.to_string(),
             }
         }
     };

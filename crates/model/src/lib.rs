@@ -7,7 +7,8 @@
 //!
 //! The model's types and functions are at the crate root ([`ServicePort`], [`endpoints`],
 //! [`select_endpoints`], [`Invalid`], ...), defined in five private modules (names and limits,
-//! configuration, service ports, endpoints, rejections).
+//! configuration, service ports, endpoints, rejections); the objects' interner has a module
+//! of its own, re-exported as [`objects::Interner`].
 //!
 //! ## The rules
 //!
@@ -36,6 +37,7 @@ pub mod store;
 
 mod config;
 mod endpoints;
+mod interner;
 mod names;
 mod rejections;
 mod service;

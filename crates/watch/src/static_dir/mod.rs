@@ -41,6 +41,7 @@ use std::time::Duration;
 
 mod apply;
 mod block;
+mod entry;
 mod parse;
 mod state;
 mod watch;
