@@ -2,13 +2,14 @@
 //! watch-like events; and the directory's whole content as a snapshot.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 
 use super::state::{
-    file_mut, service_key, slice_key, synthesize_node, Batch, DirState, ObjKey, Snapshot, Update,
+    file_mut, service_key, slice_key, synthesize_node, Batch, DirState, FileKey, ObjKey, Snapshot,
+    Update,
 };
 use model::event::{Kind, Object, SourceEvent};
 use model::objects::{Slice, Svc};
@@ -41,7 +42,7 @@ impl DirState {
             }
         };
         for (path, u) in &updates {
-            if let Some(e) = self.files.get(path.as_path()) {
+            if let Some(e) = self.files.get(path.as_os_str()) {
                 note(self, e.services(), e.endpoint_slices());
             }
             if let Update::Read {
@@ -56,10 +57,10 @@ impl DirState {
             match u {
                 Update::Gone => {
                     self.unindex(&path);
-                    self.files.remove(path.as_path());
+                    self.files.remove(path.as_os_str());
                 }
                 Update::Unreadable(e) => {
-                    if self.files.contains_key(path.as_path()) {
+                    if self.files.contains_key(path.as_os_str()) {
                         batch.warnings.push(format!(
                             "{}: keeping the objects of its last good version",
                             path.display()
@@ -165,7 +166,7 @@ impl DirState {
         batch
     }
 
-    fn defined_in(&self, defs: &HashMap<ObjKey, SortedVec<Arc<Path>>>, k: &ObjKey) -> String {
+    fn defined_in(&self, defs: &HashMap<ObjKey, SortedVec<FileKey>>, k: &ObjKey) -> String {
         defs.get(k)
             .map(|d| {
                 d.iter()

@@ -2,6 +2,7 @@
 //! which texts must be parsed, and which file defines the effective version of every object.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ffi::OsStr;
 use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,7 +32,7 @@ pub struct Snapshot {
     pub node_synthesized: bool,
     /// Files read successfully (or kept from their last good version), in order (the
     /// source's own paths, not copies).
-    pub files: Vec<Arc<Path>>,
+    pub files: Vec<FileKey>,
     /// Warnings: ignored kinds, duplicates, missing labels, files kept from a previous read.
     pub warnings: Vec<String>,
 }
@@ -79,6 +80,63 @@ pub(super) fn service_key(s: &Svc) -> ObjKey {
 
 pub(super) fn slice_key(s: &Slice) -> ObjKey {
     (s.namespace.clone(), s.name.clone())
+}
+
+/// A file's path as the key of the source's tables, compared, ordered and hashed by its bytes:
+/// for the files of one directory that is the name order `Path`'s component-wise comparison
+/// gives, at a fraction of its cost (splitting both paths into components on every comparison
+/// was ~7 % of reading a directory of 20,000 files).
+#[derive(Debug, Clone)]
+pub struct FileKey(Arc<Path>);
+
+impl FileKey {
+    fn new(path: &Path) -> FileKey {
+        FileKey(Arc::from(path))
+    }
+
+    /// The path.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for FileKey {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl PartialEq for FileKey {
+    fn eq(&self, other: &FileKey) -> bool {
+        self.0.as_os_str() == other.0.as_os_str()
+    }
+}
+
+impl Eq for FileKey {}
+
+impl PartialOrd for FileKey {
+    fn partial_cmp(&self, other: &FileKey) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for FileKey {
+    fn cmp(&self, other: &FileKey) -> std::cmp::Ordering {
+        self.0.as_os_str().cmp(other.0.as_os_str())
+    }
+}
+
+impl std::hash::Hash for FileKey {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.0.as_os_str().hash(h);
+    }
+}
+
+impl std::borrow::Borrow<OsStr> for FileKey {
+    fn borrow(&self) -> &OsStr {
+        self.0.as_os_str()
+    }
 }
 
 /// What a batch learned about one file.
@@ -142,11 +200,11 @@ pub struct DirState {
     /// when files are added in name order (at 20,000 files of the earlier ~180-byte entries
     /// the unboxed map took 7.4 MB; a [`FileEntry`] is now 40 bytes, ~1.9 MB with the tree).
     /// Its paths are shared with the definitions below (one allocation per path).
-    pub(super) files: BTreeMap<Arc<Path>, Box<FileEntry>>,
+    pub(super) files: BTreeMap<FileKey, Box<FileEntry>>,
     /// For every Service / EndpointSlice, the files defining it (nearly always one); the last
     /// one (name order) wins, like on a full read.
-    pub(super) service_defs: HashMap<ObjKey, SortedVec<Arc<Path>>>,
-    pub(super) slice_defs: HashMap<ObjKey, SortedVec<Arc<Path>>>,
+    pub(super) service_defs: HashMap<ObjKey, SortedVec<FileKey>>,
+    pub(super) slice_defs: HashMap<ObjKey, SortedVec<FileKey>>,
     /// The Node last chosen (see [`Snapshot::node_name`]).
     pub(super) node: Option<Node>,
     /// Node and zone names of all files' slices.
@@ -180,18 +238,52 @@ pub(super) fn is_candidate_name(path: &Path) -> bool {
 /// its last read text.
 struct ToRead {
     path: PathBuf,
-    stamp: Option<Stamp>,
+    /// Digest of the stamp of its last read, when unchanged stamps skip the read (polling).
+    skip_stamp: Option<NonZeroU64>,
     known: bool,
     hash: Option<NonZeroU64>,
 }
 
 impl ToRead {
-    /// Reads the file and parses its text unless it equals the last read one; `None` when a
-    /// file the source never knew vanished before it could be read.
+    /// Checks the file (a regular file, its `stat` changed when stamps are compared), reads it
+    /// and parses its text unless it equals the last read one. `None` when there is nothing to
+    /// report: unchanged, or not a file and never known. Runs on the workers, so the `stat` of
+    /// 20,000 files is parallel too, and is taken from the open file (one system call fewer a
+    /// file than a `stat` by name before reading).
     fn read(self, stats: &SourceStats) -> Option<(PathBuf, Update)> {
+        use std::io::Read;
+        let gone = |p: PathBuf, known: bool| known.then_some((p, Update::Gone));
+        let mut file = match std::fs::File::open(&self.path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return gone(self.path, self.known)
+            }
+            // Not readable: an error if it is a file, else not a candidate.
+            Err(source) => {
+                if !std::fs::metadata(&self.path).is_ok_and(|m| m.is_file()) {
+                    return gone(self.path, self.known);
+                }
+                stats.files_read.fetch_add(1, Ordering::Relaxed);
+                let err = StaticDirError::ReadFile {
+                    path: self.path.clone(),
+                    source,
+                };
+                return Some((self.path, Update::Unreadable(err)));
+            }
+        };
+        let meta = match file.metadata() {
+            Ok(m) if m.is_file() => m,
+            _ => return gone(self.path, self.known),
+        };
+        let stamp = Stamp::of(&meta);
+        if self.skip_stamp.is_some() && self.skip_stamp == Some(stamp.digest()) {
+            return None;
+        }
         stats.files_read.fetch_add(1, Ordering::Relaxed);
-        match std::fs::read_to_string(&self.path) {
-            Ok(text) => {
+        let mut text = String::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+        match file.read_to_string(&mut text) {
+            Ok(_) => {
+                drop(file);
                 let hash = hash_text(&text);
                 let parsed = (self.hash != Some(hash)).then(|| {
                     stats.files_parsed.fetch_add(1, Ordering::Relaxed);
@@ -200,13 +292,10 @@ impl ToRead {
                 drop(text);
                 let update = Update::Read {
                     hash,
-                    stamp: self.stamp,
+                    stamp: Some(stamp),
                     parsed,
                 };
                 Some((self.path, update))
-            }
-            Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
-                self.known.then_some((self.path, Update::Gone))
             }
             Err(source) => {
                 let err = StaticDirError::ReadFile {
@@ -247,33 +336,34 @@ impl DirState {
     /// batch. A path whose text is unchanged since its last read is not parsed. With `stamps`,
     /// a path whose `stat` is unchanged is not even read (the polling fallback).
     pub fn read_paths(&mut self, paths: &BTreeSet<PathBuf>, stamps: bool) -> Batch {
+        self.read_list(paths, stamps)
+    }
+
+    /// [`DirState::read_paths`] of paths in name order.
+    fn read_list<'a>(
+        &mut self,
+        paths: impl IntoIterator<Item = &'a PathBuf>,
+        stamps: bool,
+    ) -> Batch {
         let mut updates: Vec<(PathBuf, Update)> = Vec::new();
         let mut to_read: Vec<ToRead> = Vec::new();
         for path in paths {
-            let meta = std::fs::metadata(path);
-            let candidate = is_candidate_name(path) && meta.as_ref().is_ok_and(|m| m.is_file());
-            let known = self.files.get(path.as_path());
-            if !candidate {
+            let known = self.files.get(path.as_os_str());
+            if !is_candidate_name(path) {
                 if known.is_some() {
                     updates.push((path.clone(), Update::Gone));
                 }
                 continue;
             }
-            let stamp = meta.ok().map(|m| Stamp::of(&m));
-            if stamps
-                && known.is_some_and(|e| e.stamp.is_some() && e.stamp == stamp.map(|s| s.digest()))
-            {
-                continue;
-            }
             to_read.push(ToRead {
                 path: path.clone(),
-                stamp,
+                skip_stamp: known.and_then(|e| e.stamp).filter(|_| stamps),
                 known: known.is_some(),
                 hash: known.and_then(|e| e.hash),
             });
         }
-        // Each file is read, hashed and parsed by the same worker, so only the texts being
-        // parsed are in memory, never the whole directory's.
+        // Each file is checked, read, hashed and parsed by the same worker, so only the texts
+        // being parsed are in memory, never the whole directory's.
         let stats = &self.stats;
         updates.extend(par_map(to_read, |r| r.read(stats)).into_iter().flatten());
         self.apply(updates)
@@ -287,32 +377,44 @@ impl DirState {
             dir: self.dir.clone(),
             source,
         };
-        let mut paths: BTreeSet<PathBuf> = BTreeSet::new();
+        let mut paths: Vec<PathBuf> = Vec::new();
         for entry in std::fs::read_dir(&self.dir).map_err(read_dir_err)? {
             let path = entry.map_err(read_dir_err)?.path();
             if is_candidate_name(&path) {
-                paths.insert(path);
+                paths.push(path);
             }
         }
         // Files known before and not listed now are gone.
-        paths.extend(self.files.keys().map(|p| p.to_path_buf()));
-        Ok(self.read_paths(&paths, stamps))
+        paths.extend(self.files.keys().map(|p| p.path().to_path_buf()));
+        // Name order, compared as bytes like the file table's keys (a `BTreeSet<PathBuf>`
+        // compares component by component).
+        paths.sort_unstable_by(|a, b| a.as_os_str().cmp(b.as_os_str()));
+        paths.dedup();
+        let first = self.files.is_empty();
+        let batch = self.read_list(&paths, stamps);
+        if first {
+            // Built one insert at a time in name order, the table's nodes are about half
+            // full; rebuilt from its sorted entries they are full (~0.4 MB less at 20,000
+            // files).
+            self.files = std::mem::take(&mut self.files).into_iter().collect();
+        }
+        Ok(batch)
     }
 
     /// The effective Service `key` (the last definition in name order).
     pub(super) fn service(&self, key: &ObjKey) -> Option<&Arc<Svc>> {
         let path = self.service_defs.get(key)?.last()?;
-        self.files.get(path)?.service(key)
+        self.files.get(path.path().as_os_str())?.service(key)
     }
 
     /// The effective EndpointSlice `key`.
     pub(super) fn slice(&self, key: &ObjKey) -> Option<&Arc<Slice>> {
         let path = self.slice_defs.get(key)?.last()?;
-        self.files.get(path)?.slice(key)
+        self.files.get(path.path().as_os_str())?.slice(key)
     }
 
     pub(super) fn unindex(&mut self, path: &Path) {
-        let Some((path, e)) = self.files.get_key_value(path) else {
+        let Some((path, e)) = self.files.get_key_value(path.as_os_str()) else {
             return;
         };
         let path = path.clone();
@@ -327,7 +429,7 @@ impl DirState {
     }
 
     pub(super) fn index(&mut self, path: &Path) {
-        let Some((path, e)) = self.files.get_key_value(path) else {
+        let Some((path, e)) = self.files.get_key_value(path.as_os_str()) else {
             return;
         };
         for s in e.services() {
@@ -348,18 +450,18 @@ impl DirState {
 /// The entry of file `path` in `files`, made empty if it is not there (its path is then stored
 /// once, and shared by the definitions index).
 pub(super) fn file_mut<'a>(
-    files: &'a mut BTreeMap<Arc<Path>, Box<FileEntry>>,
+    files: &'a mut BTreeMap<FileKey, Box<FileEntry>>,
     path: &Path,
 ) -> &'a mut FileEntry {
-    let key = match files.get_key_value(path) {
+    let key = match files.get_key_value(path.as_os_str()) {
         Some((k, _)) => k.clone(),
-        None => Arc::from(path),
+        None => FileKey::new(path),
     };
     files.entry(key).or_default()
 }
 
 /// Drops `path` from the files defining `k` (and `k` when no file is left).
-fn unindex_one(defs: &mut HashMap<ObjKey, SortedVec<Arc<Path>>>, k: &ObjKey, path: &Arc<Path>) {
+fn unindex_one(defs: &mut HashMap<ObjKey, SortedVec<FileKey>>, k: &ObjKey, path: &FileKey) {
     if let Some(set) = defs.get_mut(k) {
         set.remove(path);
         if set.is_empty() {
