@@ -216,13 +216,7 @@ mod tests {
 
     use super::*;
     use crate::static_dir::parse::parse_file;
-
-    fn svc(name: &str, port: u16) -> String {
-        format!(
-            "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: ns\nspec:\n  \
-             clusterIP: 10.96.0.1\n  ports:\n  - port: {port}\n    protocol: TCP\n"
-        )
-    }
+    use crate::static_dir::state::tests::svc;
 
     fn entry(text: &str) -> FileEntry {
         let objects = parse_file(Path::new("f.yaml"), text).unwrap();

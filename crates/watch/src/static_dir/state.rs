@@ -496,10 +496,11 @@ pub fn load(dir: &Path, node_name: &str) -> Result<LoadResult, StaticDirError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn svc(name: &str, port: u16) -> String {
+    /// A Service `ns/name` with one TCP port (also for the entry tests).
+    pub(in crate::static_dir) fn svc(name: &str, port: u16) -> String {
         format!(
             "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: ns\nspec:\n  \
              clusterIP: 10.96.0.1\n  ports:\n  - port: {port}\n    protocol: TCP\n"
