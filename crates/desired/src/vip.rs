@@ -139,7 +139,8 @@ pub struct VipClaims {
 
 impl VipClaims {
     /// Replaces `name`'s claims (empty: the Service is gone). Returns the other Services whose
-    /// lost VIPs may have changed (re-derive them).
+    /// lost VIPs may have changed (re-derive them). `claims` are [`claims_of`] the Service: all
+    /// ranked under `name` with its one creation time (what is kept of them relies on it).
     pub fn set(&mut self, name: &ServiceName, claims: Vec<(Vip, Rank)>) -> BTreeSet<ServiceName> {
         debug_assert!(
             claims.iter().all(|(_, r)| r.name == *name
