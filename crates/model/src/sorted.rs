@@ -323,6 +323,10 @@ mod tests {
 
     #[test]
     fn one_element_is_inline_and_more_spill_exactly() {
+        // smallvec's `union` layout: no tag beside the inline element and the capacity (a
+        // `SortedVec` is a hash-table value in several large tables).
+        assert_eq!(std::mem::size_of::<SortedVec<u64>>(), 24);
+        assert_eq!(std::mem::size_of::<SortedVec<std::sync::Arc<str>>>(), 24);
         let mut s = SortedVec::default();
         s.insert(7u64);
         assert!(!s.0.spilled());
