@@ -8,10 +8,10 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Node;
 
 use super::state::{
-    file_mut, service_key, slice_key, synthesize_node, Batch, DirState, FileKey, ObjKey, Snapshot,
-    Update,
+    file_mut, relist_events, service_key, slice_key, synthesize_node, Batch, DirState, FileKey,
+    ObjKey, Snapshot, Update,
 };
-use model::event::{Kind, Object, SourceEvent};
+use model::event::{Object, SourceEvent};
 use model::objects::{Slice, Svc};
 use model::sorted::SortedVec;
 
@@ -216,18 +216,11 @@ impl DirState {
         let slices = good()
             .flat_map(|e| e.endpoint_slices())
             .filter(|s| self.slice(&slice_key(s)).is_some_and(|w| Arc::ptr_eq(w, s)));
-        let node = self.choose_node(&mut Vec::new());
-        let mut ev = Vec::with_capacity(7 + self.service_defs.len() + self.slice_defs.len());
-        ev.push(SourceEvent::Init(Kind::Node));
-        ev.push(SourceEvent::InitApply(Object::Node(Box::new(node))));
-        ev.push(SourceEvent::InitDone(Kind::Node));
-        ev.push(SourceEvent::Init(Kind::Service));
-        ev.extend(services.map(|s| SourceEvent::InitApply(Object::Service(s.clone()))));
-        ev.push(SourceEvent::InitDone(Kind::Service));
-        ev.push(SourceEvent::Init(Kind::EndpointSlice));
-        ev.extend(slices.map(|s| SourceEvent::InitApply(Object::EndpointSlice(s.clone()))));
-        ev.push(SourceEvent::InitDone(Kind::EndpointSlice));
-        ev
+        relist_events(
+            self.choose_node(&mut Vec::new()),
+            services.cloned(),
+            slices.cloned(),
+        )
     }
 
     /// Everything the state holds, in file name then document order.

@@ -47,28 +47,32 @@ impl Snapshot {
     /// The objects as a full relist: `Init`, `InitApply` per object, `InitDone`, for Node,
     /// Service and EndpointSlice in that order.
     pub fn events(&self) -> Vec<SourceEvent> {
-        let mut ev = Vec::with_capacity(self.services.len() + self.endpoint_slices.len() + 7);
-        ev.push(SourceEvent::Init(Kind::Node));
-        ev.push(SourceEvent::InitApply(Object::Node(Box::new(
+        relist_events(
             self.node.clone(),
-        ))));
-        ev.push(SourceEvent::InitDone(Kind::Node));
-        ev.push(SourceEvent::Init(Kind::Service));
-        ev.extend(
-            self.services
-                .iter()
-                .map(|s| SourceEvent::InitApply(Object::Service(s.clone()))),
-        );
-        ev.push(SourceEvent::InitDone(Kind::Service));
-        ev.push(SourceEvent::Init(Kind::EndpointSlice));
-        ev.extend(
-            self.endpoint_slices
-                .iter()
-                .map(|s| SourceEvent::InitApply(Object::EndpointSlice(s.clone()))),
-        );
-        ev.push(SourceEvent::InitDone(Kind::EndpointSlice));
-        ev
+            self.services.iter().cloned(),
+            self.endpoint_slices.iter().cloned(),
+        )
     }
+}
+
+/// A full relist: `Init`, `InitApply` per object, `InitDone`, for Node, Service and
+/// EndpointSlice in that order (the snapshot's and [`DirState::relist`]'s one form).
+pub(super) fn relist_events(
+    node: Node,
+    services: impl Iterator<Item = Arc<Svc>>,
+    slices: impl Iterator<Item = Arc<Slice>>,
+) -> Vec<SourceEvent> {
+    let mut ev = Vec::with_capacity(7 + services.size_hint().0 + slices.size_hint().0);
+    ev.push(SourceEvent::Init(Kind::Node));
+    ev.push(SourceEvent::InitApply(Object::Node(Box::new(node))));
+    ev.push(SourceEvent::InitDone(Kind::Node));
+    ev.push(SourceEvent::Init(Kind::Service));
+    ev.extend(services.map(|s| SourceEvent::InitApply(Object::Service(s))));
+    ev.push(SourceEvent::InitDone(Kind::Service));
+    ev.push(SourceEvent::Init(Kind::EndpointSlice));
+    ev.extend(slices.map(|s| SourceEvent::InitApply(Object::EndpointSlice(s))));
+    ev.push(SourceEvent::InitDone(Kind::EndpointSlice));
+    ev
 }
 
 /// Namespace/name of an object (a Service's key shares its object's strings).
