@@ -85,6 +85,10 @@ pub fn service_desired_except(
 #[derive(Default)]
 struct Acc {
     d: ServiceDesired,
+    /// The ipset members, collected here and stored once, exactly sized, by
+    /// [`Acc::finish`] (inserted one at a time, the service's sorted set grew by one element
+    /// per member: a reallocation each, whose freed blocks stayed as holes in the heap).
+    entries: Vec<IpsetEntry>,
     vss: Vec<VirtualServer>,
     features: u16,
     addresses: BTreeSet<IpAddr>,
@@ -96,7 +100,7 @@ struct Acc {
 impl Acc {
     /// Adds an ipset member (normalized).
     fn entry(&mut self, set: SetKind, entry: Entry) {
-        self.d.ipset_entries.insert(IpsetEntry {
+        self.entries.push(IpsetEntry {
             set,
             entry: entry.normalized(),
         });
@@ -109,6 +113,7 @@ impl Acc {
             self.entry(SetKind::IpvsIps, Entry::Ip(*a));
         }
         self.d.addresses = addresses.into_iter().collect();
+        self.d.ipset_entries = self.entries.into_iter().collect();
         for vs in self.vss {
             // A key listed twice within one service (e.g. an externalIP equal to an LB IP):
             // the first wins (ClusterIP, then externalIPs, LB IPs, NodePorts).

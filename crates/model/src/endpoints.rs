@@ -137,18 +137,18 @@ pub fn last_change_trigger_time(slice: &EndpointSlice) -> Option<std::time::Syst
 
 /// The service a slice belongs to (namespace + `kubernetes.io/service-name` label).
 pub fn slice_service(slice: &EndpointSlice) -> Option<ServiceName> {
-    let name = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
-    if name.is_empty() {
-        return None;
-    }
+    let name = slice_service_name(slice)?;
     Some(ServiceName::new(
-        slice
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".to_string()),
-        name.clone(),
+        slice.metadata.namespace.as_deref().unwrap_or("default"),
+        name,
     ))
+}
+
+/// The name of the Service `slice` belongs to (its non-empty [`SERVICE_NAME_LABEL`]); the
+/// namespace is the slice's.
+pub fn slice_service_name(slice: &EndpointSlice) -> Option<&str> {
+    let name = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
+    (!name.is_empty()).then_some(name.as_str())
 }
 
 /// Endpoints of one service port merged from all slices of its service.

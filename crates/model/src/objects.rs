@@ -30,7 +30,7 @@ use ipvs_netlink::Family;
 pub use crate::interner::Interner;
 
 use crate::{
-    last_change_trigger_time, slice_service, validate_slice, Invalid, ServiceName,
+    last_change_trigger_time, slice_service_name, validate_slice, Invalid, ServiceName,
     SCHEDULER_ANNOTATION, SCHEDULER_FLAGS_ANNOTATION,
 };
 
@@ -98,18 +98,27 @@ fn boxed(s: &Option<String>) -> Option<Box<str>> {
     s.as_deref().map(Box::from)
 }
 
-fn shared(s: &Option<String>) -> Option<Arc<str>> {
-    s.as_deref().map(Arc::from)
-}
-
 fn boxed_all(v: &Option<Vec<String>>) -> Option<Vec<Box<str>>> {
     v.as_ref()
         .map(|v| v.iter().map(|s| Box::from(s.as_str())).collect())
 }
 
 impl Svc {
-    /// The compact form of `svc`.
+    /// The compact form of `svc`, with strings of its own.
     pub fn from_service(svc: &Service) -> Svc {
+        Svc::build(svc, &mut |s| Arc::from(s))
+    }
+
+    /// The compact form of `svc` with the namespace and the values drawn from a small
+    /// vocabulary taken from `names` (what [`Svc::intern`] shares): converted where it is
+    /// stored, the object never holds private copies that are freed again at once (at 10,000
+    /// Services such short-lived strings, freed between long-lived objects, left ~1 MB of
+    /// holes in the heap).
+    pub fn from_service_in(svc: &Service, names: &mut Interner) -> Svc {
+        Svc::build(svc, &mut |s| names.intern(s))
+    }
+
+    fn build(svc: &Service, share: &mut dyn FnMut(&str) -> Arc<str>) -> Svc {
         let annotation = |k: &str| {
             svc.metadata
                 .annotations
@@ -117,6 +126,7 @@ impl Svc {
                 .and_then(|a| a.get(k))
                 .map(|v| Box::from(v.as_str()))
         };
+        let mut shared = |s: &Option<String>| s.as_deref().map(&mut *share);
         let spec = svc.spec.as_ref().map(|s| {
             let ingress = svc
                 .status
@@ -159,8 +169,12 @@ impl Svc {
                 ingress,
             })
         });
+        let name = ServiceName {
+            namespace: share(svc.metadata.namespace.as_deref().unwrap_or("default")),
+            name: Arc::from(svc.metadata.name.as_deref().unwrap_or_default()),
+        };
         Svc {
-            name: ServiceName::of(svc),
+            name,
             named: svc.metadata.name.as_deref().is_some_and(|n| !n.is_empty()),
             created: svc.metadata.creation_timestamp.clone(),
             scheduler: annotation(SCHEDULER_ANNOTATION),
@@ -300,8 +314,10 @@ pub struct Slice {
 }
 
 impl Slice {
-    /// The compact form of `slice`, node and zone names interned in `names`.
-    fn from_slice(slice: &EndpointSlice, names: &mut Interner) -> Slice {
+    /// The compact form of `slice` with every string [`Slice::intern`] shares (node and zone
+    /// names, placements, namespaces, port names and protocols) taken from `names`: converted
+    /// where it is stored, the slice never holds private copies that are freed again at once.
+    pub fn from_slice_in(slice: &EndpointSlice, names: &mut Interner) -> Slice {
         let address_type = match slice.address_type.as_str() {
             "IPv4" => AddressType::V4,
             "IPv6" => AddressType::V6,
@@ -340,10 +356,14 @@ impl Slice {
             }));
             eps
         };
+        let namespace = names.intern(slice.metadata.namespace.as_deref().unwrap_or("default"));
         Slice {
-            namespace: Arc::from(slice.metadata.namespace.as_deref().unwrap_or("default")),
+            service: slice_service_name(slice).map(|name| ServiceName {
+                namespace: namespace.clone(),
+                name: Arc::from(name),
+            }),
+            namespace,
             name: Arc::from(slice.metadata.name.as_deref().unwrap_or_default()),
-            service: slice_service(slice),
             address_type,
             ports: slice
                 .ports
@@ -351,8 +371,8 @@ impl Slice {
                 .unwrap_or_default()
                 .iter()
                 .map(|p| SlicePort {
-                    name: Arc::from(p.name.as_deref().unwrap_or_default()),
-                    protocol: shared(&p.protocol),
+                    name: names.intern(p.name.as_deref().unwrap_or_default()),
+                    protocol: p.protocol.as_deref().map(|s| names.intern(s)),
                     port: p.port,
                 })
                 .collect(),
@@ -364,7 +384,7 @@ impl Slice {
 
     /// The compact form of `slice` with a private interner (sources, tests).
     pub fn of(slice: &EndpointSlice) -> Slice {
-        Slice::from_slice(slice, &mut Interner::default())
+        Slice::from_slice_in(slice, &mut Interner::default())
     }
 
     /// The IP family of its endpoints (`None` for FQDN and unknown address types).

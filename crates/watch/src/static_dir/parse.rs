@@ -2,7 +2,7 @@
 //! words every error with the file, document and item), and parsing many files in parallel.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -11,16 +11,19 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::{StaticDirError, SERVICE_NAME_LABEL};
-use model::objects::{Slice, Svc};
+use model::objects::{Interner, Slice, Svc};
+use smallvec::SmallVec;
 
 /// The objects of one file, in the compact form the proxy keeps ([`model::objects`]): the
 /// parsed `k8s-openapi` objects are dropped as soon as they are converted.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FileObjects {
-    /// Services, in document order (shared with the events and the store).
-    pub services: Vec<Arc<Svc>>,
-    /// EndpointSlices, in document order (shared likewise).
-    pub endpoint_slices: Vec<Arc<Slice>>,
+    /// Services, in document order (shared with the events and the store). One is kept
+    /// inline: most files hold one object, and a vector freed when the file's entry takes its
+    /// object would leave a hole between long-lived objects.
+    pub services: SmallVec<[Arc<Svc>; 1]>,
+    /// EndpointSlices, in document order (shared likewise; one inline).
+    pub endpoint_slices: SmallVec<[Arc<Slice>; 1]>,
     /// Nodes, in document order.
     pub nodes: Vec<Node>,
     /// Warnings (ignored kinds, missing labels), each naming the file and document.
@@ -44,7 +47,7 @@ fn parse_options(text: &str) -> serde_saphyr::Options {
 /// top-level `kind:` line first, so no document is buffered and tried against each type).
 /// `None` when anything else is in the file (Lists, other kinds, empty documents, directives,
 /// flow style, errors): the general path then parses it and words the errors.
-fn parse_typed(path: &Path, text: &str) -> Option<FileObjects> {
+fn parse_typed(path: &Path, text: &str, names: &Mutex<Interner>) -> Option<FileObjects> {
     let mut out = FileObjects::default();
     for (i, doc) in documents(text)?.into_iter().enumerate() {
         let where_ = || format!("{}: document {}", path.display(), i + 1);
@@ -52,12 +55,12 @@ fn parse_typed(path: &Path, text: &str) -> Option<FileObjects> {
             "Service" => {
                 let s: Service = typed(doc)?;
                 named(&s.metadata)?;
-                accept_service(s, &where_, &mut out);
+                accept_service(s, &where_, &mut out, names);
             }
             "EndpointSlice" => {
                 let s: EndpointSlice = typed(doc)?;
                 named(&s.metadata)?;
-                accept_slice(s, &where_, &mut out);
+                accept_slice(s, &where_, &mut out, names);
             }
             "Node" => {
                 let n: Node = typed(doc)?;
@@ -146,7 +149,12 @@ fn top_level_kind(doc: &str) -> Option<&str> {
     Some(unquoted)
 }
 
-fn accept_service(mut svc: Service, where_: &dyn Fn() -> String, out: &mut FileObjects) {
+fn accept_service(
+    mut svc: Service,
+    where_: &dyn Fn() -> String,
+    out: &mut FileObjects,
+    names: &Mutex<Interner>,
+) {
     svc.metadata
         .namespace
         .get_or_insert_with(|| "default".into());
@@ -154,10 +162,16 @@ fn accept_service(mut svc: Service, where_: &dyn Fn() -> String, out: &mut FileO
         tracing::info!(object = %where_(), label, "Service not handled by this proxy");
         return;
     }
-    out.services.push(Arc::new(Svc::from_service(&svc)));
+    let svc = Svc::from_service_in(&svc, &mut lock(names));
+    out.services.push(Arc::new(svc));
 }
 
-fn accept_slice(mut eps: EndpointSlice, where_: &dyn Fn() -> String, out: &mut FileObjects) {
+fn accept_slice(
+    mut eps: EndpointSlice,
+    where_: &dyn Fn() -> String,
+    out: &mut FileObjects,
+    names: &Mutex<Interner>,
+) {
     eps.metadata
         .namespace
         .get_or_insert_with(|| "default".into());
@@ -177,20 +191,42 @@ fn accept_slice(mut eps: EndpointSlice, where_: &dyn Fn() -> String, out: &mut F
             eps.metadata.name.as_deref().unwrap_or_default()
         ));
     }
-    out.endpoint_slices.push(Arc::new(Slice::of(&eps)));
+    let slice = Slice::from_slice_in(&eps, &mut lock(names));
+    out.endpoint_slices.push(Arc::new(slice));
 }
 
 /// Parses one file's text. `path` is only used in messages.
 pub fn parse_file(path: &Path, text: &str) -> Result<FileObjects, StaticDirError> {
-    match parse_typed(path, text) {
+    parse_file_in(path, text, &Mutex::default())
+}
+
+/// [`parse_file`] with the objects' shared strings (namespaces, port names, node names, ...)
+/// taken from `names`, locked for each object's conversion only (the parse itself runs
+/// unlocked, so workers parse in parallel).
+pub(super) fn parse_file_in(
+    path: &Path,
+    text: &str,
+    names: &Mutex<Interner>,
+) -> Result<FileObjects, StaticDirError> {
+    match parse_typed(path, text, names) {
         Some(out) => Ok(out),
-        None => parse_general(path, text),
+        None => parse_general(path, text, names),
     }
+}
+
+/// The interner, also after a worker panicked while holding it (its table stays consistent:
+/// a panic cannot stop an insert halfway).
+fn lock(names: &Mutex<Interner>) -> std::sync::MutexGuard<'_, Interner> {
+    names.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The general path of [`parse_file`]: every document through a `serde_json::Value`, Lists
 /// expanded, every error worded with the file, document and item.
-fn parse_general(path: &Path, text: &str) -> Result<FileObjects, StaticDirError> {
+fn parse_general(
+    path: &Path,
+    text: &str,
+    names: &Mutex<Interner>,
+) -> Result<FileObjects, StaticDirError> {
     let docs: Vec<Value> = serde_saphyr::from_multiple_with_options(text, parse_options(text))
         .map_err(|e| StaticDirError::Yaml {
             path: path.to_path_buf(),
@@ -214,10 +250,10 @@ fn parse_general(path: &Path, text: &str) -> Result<FileObjects, StaticDirError>
                 }
             };
             for (j, item) in items.into_iter().enumerate() {
-                add_object(path, document, Some(j), item, &mut out)?;
+                add_object(path, document, Some(j), item, &mut out, names)?;
             }
         } else {
-            add_object(path, document, None, doc, &mut out)?;
+            add_object(path, document, None, doc, &mut out, names)?;
         }
     }
     Ok(out)
@@ -229,6 +265,7 @@ fn add_object(
     item: Option<usize>,
     doc: Value,
     out: &mut FileObjects,
+    names: &Mutex<Interner>,
 ) -> Result<(), StaticDirError> {
     let err = |message: String| StaticDirError::Document {
         path: path.to_path_buf(),
@@ -290,7 +327,7 @@ fn add_object(
             if name_missing(&svc.metadata) {
                 return Err(err("Service: metadata.name is missing".into()));
             }
-            accept_service(svc, &where_, out);
+            accept_service(svc, &where_, out, names);
         }
         "EndpointSlice" => {
             let eps: EndpointSlice = serde_path_to_error::deserialize(doc)
@@ -298,7 +335,7 @@ fn add_object(
             if name_missing(&eps.metadata) {
                 return Err(err("EndpointSlice: metadata.name is missing".into()));
             }
-            accept_slice(eps, &where_, out);
+            accept_slice(eps, &where_, out, names);
         }
         _ => {
             let node: Node =
@@ -359,8 +396,8 @@ mod tests {
     /// The fast path gives what the general path gives, or declines.
     fn same(text: &str) -> bool {
         let path = Path::new("t.yaml");
-        let general = parse_general(path, text);
-        match parse_typed(path, text) {
+        let general = parse_general(path, text, &Mutex::default());
+        match parse_typed(path, text, &Mutex::default()) {
             Some(fast) => {
                 match general {
                     Ok(general) => assert_eq!(fast, general),
@@ -370,6 +407,49 @@ mod tests {
             }
             None => false,
         }
+    }
+
+    /// Objects converted with one interner (the workers of a directory read) hold its
+    /// strings from the start: the same namespace, protocol, port name and node name in two
+    /// files are one allocation, whichever path parsed them, and no private copy is made.
+    #[test]
+    fn workers_convert_with_the_directorys_names() {
+        let names = Mutex::default();
+        let a = parse_file_in(Path::new("a.yaml"), &format!("{SVC}---\n{SLICE}"), &names).unwrap();
+        // The general path (a List) takes the same strings.
+        let list = format!(
+            "apiVersion: v1\nkind: List\nitems:\n- {}\n- {}",
+            SVC.trim_end().replace('\n', "\n  "),
+            SLICE.trim_end().replace('\n', "\n  ")
+        );
+        let b = parse_file_in(Path::new("b.yaml"), &list, &names).unwrap();
+        let (sa, sb) = (&a.services[0], &b.services[0]);
+        assert_eq!(sa, sb);
+        assert!(Arc::ptr_eq(&sa.name.namespace, &sb.name.namespace));
+        let port = |s: &Svc| s.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].clone();
+        let (pa, pb) = (port(sa), port(sb));
+        assert!(Arc::ptr_eq(
+            pa.name.as_ref().unwrap(),
+            pb.name.as_ref().unwrap()
+        ));
+        let (la, lb) = (&a.endpoint_slices[0], &b.endpoint_slices[0]);
+        assert_eq!(la, lb);
+        assert!(Arc::ptr_eq(&la.namespace, &lb.namespace));
+        let service = |l: &Slice| l.service.clone().unwrap().namespace;
+        assert!(Arc::ptr_eq(&service(la), &la.namespace));
+        assert!(Arc::ptr_eq(&la.ports[0].name, pa.name.as_ref().unwrap()));
+        let node = |l: &Slice| l.endpoints[0].node_name().unwrap().clone();
+        assert!(Arc::ptr_eq(&node(la), &node(lb)));
+        assert!(Arc::ptr_eq(
+            la.endpoints[0].placement.as_ref().unwrap(),
+            lb.endpoints[0].placement.as_ref().unwrap()
+        ));
+        // Without a shared interner each file has its own copies.
+        let c = parse_file(Path::new("c.yaml"), SVC).unwrap();
+        assert!(!Arc::ptr_eq(
+            &c.services[0].name.namespace,
+            &sa.name.namespace
+        ));
     }
 
     #[test]

@@ -6,14 +6,14 @@ use std::ffi::OsStr;
 use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 pub(super) use super::entry::FileEntry;
 use super::entry::{digest, Stamp};
-use super::parse::{par_map, parse_file, FileObjects};
+use super::parse::{par_map, parse_file_in, FileObjects};
 use super::{StaticDirError, FILE_EXTENSIONS};
 use model::event::{Kind, Object, SourceEvent};
 use model::objects::{Interner, Slice, Svc};
@@ -254,7 +254,7 @@ impl ToRead {
     /// report: unchanged, or not a file and never known. Runs on the workers, so the `stat` of
     /// 20,000 files is parallel too, and is taken from the open file (one system call fewer a
     /// file than a `stat` by name before reading).
-    fn read(self, stats: &SourceStats) -> Option<(PathBuf, Update)> {
+    fn read(self, stats: &SourceStats, names: &Mutex<Interner>) -> Option<(PathBuf, Update)> {
         use std::io::Read;
         let gone = |p: PathBuf, known: bool| known.then_some((p, Update::Gone));
         let mut file = match std::fs::File::open(&self.path) {
@@ -291,7 +291,7 @@ impl ToRead {
                 let hash = hash_text(&text);
                 let parsed = (self.hash != Some(hash)).then(|| {
                     stats.files_parsed.fetch_add(1, Ordering::Relaxed);
-                    parse_file(&self.path, &text)
+                    parse_file_in(&self.path, &text, names)
                 });
                 drop(text);
                 let update = Update::Read {
@@ -368,8 +368,13 @@ impl DirState {
         }
         // Each file is checked, read, hashed and parsed by the same worker, so only the texts
         // being parsed are in memory, never the whole directory's.
+        // The workers convert objects with the directory's interner, so no object holds
+        // private copies of shared strings that the main thread would free again.
         let stats = &self.stats;
-        updates.extend(par_map(to_read, |r| r.read(stats)).into_iter().flatten());
+        let names = Mutex::new(std::mem::take(&mut self.names));
+        let read = par_map(to_read, |r| r.read(stats, &names));
+        self.names = names.into_inner().unwrap_or_else(|e| e.into_inner());
+        updates.extend(read.into_iter().flatten());
         self.apply(updates)
     }
 
@@ -502,6 +507,7 @@ pub fn load(dir: &Path, node_name: &str) -> Result<LoadResult, StaticDirError> {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
+    use crate::static_dir::parse::parse_file;
 
     /// A Service `ns/name` with one TCP port (also for the entry tests).
     pub(in crate::static_dir) fn svc(name: &str, port: u16) -> String {
