@@ -340,27 +340,25 @@ impl DirState {
     /// batch. A path whose text is unchanged since its last read is not parsed. With `stamps`,
     /// a path whose `stat` is unchanged is not even read (the polling fallback).
     pub fn read_paths(&mut self, paths: &BTreeSet<PathBuf>, stamps: bool) -> Batch {
-        self.read_list(paths, stamps)
+        self.read_list(paths.iter().cloned(), stamps)
     }
 
-    /// [`DirState::read_paths`] of paths in name order.
-    fn read_list<'a>(
-        &mut self,
-        paths: impl IntoIterator<Item = &'a PathBuf>,
-        stamps: bool,
-    ) -> Batch {
+    /// [`DirState::read_paths`] of paths in name order (taken, not copied: a first scan's
+    /// 20,000 paths would otherwise exist twice, and the copies freed below the long-lived
+    /// entries would be holes in the heap).
+    fn read_list(&mut self, paths: impl IntoIterator<Item = PathBuf>, stamps: bool) -> Batch {
         let mut updates: Vec<(PathBuf, Update)> = Vec::new();
         let mut to_read: Vec<ToRead> = Vec::new();
         for path in paths {
             let known = self.files.get(path.as_os_str());
-            if !is_candidate_name(path) {
+            if !is_candidate_name(&path) {
                 if known.is_some() {
-                    updates.push((path.clone(), Update::Gone));
+                    updates.push((path, Update::Gone));
                 }
                 continue;
             }
             to_read.push(ToRead {
-                path: path.clone(),
+                path,
                 skip_stamp: known.and_then(|e| e.stamp).filter(|_| stamps),
                 known: known.is_some(),
                 hash: known.and_then(|e| e.hash),
@@ -400,7 +398,7 @@ impl DirState {
         paths.sort_unstable_by(|a, b| a.as_os_str().cmp(b.as_os_str()));
         paths.dedup();
         let first = self.files.is_empty();
-        let batch = self.read_list(&paths, stamps);
+        let batch = self.read_list(paths, stamps);
         if first {
             // Built one insert at a time in name order, the table's nodes are about half
             // full; rebuilt from its sorted entries they are full (~0.4 MB less at 20,000
