@@ -21,7 +21,9 @@
 //! [`Snapshot::node_name`]); otherwise a bare Node named after the host is synthesized
 //! (label `kubernetes.io/hostname` only, no addresses).
 //!
-//! Incremental, like a watch: at start the directory is read (files parsed in parallel) and
+//! Incremental, like a watch: at start the directory is read (files parsed in parallel, each
+//! object converted with the directory's interner, so its namespace, port names and node names
+//! are the shared ones from the start) and
 //! emitted as a list (`Init`/`InitApply`.../`InitDone` for Node, Service and EndpointSlice in
 //! that order). Then the directory is watched with inotify (the `notify` crate): the paths an
 //! event names are collected (bounded, see `MAX_PENDING_PATHS`), debounced (default 200 ms of
