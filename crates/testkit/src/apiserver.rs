@@ -122,6 +122,11 @@ pub struct FakeApiServer {
     addr: SocketAddr,
     runtime: tokio::runtime::Handle,
     accept: Mutex<Option<JoinHandle<()>>>,
+    /// While paused: a socket bound to the address but not listening. Connections are refused
+    /// as when nothing is there, and the port stays this server's: without it a server another
+    /// test starts meanwhile could be given the freed port, and this server's clients would
+    /// reach that one (a flake seen in `an_outage_never_reads_as_recovered_between_retries`).
+    reserved: Mutex<Option<tokio::net::TcpSocket>>,
     bookmarks: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -143,6 +148,20 @@ async fn accept_loop(listener: tokio::net::TcpListener, router: Router) {
     }
 }
 
+/// A socket bound to `addr` without listening (see `FakeApiServer::reserved`); `None` if the
+/// address cannot be bound again (the pause then only refuses connections, as before).
+fn reserve(addr: SocketAddr) -> Option<tokio::net::TcpSocket> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+    }
+    .ok()?;
+    // The closed connections' TIME_WAIT entries must not stop the bind.
+    socket.set_reuseaddr(true).ok()?;
+    socket.bind(addr).ok()?;
+    Some(socket)
+}
+
 impl FakeApiServer {
     /// Start on 127.0.0.1 with an ephemeral port, inside the current tokio runtime.
     pub async fn start() -> Result<Self, ApiServerError> {
@@ -162,6 +181,7 @@ impl FakeApiServer {
             addr,
             runtime,
             accept: Mutex::new(None),
+            reserved: Mutex::new(None),
             bookmarks: Mutex::new(None),
         };
         server.serve(listener)?;
@@ -370,6 +390,7 @@ impl FakeApiServer {
             // The listener (and every connection) is dropped when the aborted task finishes.
             let _ = task.await;
         }
+        *lock(&self.reserved) = reserve(self.addr);
     }
 
     /// Whether the server is paused.
@@ -382,6 +403,7 @@ impl FakeApiServer {
         if !self.is_paused() {
             return Ok(());
         }
+        drop(lock(&self.reserved).take());
         let listener =
             std::net::TcpListener::bind(self.addr).map_err(|source| ApiServerError::Bind {
                 addr: self.addr,

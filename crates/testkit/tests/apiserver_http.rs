@@ -612,6 +612,24 @@ async fn pause_refuses_connections_until_resume() {
     assert_eq!(l["items"][0]["metadata"]["name"], "during-pause");
 }
 
+/// A paused server keeps its port: another socket cannot be bound to it meanwhile (a server
+/// another test starts would otherwise be given it, and this server's clients reach that one),
+/// and the server listens on it again when resumed.
+#[tokio::test]
+async fn pause_keeps_the_port() {
+    let s = server().await;
+    let a = s.addr();
+    s.pause().await;
+    // No connection was ever made, so no TIME_WAIT holds the port: only the reservation does.
+    let probe = tokio::net::TcpSocket::new_v4().unwrap();
+    let err = probe.bind(a).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse);
+    drop(probe);
+    s.resume().unwrap();
+    let (code, _) = get_json(a, "/api/v1/services").await;
+    assert_eq!(code, 200);
+}
+
 #[tokio::test]
 async fn events_are_recorded() {
     let s = server().await;
