@@ -10,8 +10,8 @@ use ipvs_netlink::Family;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::names::{
-    Invalid, ServiceName, MAX_ENDPOINTS_PER_SERVICE_PORT, MAX_ENDPOINTS_PER_SLICE,
-    MAX_PORTS_PER_SERVICE, SERVICE_NAME_LABEL,
+    Invalid, MAX_ENDPOINTS_PER_SERVICE_PORT, MAX_ENDPOINTS_PER_SLICE, MAX_PORTS_PER_SERVICE,
+    SERVICE_NAME_LABEL,
 };
 use crate::objects::{AddressType, Hints, Placement, Slice};
 use crate::service::{parse_ip, parse_port, parse_protocol, NoLocalEndpoints, ServicePort};
@@ -133,15 +133,6 @@ pub fn last_change_trigger_time(slice: &EndpointSlice) -> Option<std::time::Syst
         .get(LAST_CHANGE_TRIGGER_TIME_ANNOTATION)?;
     let ts: k8s_openapi::jiff::Timestamp = value.trim().parse().ok()?;
     Some(std::time::SystemTime::from(ts))
-}
-
-/// The service a slice belongs to (namespace + `kubernetes.io/service-name` label).
-pub fn slice_service(slice: &EndpointSlice) -> Option<ServiceName> {
-    let name = slice_service_name(slice)?;
-    Some(ServiceName::new(
-        slice.metadata.namespace.as_deref().unwrap_or("default"),
-        name,
-    ))
 }
 
 /// The name of the Service `slice` belongs to (its non-empty [`SERVICE_NAME_LABEL`]); the
