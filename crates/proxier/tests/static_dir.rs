@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ::watch::static_dir::{self, StaticDirError, StaticDirSource};
@@ -761,4 +762,68 @@ fn the_store_shares_the_sources_objects() {
         Some("10.96.0.2")
     );
     assert!(shared(&state, &store));
+}
+
+/// Objects read from different files of a directory share their namespace, port name and
+/// protocol strings, and their endpoints share one placement per node: the directory's workers
+/// convert with its interner (no private copies to replace afterwards).
+#[test]
+fn a_directory_read_shares_strings_across_files() {
+    let dir = TempDir::new("shared-strings");
+    let svc = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: shop\nspec:\n  \
+             clusterIP: 10.96.0.1\n  ports:\n  - name: http\n    port: 80\n    protocol: TCP\n"
+        )
+    };
+    let slice = |name: &str| {
+        format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-1\n  \
+             namespace: shop\n  labels:\n    kubernetes.io/service-name: {name}\naddressType: IPv4\n\
+             endpoints:\n- addresses: [10.244.1.2]\n  nodeName: node-a\nports:\n- name: http\n  \
+             port: 8080\n  protocol: TCP\n"
+        )
+    };
+    for n in ["a", "b"] {
+        dir.write(&format!("{n}-svc.yaml"), &svc(n));
+        dir.write(&format!("{n}-slice.yaml"), &slice(n));
+    }
+    let mut state = static_dir::DirState::new(dir.path(), "node-a");
+    state.scan(false).unwrap();
+    let (mut services, mut slices) = (Vec::new(), Vec::new());
+    for e in state.relist() {
+        match e {
+            SourceEvent::InitApply(Object::Service(s)) => services.push(s),
+            SourceEvent::InitApply(Object::EndpointSlice(s)) => slices.push(s),
+            _ => {}
+        }
+    }
+    assert_eq!((services.len(), slices.len()), (2, 2));
+    let port =
+        |s: &model::objects::Svc| s.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].clone();
+    let (pa, pb) = (port(&services[0]), port(&services[1]));
+    assert!(Arc::ptr_eq(
+        &services[0].name.namespace,
+        &services[1].name.namespace
+    ));
+    assert!(Arc::ptr_eq(
+        pa.protocol.as_ref().unwrap(),
+        pb.protocol.as_ref().unwrap()
+    ));
+    assert!(Arc::ptr_eq(
+        &slices[0].namespace,
+        &services[0].name.namespace
+    ));
+    assert!(Arc::ptr_eq(
+        &slices[0].ports[0].name,
+        pa.name.as_ref().unwrap()
+    ));
+    assert!(Arc::ptr_eq(
+        slices[0].ports[0].protocol.as_ref().unwrap(),
+        slices[1].ports[0].protocol.as_ref().unwrap()
+    ));
+    assert!(Arc::ptr_eq(
+        slices[0].endpoints[0].placement.as_ref().unwrap(),
+        slices[1].endpoints[0].placement.as_ref().unwrap()
+    ));
 }

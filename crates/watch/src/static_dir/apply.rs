@@ -106,7 +106,7 @@ impl DirState {
                     e.stamp = stamp.map(|s| s.digest());
                     e.bad = false;
                     e.has_good = true;
-                    e.set_objects(objs, &mut self.names);
+                    e.set_objects(objs);
                     self.index(&path);
                 }
             }

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Node;
 
 use super::parse::FileObjects;
 use super::state::{service_key, slice_key, ObjKey};
-use model::objects::{Interner, Slice, Svc};
+use model::objects::{Slice, Svc};
 use model::sorted::SortedMap;
 
 /// A file's identity and change stamp from `stat` (following symlinks), used by the polling
@@ -108,16 +108,9 @@ pub(super) struct FileEntry {
 }
 
 impl FileEntry {
-    /// Keeps `objects` as the file's last good version, node and zone names shared through
-    /// `names` with the rest of the directory.
-    pub(super) fn set_objects(&mut self, mut objects: FileObjects, names: &mut Interner) {
-        // Just parsed: the only holder, so this does not copy.
-        for s in &mut objects.services {
-            Arc::make_mut(s).intern(names);
-        }
-        for s in &mut objects.endpoint_slices {
-            Arc::make_mut(s).intern(names);
-        }
+    /// Keeps `objects` as the file's last good version (converted with the directory's
+    /// interner by the reader, so their names are already the shared ones).
+    pub(super) fn set_objects(&mut self, mut objects: FileObjects) {
         let only = objects.nodes.is_empty() && objects.warnings.is_empty();
         self.objects = match (objects.services.len(), objects.endpoint_slices.len(), only) {
             (0, 0, true) => Held::Nothing,
@@ -221,7 +214,7 @@ mod tests {
     fn entry(text: &str) -> FileEntry {
         let objects = parse_file(Path::new("f.yaml"), text).unwrap();
         let mut e = FileEntry::default();
-        e.set_objects(objects, &mut Interner::default());
+        e.set_objects(objects);
         e
     }
 
