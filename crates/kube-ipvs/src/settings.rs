@@ -230,6 +230,11 @@ pub const SETTINGS: &[Setting] = &[
       "Longest time one ipset process may run before it is killed and its sync fails (> 0)"),
     s(None, Some("iptables-timeout"), Ty::Duration, "30s", false, Support::Yes,
       "Longest time one iptables-save/iptables-restore may run (its xtables lock wait is 5s, like upstream) before it is killed and its sync fails (> 0)"),
+    s(None, Some("protected-node-ports"), Ty::List, "22,2379,2380,6443,10248,10249,10250,10255,10256,10257,10259",
+      false, Support::Yes,
+      "Ports (PORT on every protocol, or PORT/TCP, PORT/UDP, PORT/SCTP) no externalIP or load-balancer IP equal to one of this node's addresses may take (the node's own services: SSH, etcd, API server, kubelet, kube-proxy, controller-manager, scheduler); the healthz and metrics ports are always added; empty: only those"),
+    s(None, Some("refuse-node-address-vips"), Ty::Bool, "false", false, Support::Yes,
+      "Never serve an externalIP or load-balancer IP equal to one of this node's addresses (upstream serves them; NodePorts and protected ports are kept from them either way)"),
 ];
 
 /// The setting for a config field path.

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use crate::names::ZONE_LABEL;
 use ipnet::IpNet;
-use ipvs_netlink::Family;
+use ipvs_netlink::{Family, Protocol};
 use k8s_openapi::api::core::v1::Node;
 
 /// Proxy configuration the model depends on (one instance per address family).
@@ -44,10 +44,43 @@ pub struct ProxyConfig {
     pub tcp_fin_timeout: u32,
     /// `--ipvs-udp-timeout` seconds (0 = leave).
     pub udp_timeout: u32,
+    /// Ports of this node no externalIP or load-balancer IP equal to a node address may take
+    /// (`--protected-node-ports`, plus the proxy's own healthz and metrics ports; see
+    /// `desired::vip`). Default [`DEFAULT_PROTECTED_NODE_PORTS`].
+    pub protected_node_ports: Vec<ProtectedPort>,
+    /// `--refuse-node-address-vips`: never serve an externalIP or load-balancer IP equal to
+    /// one of this node's addresses.
+    pub refuse_node_address_vips: bool,
 }
 
+/// One protected node port: a port, on one protocol or (`None`) on every protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProtectedPort {
+    /// The port.
+    pub port: u16,
+    /// The protocol; `None`: TCP, UDP and SCTP.
+    pub protocol: Option<Protocol>,
+}
+
+impl ProtectedPort {
+    /// True when this entry protects `port` on `protocol`.
+    pub fn covers(&self, port: u16, protocol: Protocol) -> bool {
+        self.port == port && self.protocol.is_none_or(|p| p == protocol)
+    }
+}
+
+/// The ports protected by default on every protocol: what a Kubernetes node serves on its
+/// own addresses by default (the "Ports and Protocols" page of the Kubernetes docs): SSH (22),
+/// etcd (2379, 2380), the API server (6443), kubelet's healthz (10248), API (10250) and
+/// read-only port (10255), kube-proxy's metrics (10249) and healthz (10256), the
+/// controller-manager (10257) and the scheduler (10259).
+pub const DEFAULT_PROTECTED_NODE_PORTS: &[u16] = &[
+    22, 2379, 2380, 6443, 10248, 10249, 10250, 10255, 10256, 10257, 10259,
+];
+
 impl ProxyConfig {
-    /// Defaults for a family: scheduler `rr`, no ranges, no timeouts.
+    /// Defaults for a family: scheduler `rr`, no ranges, no timeouts, the default protected
+    /// node ports.
     pub fn new(family: Family) -> ProxyConfig {
         ProxyConfig {
             family,
@@ -63,6 +96,14 @@ impl ProxyConfig {
             tcp_timeout: 0,
             tcp_fin_timeout: 0,
             udp_timeout: 0,
+            protected_node_ports: DEFAULT_PROTECTED_NODE_PORTS
+                .iter()
+                .map(|&port| ProtectedPort {
+                    port,
+                    protocol: None,
+                })
+                .collect(),
+            refuse_node_address_vips: false,
         }
     }
 

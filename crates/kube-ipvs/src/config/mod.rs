@@ -192,6 +192,12 @@ pub struct Config {
     pub sysctl_root: PathBuf,
     /// Root of sysfs (`--sysfs-root`, default `/sys`).
     pub sysfs_root: PathBuf,
+    /// Ports of this node no externalIP or load-balancer IP on a node address may take
+    /// (`--protected-node-ports`; the healthz and metrics ports are added by
+    /// [`crate::engine::proxy_config`]).
+    pub protected_node_ports: Vec<model::ProtectedPort>,
+    /// `--refuse-node-address-vips`: no externalIP or load-balancer IP on a node address.
+    pub refuse_node_address_vips: bool,
     /// This node's primary IP override (`bindAddress`; unspecified if unset).
     pub bind_address: IpAddr,
     /// `/healthz` + `/livez` server address.

@@ -86,7 +86,29 @@ pub fn proxy_config(config: &Config, family: Family) -> ProxyConfig {
     p.tcp_timeout = config.ipvs.tcp_timeout.as_secs() as u32;
     p.tcp_fin_timeout = config.ipvs.tcp_fin_timeout.as_secs() as u32;
     p.udp_timeout = config.ipvs.udp_timeout.as_secs() as u32;
+    p.protected_node_ports = protected_node_ports(config);
+    p.refuse_node_address_vips = config.refuse_node_address_vips;
     p
+}
+
+/// `--protected-node-ports` with the proxy's own healthz and metrics ports (TCP), sorted.
+pub fn protected_node_ports(config: &Config) -> Vec<model::ProtectedPort> {
+    let own = [config.healthz_bind_address, config.metrics_bind_address]
+        .into_iter()
+        .filter(|a| a.port() != 0)
+        .map(|a| model::ProtectedPort {
+            port: a.port(),
+            protocol: Some(ipvs_netlink::Protocol::Tcp),
+        });
+    let mut out: Vec<model::ProtectedPort> = config
+        .protected_node_ports
+        .iter()
+        .copied()
+        .chain(own)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// The iptables settings of the IPVS-mode rules.

@@ -37,6 +37,8 @@ pub struct FamilySeen {
     health: BTreeMap<ServiceName, HealthCheck>,
     /// External VIP claims lost to another Service.
     vip_conflicts: usize,
+    /// External claims on node addresses the node keeps.
+    node_address_conflicts: desired::vip::NodeConflicts,
     /// IPVS requests already counted (the kernel keeps running totals per command).
     ipvs_requests: ipvs_netlink::OpCounts,
     /// IPVS virtual servers and real servers programmed.
@@ -58,13 +60,15 @@ pub struct Rejection {
 
 impl Rejection {
     /// The Event reporting this rejection (`InvalidObject`, action `Skip`; the note is
-    /// sanitized by the sink). A VIP conflict is reported as `VIPConflict`.
+    /// sanitized by the sink). A VIP conflict is reported as `VIPConflict`, a claim on a node
+    /// address the node keeps as `NodeAddressConflict`.
     pub fn event(&self) -> crate::events::EventRequest {
         let (api_version, kind) = match self.kind.as_str() {
             "EndpointSlice" => ("discovery.k8s.io/v1", "EndpointSlice"),
             _ => ("v1", "Service"),
         };
         let conflict = self.reason.starts_with(desired::vip::CONFLICT_PREFIX);
+        let node_conflict = self.reason.starts_with(desired::vip::NODE_CONFLICT_PREFIX);
         crate::events::EventRequest {
             regarding: crate::events::Regarding {
                 api_version,
@@ -74,6 +78,8 @@ impl Rejection {
             },
             reason: if conflict {
                 "VIPConflict"
+            } else if node_conflict {
+                "NodeAddressConflict"
             } else {
                 "InvalidObject"
             },
@@ -86,7 +92,7 @@ impl Rejection {
     pub fn from_key(key: &str, reason: &str) -> Option<Rejection> {
         let (kind, rest) = key.split_once(' ')?;
         let kind = match kind {
-            "service" | "vip" => "Service",
+            "service" | "vip" | "nodeaddress" => "Service",
             "endpointslice" => "EndpointSlice",
             _ => return None,
         };
@@ -119,6 +125,7 @@ pub const INVALID_REASON_LABELS: &[&str] = &[
     "invalid_externalip",
     "invalid_loadbalancer_ingress_ip",
     "invalid_loadbalancersourcerange",
+    "node_address_conflict",
     "nodeport_out_of_range",
     "port_out_of_range",
     "ports",
@@ -147,6 +154,9 @@ pub const INVALID_REASON_LABELS: &[&str] = &[
 pub fn reason_label(reason: &str) -> &'static str {
     if reason.starts_with(desired::vip::CONFLICT_PREFIX) {
         return "vip_conflict";
+    }
+    if reason.starts_with(desired::vip::NODE_CONFLICT_PREFIX) {
+        return "node_address_conflict";
     }
     let words: Vec<String> = reason
         .split_whitespace()
@@ -298,6 +308,7 @@ impl SyncObserver for Observer {
         self.metrics
             .vip_conflicts
             .set(i64::try_from(conflicts).unwrap_or(i64::MAX));
+        this_node_address_conflicts(&mut seen, family, report, &self.metrics);
         for (f, v) in seen.iter() {
             self.metrics
                 .set_no_local_endpoints(*f, v.no_local.0, v.no_local.1);
@@ -364,6 +375,91 @@ impl SyncObserver for Observer {
             if let Some(sink) = &self.rejections {
                 sink.submit(r.event());
             }
+        }
+    }
+}
+
+/// Records one family's node-address conflicts and sets the node-wide gauge (both families
+/// summed), one series per fixed reason.
+fn this_node_address_conflicts(
+    seen: &mut BTreeMap<Family, FamilySeen>,
+    family: Family,
+    report: &SyncReport,
+    metrics: &Metrics,
+) {
+    seen.entry(family).or_default().node_address_conflicts = report.node_address_conflicts;
+    let sum = seen
+        .values()
+        .fold(desired::vip::NodeConflicts::default(), |a, f| {
+            a.plus(f.node_address_conflicts)
+        });
+    for (reason, n) in sum.by_reason() {
+        metrics
+            .node_address_conflicts
+            .get_or_create(&crate::metrics::ReasonLabel {
+                reason: reason.to_string(),
+            })
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+}
+
+#[cfg(test)]
+mod node_address_tests {
+    use super::*;
+
+    /// A node-address conflict (rejection key `nodeaddress ns/name`) is an Event on the
+    /// Service with its own fixed reason word and a fixed metric label, not a VIP conflict.
+    #[test]
+    fn a_node_address_conflict_is_its_own_event_reason_and_label() {
+        let lost = std::collections::BTreeMap::from([(
+            desired::vip::Vip {
+                ip: std::net::Ipv4Addr::new(192, 168, 0, 10).into(),
+                port: 10250,
+                protocol: ipvs_netlink::Protocol::Tcp,
+            },
+            desired::vip::NodeLoss::Protected,
+        )]);
+        let why = desired::vip::node_conflict_reason(&lost).map(|i| i.reason);
+        let why = why.as_deref().unwrap_or_default();
+        let r = Rejection::from_key("nodeaddress aa/kubelet", why);
+        let ev = r.as_ref().map(|r| r.event());
+        assert_eq!(ev.as_ref().map(|e| e.reason), Some("NodeAddressConflict"));
+        assert_eq!(
+            ev.as_ref().map(|e| e.regarding.kind),
+            Some("Service"),
+            "{ev:?}"
+        );
+        assert!(
+            ev.is_some_and(|e| e
+                .note
+                .contains("192.168.0.10:10250/TCP is a protected node port")),
+            "{why}"
+        );
+        assert_eq!(reason_label(why), "node_address_conflict");
+        assert!(INVALID_REASON_LABELS.contains(&"node_address_conflict"));
+    }
+
+    /// The gauge sums the families and keeps one series per fixed reason.
+    #[test]
+    fn node_address_conflicts_are_summed_over_families() {
+        let metrics = Metrics::new();
+        let mut seen = BTreeMap::new();
+        let mut report = SyncReport::new(proxier::ipvs_mode::SyncKind::Full);
+        report.node_address_conflicts = desired::vip::NodeConflicts {
+            node_port: 2,
+            protected_port: 1,
+            refused: 0,
+        };
+        this_node_address_conflicts(&mut seen, Family::Inet, &report, &metrics);
+        report.node_address_conflicts.node_port = 1;
+        this_node_address_conflicts(&mut seen, Family::Inet6, &report, &metrics);
+        let text = metrics.encode().unwrap_or_default();
+        for line in [
+            "kube_ipvs_node_address_conflicts{reason=\"node_port\"} 3",
+            "kube_ipvs_node_address_conflicts{reason=\"protected_port\"} 2",
+            "kube_ipvs_node_address_conflicts{reason=\"refused\"} 0",
+        ] {
+            assert!(text.contains(line), "{line}:\n{text}");
         }
     }
 }

@@ -130,6 +130,11 @@ pub struct Metrics {
     /// `kube_ipvs_vip_conflicts`: external/load-balancer VIP claims lost to an older Service
     /// (see `proxier::vip`).
     pub vip_conflicts: Gauge,
+    /// `kube_ipvs_node_address_conflicts{reason}`: externalIP / load-balancer IP claims on this
+    /// node's addresses not served because the node keeps the address and port: `node_port`
+    /// (a NodePort or health-check node port), `protected_port`, `refused`
+    /// (see `desired::vip::node`).
+    pub node_address_conflicts: Family<ReasonLabel, Gauge>,
 }
 
 impl Default for Metrics {

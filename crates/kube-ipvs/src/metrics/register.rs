@@ -46,6 +46,7 @@ impl Metrics {
             events_dropped_total: Family::default(),
             events_published_total: Family::default(),
             vip_conflicts: Gauge::default(),
+            node_address_conflicts: Family::default(),
             registry: Registry::default(),
         };
         let k = "kubeproxy_";
@@ -254,6 +255,19 @@ impl Metrics {
             format!("{o}vip_conflicts"),
             "externalIP / load-balancer IP claims (IP, port, protocol) lost to an older Service or a ClusterIP",
             m.vip_conflicts.clone(),
+        );
+        for reason in ["node_port", "protected_port", "refused"] {
+            // Every series exists from the start (0), so alerts see them.
+            m.node_address_conflicts
+                .get_or_create(&ReasonLabel {
+                    reason: reason.to_string(),
+                })
+                .set(0);
+        }
+        r.register(
+            format!("{o}node_address_conflicts"),
+            "externalIP / load-balancer IP claims on this node's addresses not served: the node keeps the address and port (node_port, protected_port) or refuses node addresses (refused)",
+            m.node_address_conflicts.clone(),
         );
         r.register(
             format!("{o}build"),

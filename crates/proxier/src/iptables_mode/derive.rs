@@ -114,33 +114,38 @@ impl IptablesProxier {
     ) -> BTreeMap<ServiceName, Option<Vec<PortState>>> {
         let mut changed = BTreeMap::new();
         // Services whose external VIP claims change hands are derived too (see `desired::vip`).
-        let names = self.vips.update(store, &self.cfg, names);
+        let names = self.vips.update(store, &self.cfg, node, names);
         report.vip_conflicts = self.vips.conflicts();
+        report.node_address_conflicts = self.vips.node_conflicts();
         for name in names {
             report.services_derived += 1;
             let key = format!("service {name}");
             let vip_key = format!("vip {name}");
+            let node_key = format!("nodeaddress {name}");
             let new = match store.service(&name) {
                 None => {
                     self.rejections.clear(&key);
                     self.to_adopt.remove(&name);
                     self.rejections.clear(&vip_key);
+                    self.rejections.clear(&node_key);
                     self.rejections.clear_owned(&key);
                     None
                 }
                 Some(svc) => {
                     let slices = store.slices_of(&name);
                     let lost = self.vips.lost(&name);
+                    let node_lost = self.vips.node_lost(&name);
                     match service_port_rules(svc, &slices, &self.cfg, node) {
                         Ok((mut ports, rejected)) => {
-                            // Claims another Service wins are not rendered.
+                            // Claims another Service wins, or the node keeps, are not rendered.
                             for p in ports.iter_mut().map(|d| &mut d.rules) {
                                 let won = |ip: &IpAddr| {
-                                    !lost.contains_key(&desired::vip::Vip {
+                                    let vip = desired::vip::Vip {
                                         ip: *ip,
                                         port: p.port,
                                         protocol: p.protocol,
-                                    })
+                                    };
+                                    !lost.contains_key(&vip) && !node_lost.contains_key(&vip)
                                 };
                                 let (ext, lb): (Vec<IpAddr>, Vec<IpAddr>) = (
                                     p.external_ips.iter().copied().filter(won).collect(),
@@ -154,6 +159,12 @@ impl IptablesProxier {
                                     self.rejections.reject(&vip_key, &why);
                                 }
                                 None => self.rejections.clear(&vip_key),
+                            }
+                            match desired::vip::node_conflict_reason(&node_lost) {
+                                Some(why) => {
+                                    self.rejections.reject(&node_key, &why);
+                                }
+                                None => self.rejections.clear(&node_key),
                             }
                             self.rejections
                                 .replace_slices(&key, &name.namespace, &rejected);

@@ -32,6 +32,12 @@ impl Proxier {
         self.vips.conflicts()
     }
 
+    /// External claims on this node's addresses the node keeps (the
+    /// `kube_ipvs_node_address_conflicts` gauge).
+    pub fn node_address_conflicts(&self) -> desired::vip::NodeConflicts {
+        self.vips.node_conflicts()
+    }
+
     /// Derives the given services (and those whose VIP claims they affect); invalid ones keep
     /// their last good state.
     pub(super) fn derive(
@@ -42,22 +48,26 @@ impl Proxier {
         report: &mut SyncReport,
     ) -> Vec<(ServiceName, Option<desired::ServiceDesired>)> {
         let mut changes = Vec::new();
-        let names = self.vips.update(store, &self.cfg, names);
+        let names = self.vips.update(store, &self.cfg, node, names);
         for name in names {
             report.services_derived += 1;
             let key = format!("service {name}");
             let vip_key = format!("vip {name}");
+            let node_key = format!("nodeaddress {name}");
             let Some(svc) = store.service(&name) else {
                 self.rejections.clear(&key);
                 self.to_adopt.remove(&name);
                 self.rejections.clear(&vip_key);
+                self.rejections.clear(&node_key);
                 self.rejections.clear_owned(&key);
                 changes.push((name, None));
                 continue;
             };
             let slices = store.slices_of(&name);
             let lost = self.vips.lost(&name);
-            let lost_vips: BTreeSet<desired::vip::Vip> = lost.keys().copied().collect();
+            let node_lost = self.vips.node_lost(&name);
+            let lost_vips: BTreeSet<desired::vip::Vip> =
+                lost.keys().chain(node_lost.keys()).copied().collect();
             match service_desired_except(svc, &slices, &self.cfg, node, &lost_vips) {
                 Ok(d) => {
                     self.rejections.clear(&key);
@@ -67,6 +77,12 @@ impl Proxier {
                             self.rejections.reject(&vip_key, &why);
                         }
                         None => self.rejections.clear(&vip_key),
+                    }
+                    match desired::vip::node_conflict_reason(&node_lost) {
+                        Some(why) => {
+                            self.rejections.reject(&node_key, &why);
+                        }
+                        None => self.rejections.clear(&node_key),
                     }
                     self.rejections
                         .replace_slices(&key, &name.namespace, &d.rejected_slices);

@@ -419,6 +419,7 @@ impl Proxier {
             report.lap("conntrack", t);
         }
         report.vip_conflicts = self.vips.conflicts();
+        report.node_address_conflicts = self.vips.node_conflicts();
         report.retrying = self.retrying();
         report.duration = start.elapsed();
         report

@@ -54,6 +54,8 @@ pub struct SyncReport {
     pub duration: Duration,
     /// External VIP claims lost to another Service after this sync (see [`desired::vip`]).
     pub vip_conflicts: usize,
+    /// External claims on this node's addresses the node keeps (see `desired::vip::node`).
+    pub node_address_conflicts: desired::vip::NodeConflicts,
     /// Where the wall time went, phase by phase in the order they ran (for the log: which
     /// part of a slow sync was slow).
     pub phases: Vec<(&'static str, Duration)>,
@@ -104,6 +106,7 @@ impl SyncReport {
             retrying: BTreeSet::new(),
             duration: Duration::ZERO,
             vip_conflicts: 0,
+            node_address_conflicts: desired::vip::NodeConflicts::default(),
             phases: Vec::new(),
         }
     }
