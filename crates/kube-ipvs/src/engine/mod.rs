@@ -151,6 +151,12 @@ impl SyncObserver for LoopObserver {
     fn network_programmed(&self, family: Family, triggers: &[std::time::SystemTime]) {
         self.inner.network_programmed(family, triggers);
     }
+    fn waiting(&self, until: std::time::Instant) {
+        self.inner.waiting(until);
+    }
+    fn working(&self) {
+        self.inner.working();
+    }
 }
 
 impl Engine {

@@ -1,5 +1,5 @@
 //! The sync loop's observer: sync reports become metrics, `/healthz` state, health-check node
-//! ports and (rate-limited) Events about rejected objects.
+//! ports and (rate-limited) Events about rejected objects; the loop's steps become `/livez`.
 
 use super::*;
 
@@ -222,8 +222,9 @@ impl SyncObserver for Observer {
         if report.healthy() {
             self.health.updated(family);
         } else {
-            // A failed sync is not an update: /healthz turns 503 if this lasts for the
-            // health timeout, naming the subsystems.
+            // A failed sync is not an update: /healthz and the health-check node ports turn
+            // 503 if this lasts for the health timeout, naming the subsystems (/livez does not:
+            // the loop is making progress).
             let failed: Vec<(&'static str, String)> = report
                 .failed
                 .iter()
@@ -335,6 +336,14 @@ impl SyncObserver for Observer {
 
     fn network_programmed(&self, family: Family, triggers: &[std::time::SystemTime]) {
         self.metrics.record_network_programmed(family, triggers);
+    }
+
+    fn waiting(&self, until: std::time::Instant) {
+        self.health.loop_waiting(until);
+    }
+
+    fn working(&self) {
+        self.health.loop_working_at(std::time::Instant::now());
     }
 
     fn rejected(&self, _family: Family, rejected: &[(String, String)]) {
