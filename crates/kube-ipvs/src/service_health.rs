@@ -169,15 +169,17 @@ impl ServiceHealthServer {
                 }
             });
             let name = svc.service.clone();
+            let metrics = self.metrics.clone();
             listener.tasks.push(tokio::spawn(async move {
                 tracing::debug!(service = %name, %addr, "serving health check node port");
-                // Header-read timeout, connection cap and age limit (see `crate::http`);
-                // closing the port aborts this task.
+                // Header-read timeout, connection caps (per source and in total) and age limit
+                // (see `crate::http`); closing the port aborts this task.
                 crate::http::serve_limited(
                     "health-check-node-port",
                     tcp,
                     app,
                     crate::http::Limits::default(),
+                    metrics,
                     std::future::pending(),
                 )
                 .await;

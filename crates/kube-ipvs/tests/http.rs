@@ -31,7 +31,7 @@ fn any_port() -> SocketAddr {
 async fn healthz_and_livez_follow_upstream_semantics() {
     let m = Arc::new(Metrics::new());
     let h = Arc::new(ProxyHealth::new(Duration::from_secs(60), Some(m.clone())));
-    let srv = http::serve("healthz", any_port(), health::router(h.clone()))
+    let srv = http::serve("healthz", any_port(), health::router(h.clone()), None)
         .await
         .unwrap();
 
@@ -141,7 +141,7 @@ async fn metrics_endpoint_exposes_upstream_and_own_names() {
             op: "new_service".into(),
         })
         .inc_by(2);
-    let srv = http::serve("metrics", any_port(), metrics::router(m.clone()))
+    let srv = http::serve("metrics", any_port(), metrics::router(m.clone()), None)
         .await
         .unwrap();
     let r = get(srv.addr, "/metrics").await.unwrap();
@@ -219,7 +219,7 @@ async fn bind_failure_is_an_error_naming_the_address() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap();
     let h = Arc::new(ProxyHealth::new(Duration::from_secs(60), None));
-    let err = http::serve("healthz", addr, health::router(h))
+    let err = http::serve("healthz", addr, health::router(h), None)
         .await
         .unwrap_err();
     let msg = err.to_string();
