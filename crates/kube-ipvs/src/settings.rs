@@ -230,6 +230,8 @@ pub const SETTINGS: &[Setting] = &[
       "Longest time one ipset process may run before it is killed and its sync fails (> 0)"),
     s(None, Some("iptables-timeout"), Ty::Duration, "30s", false, Support::Yes,
       "Longest time one iptables-save/iptables-restore may run (its xtables lock wait is 5s, like upstream) before it is killed and its sync fails (> 0)"),
+    s(None, Some("event-reporters"), Ty::Int, "3", false, Support::Yes,
+      "Nodes that write the Event about an invalid object (chosen per object by hashing over the nodes hosting endpoints; 0: every node); every node still logs and counts it"),
 ];
 
 /// The setting for a config field path.

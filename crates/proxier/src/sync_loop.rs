@@ -168,8 +168,9 @@ pub trait SyncObserver {
     /// A sync of one family finished.
     fn synced(&self, _family: Family, _report: &SyncReport, _backend: &dyn Backend) {}
     /// Objects newly rejected as invalid by a sync of `family`: `(key, reason)`, where the key
-    /// is `service ns/name` or `endpointslice ns/name` (each rejection reported once).
-    fn rejected(&self, _family: Family, _rejected: &[(String, String)]) {}
+    /// is `service ns/name` or `endpointslice ns/name` (each rejection reported once); `store`
+    /// is what the sync saw.
+    fn rejected(&self, _family: Family, _rejected: &[(String, String)], _store: &Store) {}
     /// A sync of `family` without error programmed the EndpointSlice changes triggered at
     /// `triggers` (their last-change-trigger-time annotations, see [`ProgrammingTriggers`]):
     /// upstream's `metrics.NetworkProgrammingLatency.Observe` in `syncProxyRules`.
@@ -493,7 +494,7 @@ pub fn run(
             }
             let rejected = f.take_rejections();
             if !rejected.is_empty() {
-                observer.rejected(f.family(), &rejected);
+                observer.rejected(f.family(), &rejected, store);
             }
         }
         last_sync = Some(Instant::now());

@@ -100,7 +100,13 @@ pub struct ResultLabel {
 }
 
 /// The fixed `reason` values of `kube_ipvs_events_dropped_total`.
-pub const EVENT_DROP_REASONS: &[&str] = &["duplicate", "rate_limited", "queue_full", "closed"];
+pub const EVENT_DROP_REASONS: &[&str] = &[
+    "delegated",
+    "duplicate",
+    "rate_limited",
+    "queue_full",
+    "closed",
+];
 
 /// The fixed `server` values of the HTTP connection metrics (anything else is `other`).
 pub const HTTP_SERVERS: &[&str] = &["healthz", "metrics", "health-check-node-port", "other"];

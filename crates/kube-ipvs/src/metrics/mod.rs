@@ -121,8 +121,8 @@ pub struct Metrics {
     /// `kube_ipvs_drained_destinations_total{reason}`: drained real servers deleted, because
     /// their last connection ended (`drained`) or the drain cap passed (`cap`).
     pub drained_destinations_total: Family<ReasonLabel, Counter>,
-    /// `kube_ipvs_events_dropped_total{reason}`: Kubernetes Events held back (`duplicate`,
-    /// `rate_limited`, `queue_full`, `closed`; see [`crate::events`]).
+    /// `kube_ipvs_events_dropped_total{reason}`: Kubernetes Events held back (`delegated`,
+    /// `duplicate`, `rate_limited`, `queue_full`, `closed`; see [`crate::events`]).
     pub events_dropped_total: Family<ReasonLabel, Counter>,
     /// `kube_ipvs_events_published_total{result}`: Events sent to the API server (`ok`,
     /// `error`).

@@ -237,7 +237,7 @@ impl Metrics {
         }
         r.register(
             format!("{o}events_dropped"),
-            "Kubernetes Events held back: duplicate, rate_limited, queue_full, closed",
+            "Kubernetes Events held back: delegated (another node reports it), duplicate, rate_limited, queue_full, closed",
             m.events_dropped_total.clone(),
         );
         for result in ["ok", "error"] {
