@@ -235,6 +235,8 @@ pub const SETTINGS: &[Setting] = &[
       "Ports (PORT on every protocol, or PORT/TCP, PORT/UDP, PORT/SCTP) no externalIP or load-balancer IP equal to one of this node's addresses may take (the node's own services: SSH, etcd, API server, kubelet, kube-proxy, controller-manager, scheduler); the healthz and metrics ports are always added; empty: only those"),
     s(None, Some("refuse-node-address-vips"), Ty::Bool, "false", false, Support::Yes,
       "Never serve an externalIP or load-balancer IP equal to one of this node's addresses (upstream serves them; NodePorts and protected ports are kept from them either way)"),
+    s(None, Some("event-reporters"), Ty::Int, "3", false, Support::Yes,
+      "Nodes that write the Event about an invalid object (chosen per object by hashing over the nodes hosting endpoints; 0: every node); every node still logs and counts it"),
 ];
 
 /// The setting for a config field path.

@@ -168,12 +168,19 @@ pub trait SyncObserver {
     /// A sync of one family finished.
     fn synced(&self, _family: Family, _report: &SyncReport, _backend: &dyn Backend) {}
     /// Objects newly rejected as invalid by a sync of `family`: `(key, reason)`, where the key
-    /// is `service ns/name` or `endpointslice ns/name` (each rejection reported once).
-    fn rejected(&self, _family: Family, _rejected: &[(String, String)]) {}
+    /// is `service ns/name` or `endpointslice ns/name` (each rejection reported once); `store`
+    /// is what the sync saw.
+    fn rejected(&self, _family: Family, _rejected: &[(String, String)], _store: &Store) {}
     /// A sync of `family` without error programmed the EndpointSlice changes triggered at
     /// `triggers` (their last-change-trigger-time annotations, see [`ProgrammingTriggers`]):
     /// upstream's `metrics.NetworkProgrammingLatency.Observe` in `syncProxyRules`.
     fn network_programmed(&self, _family: Family, _triggers: &[SystemTime]) {}
+    /// The loop is about to wait for input; it wakes up at the latest at `until` (its next
+    /// timed work: a retry, the periodic full sync, the end of the Node wait).
+    fn waiting(&self, _until: Instant) {}
+    /// The loop woke up and works (applies inputs, syncs) until its next [`Self::waiting`]. A
+    /// step that never ends, or a wake-up that never comes, is a wedged loop (`/livez`).
+    fn working(&self) {}
 }
 
 /// The most trigger times kept between two syncs of a family (a bound on memory while syncs
@@ -401,12 +408,14 @@ pub fn run(
         let first = if deadline <= now {
             None
         } else {
+            observer.waiting(deadline);
             match rx.recv_timeout(deadline - now) {
                 Ok(m) => Some(m),
                 Err(RecvTimeoutError::Timeout) => None,
                 Err(RecvTimeoutError::Disconnected) => return Exit::Shutdown,
             }
         };
+        observer.working();
         // Apply everything queued so far (a burst becomes one sync).
         let mut batch: Vec<Input> = first.into_iter().collect();
         while let Ok(m) = rx.try_recv() {
@@ -485,7 +494,7 @@ pub fn run(
             }
             let rejected = f.take_rejections();
             if !rejected.is_empty() {
-                observer.rejected(f.family(), &rejected);
+                observer.rejected(f.family(), &rejected, store);
             }
         }
         last_sync = Some(Instant::now());
@@ -624,6 +633,80 @@ mod tests {
         // Before: the period had run out during the first sync, so a second full sync (another
         // 1.5 s) started right after it.
         assert_eq!(*log.lock().unwrap(), vec![SyncKind::Full]);
+    }
+
+    /// Records the loop's liveness hooks and its syncs, in order.
+    #[derive(Default)]
+    struct Steps(std::sync::Mutex<Vec<(&'static str, Option<Duration>)>>);
+
+    impl SyncObserver for Steps {
+        fn waiting(&self, until: Instant) {
+            let left = until.saturating_duration_since(Instant::now());
+            self.0.lock().unwrap().push(("waiting", Some(left)));
+        }
+        fn working(&self) {
+            self.0.lock().unwrap().push(("working", None));
+        }
+        fn synced(&self, _: Family, _: &SyncReport, _: &dyn Backend) {
+            self.0.lock().unwrap().push(("synced", None));
+        }
+    }
+
+    /// `/livez` relies on these hooks: every sync runs inside a step the loop announced with
+    /// `working` (so a sync that never returns leaves the loop "working" since its start), and
+    /// every wait announces its deadline, at most a sync period away.
+    #[test]
+    fn syncs_run_inside_working_steps_and_waits_announce_bounded_deadlines() {
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut families: Vec<Box<dyn Backend + Send>> = vec![Box::new(SlowBackend {
+            full: true,
+            delay: Duration::ZERO,
+            log: log.clone(),
+        })];
+        let cfg = LoopConfig {
+            min_sync_period: Duration::from_millis(10),
+            sync_period: Duration::from_secs(1),
+            once: false,
+            node_wait: Duration::ZERO,
+        };
+        let (tx, rx) = std::sync::mpsc::sync_channel(16);
+        let steps = Steps::default();
+        let watcher = {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                // List, then stop after two syncs (the second is the periodic full one).
+                for k in [Kind::Service, Kind::EndpointSlice] {
+                    tx.send(Input::Source(SourceEvent::Init(k))).unwrap();
+                    tx.send(Input::Source(SourceEvent::InitDone(k))).unwrap();
+                }
+                while log.lock().unwrap().len() < 2 {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                tx.send(Input::Shutdown).unwrap();
+            })
+        };
+        let mut store = Store::new();
+        let exit = run(&rx, &mut store, &mut families, BTreeSet::new(), cfg, &steps);
+        watcher.join().unwrap();
+        assert!(matches!(exit, Exit::Shutdown));
+        let seen = steps.0.lock().unwrap().clone();
+        assert_eq!(
+            seen.iter().filter(|(h, _)| *h == "synced").count(),
+            2,
+            "{seen:?}"
+        );
+        let mut last_hook = None;
+        for (hook, left) in &seen {
+            match *hook {
+                "synced" => assert_eq!(last_hook, Some("working"), "{seen:?}"),
+                "waiting" => {
+                    assert!(left.is_some_and(|l| l <= cfg.sync_period), "{seen:?}");
+                    last_hook = Some("waiting");
+                }
+                _ => last_hook = Some("working"),
+            }
+        }
+        assert_eq!(seen.first().map(|s| s.0), Some("waiting"), "{seen:?}");
     }
 
     #[test]

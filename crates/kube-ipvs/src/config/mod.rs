@@ -188,6 +188,8 @@ pub struct Config {
     pub ipset_timeout: Duration,
     /// Time limit of one `iptables-save` / `iptables-restore` (`--iptables-timeout`).
     pub iptables_timeout: Duration,
+    /// Nodes that write the Event about an invalid object (`--event-reporters`; 0: every node).
+    pub event_reporters: usize,
     /// Root of the sysctl tree (`--sysctl-root`, default `/proc/sys`).
     pub sysctl_root: PathBuf,
     /// Root of sysfs (`--sysfs-root`, default `/sys`).

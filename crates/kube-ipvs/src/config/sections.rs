@@ -43,6 +43,7 @@ pub(super) fn build(cx: &mut Ctx, hostname: impl FnOnce() -> Result<String>) -> 
     let drain_timeout = cx.duration("drain-timeout");
     let ipset_timeout = positive(cx, "ipset-timeout");
     let iptables_timeout = positive(cx, "iptables-timeout");
+    let event_reporters = cx.int("event-reporters", 0, 1000) as usize;
     let sysctl_root = cx.string("sysctl-root");
     let sysfs_root = cx.string("sysfs-root");
     let protected_node_ports = protected_node_ports(cx);
@@ -69,6 +70,7 @@ pub(super) fn build(cx: &mut Ctx, hostname: impl FnOnce() -> Result<String>) -> 
         drain_timeout,
         ipset_timeout,
         iptables_timeout,
+        event_reporters,
         sysctl_root: path_or(sysctl_root, "/proc/sys"),
         sysfs_root: path_or(sysfs_root, sysctl::SYS),
         protected_node_ports,

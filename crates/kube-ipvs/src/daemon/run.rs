@@ -93,9 +93,14 @@ pub async fn run_daemon(config: Config) -> Result<()> {
     if let Some(c) = &client {
         publish_start_events(c, &config, fallback_reason.as_ref(), conntrack_warning);
     }
-    // Events for invalid objects: deduplicated, rate limited, through a bounded queue.
+    // Events for invalid objects: written by a few nodes per object, deduplicated, rate limited,
+    // through a bounded queue.
     let (rejections_tx, rejections_rx) =
         crate::events::EventSink::new(Some(daemon.metrics.clone()));
+    let rejections_tx = rejections_tx.with_reporters(crate::events::Reporters::new(
+        &config.node_name,
+        config.event_reporters,
+    ));
     let publisher = client.clone().map(|c| {
         tokio::spawn(crate::events::publish_events(
             c,

@@ -14,7 +14,9 @@ pub use kernel::{
     cleanup, iptables_backend, ipvs_backend, ipvs_kernel, ipvs_kernel_parts, retry_policy,
     set_ipvs_timeouts, IptablesBackend,
 };
-pub use observer::{reason_label, FamilySeen, Observer, Rejection, INVALID_REASON_LABELS};
+pub use observer::{
+    endpoint_nodes, reason_label, FamilySeen, Observer, Rejection, INVALID_REASON_LABELS,
+};
 pub use sysctls::{apply_conntrack, apply_sysctls, conntrack_settings};
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -167,11 +169,17 @@ impl SyncObserver for LoopObserver {
     fn synced(&self, family: Family, report: &SyncReport, backend: &dyn Backend) {
         self.inner.synced(family, report, backend);
     }
-    fn rejected(&self, family: Family, rejected: &[(String, String)]) {
-        self.inner.rejected(family, rejected);
+    fn rejected(&self, family: Family, rejected: &[(String, String)], store: &Store) {
+        self.inner.rejected(family, rejected, store);
     }
     fn network_programmed(&self, family: Family, triggers: &[std::time::SystemTime]) {
         self.inner.network_programmed(family, triggers);
+    }
+    fn waiting(&self, until: std::time::Instant) {
+        self.inner.waiting(until);
+    }
+    fn working(&self) {
+        self.inner.working();
     }
 }
 

@@ -1,5 +1,5 @@
 //! The sync loop's observer: sync reports become metrics, `/healthz` state, health-check node
-//! ports and (rate-limited) Events about rejected objects.
+//! ports and (rate-limited) Events about rejected objects; the loop's steps become `/livez`.
 
 use super::*;
 
@@ -185,6 +185,24 @@ pub fn reason_label(reason: &str) -> &'static str {
         .unwrap_or("other")
 }
 
+/// The node names of the endpoints of every Service's EndpointSlices: the nodes that may write
+/// Events about objects (see [`crate::events`]). The same on every node with the same store.
+pub fn endpoint_nodes(store: &Store) -> crate::events::Candidates {
+    let mut names: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    for service in store.service_names() {
+        for slice in store.slices_of(service) {
+            names.extend(
+                slice
+                    .endpoints
+                    .iter()
+                    .filter_map(|e| e.node_name())
+                    .map(|n| &**n),
+            );
+        }
+    }
+    crate::events::Candidates::new(names)
+}
+
 impl std::fmt::Debug for Observer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Observer").finish_non_exhaustive()
@@ -232,8 +250,9 @@ impl SyncObserver for Observer {
         if report.healthy() {
             self.health.updated(family);
         } else {
-            // A failed sync is not an update: /healthz turns 503 if this lasts for the
-            // health timeout, naming the subsystems.
+            // A failed sync is not an update: /healthz and the health-check node ports turn
+            // 503 if this lasts for the health timeout, naming the subsystems (/livez does not:
+            // the loop is making progress).
             let failed: Vec<(&'static str, String)> = report
                 .failed
                 .iter()
@@ -348,11 +367,21 @@ impl SyncObserver for Observer {
         self.metrics.record_network_programmed(family, triggers);
     }
 
-    fn rejected(&self, _family: Family, rejected: &[(String, String)]) {
+    fn waiting(&self, until: std::time::Instant) {
+        self.health.loop_waiting(until);
+    }
+
+    fn working(&self) {
+        self.health.loop_working_at(std::time::Instant::now());
+    }
+
+    fn rejected(&self, _family: Family, rejected: &[(String, String)], store: &Store) {
         let mut reported = match self.reported.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
+        // The nodes that may write Events (built once, when a new rejection needs one).
+        let mut candidates: Option<crate::events::Candidates> = None;
         for (key, reason) in rejected {
             // Both families see the same objects; report each (object, reason) once. The set
             // is bounded: past 10,000 entries it starts over (a repeat is reported again).
@@ -373,7 +402,8 @@ impl SyncObserver for Observer {
                 })
                 .inc();
             if let Some(sink) = &self.rejections {
-                sink.submit(r.event());
+                let c = candidates.get_or_insert_with(|| endpoint_nodes(store));
+                sink.submit_among(r.event(), c);
             }
         }
     }

@@ -121,8 +121,8 @@ pub struct Metrics {
     /// `kube_ipvs_drained_destinations_total{reason}`: drained real servers deleted, because
     /// their last connection ended (`drained`) or the drain cap passed (`cap`).
     pub drained_destinations_total: Family<ReasonLabel, Counter>,
-    /// `kube_ipvs_events_dropped_total{reason}`: Kubernetes Events held back (`duplicate`,
-    /// `rate_limited`, `queue_full`, `closed`; see [`crate::events`]).
+    /// `kube_ipvs_events_dropped_total{reason}`: Kubernetes Events held back (`delegated`,
+    /// `duplicate`, `rate_limited`, `queue_full`, `closed`; see [`crate::events`]).
     pub events_dropped_total: Family<ReasonLabel, Counter>,
     /// `kube_ipvs_events_published_total{result}`: Events sent to the API server (`ok`,
     /// `error`).
@@ -135,6 +135,12 @@ pub struct Metrics {
     /// (a NodePort or health-check node port), `protected_port`, `refused`
     /// (see `desired::vip::node`).
     pub node_address_conflicts: Family<ReasonLabel, Gauge>,
+    /// `kube_ipvs_http_connections_refused_total{server,reason}`: connections closed at once by
+    /// the per-source cap (`per_source`) or a full server (`total`), see [`crate::http`].
+    pub http_connections_refused_total: Family<HttpRefusedLabels, Counter>,
+    /// `kube_ipvs_http_connections_evicted_total{server}`: connections closed to admit one from
+    /// a source holding fewer (a full server), see [`crate::http`].
+    pub http_connections_evicted_total: Family<ServerLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -275,6 +281,31 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts one HTTP connection refused by `server` (one of [`HTTP_SERVERS`], else `other`)
+    /// for `reason` (one of [`HTTP_REFUSE_REASONS`], else `total`).
+    pub fn record_http_refused(&self, server: &str, reason: &str) {
+        let reason = HTTP_REFUSE_REASONS
+            .iter()
+            .find(|r| **r == reason)
+            .copied()
+            .unwrap_or("total");
+        self.http_connections_refused_total
+            .get_or_create(&HttpRefusedLabels {
+                server: http_server_label(server).to_string(),
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts one HTTP connection evicted by `server` (see [`Self::record_http_refused`]).
+    pub fn record_http_evicted(&self, server: &str) {
+        self.http_connections_evicted_total
+            .get_or_create(&ServerLabel {
+                server: http_server_label(server).to_string(),
+            })
+            .inc();
+    }
+
     /// Counts one Event sent (`ok`) or failed.
     pub fn record_event_published(&self, ok: bool) {
         self.events_published_total
@@ -393,4 +424,13 @@ pub fn router(metrics: std::sync::Arc<Metrics>) -> axum::Router {
             }
         }),
     )
+}
+
+/// `server` as one of [`HTTP_SERVERS`] (`other` for anything else).
+fn http_server_label(server: &str) -> &'static str {
+    HTTP_SERVERS
+        .iter()
+        .find(|s| **s == server)
+        .copied()
+        .unwrap_or("other")
 }

@@ -47,6 +47,8 @@ impl Metrics {
             events_published_total: Family::default(),
             vip_conflicts: Gauge::default(),
             node_address_conflicts: Family::default(),
+            http_connections_refused_total: Family::default(),
+            http_connections_evicted_total: Family::default(),
             registry: Registry::default(),
         };
         let k = "kubeproxy_";
@@ -236,7 +238,7 @@ impl Metrics {
         }
         r.register(
             format!("{o}events_dropped"),
-            "Kubernetes Events held back: duplicate, rate_limited, queue_full, closed",
+            "Kubernetes Events held back: delegated (another node reports it), duplicate, rate_limited, queue_full, closed",
             m.events_dropped_total.clone(),
         );
         for result in ["ok", "error"] {
@@ -250,6 +252,31 @@ impl Metrics {
             format!("{o}events_published"),
             "Kubernetes Events sent to the API server, by result",
             m.events_published_total.clone(),
+        );
+        for server in HTTP_SERVERS.iter().filter(|s| **s != "other") {
+            for reason in HTTP_REFUSE_REASONS {
+                m.http_connections_refused_total
+                    .get_or_create(&HttpRefusedLabels {
+                        server: server.to_string(),
+                        reason: reason.to_string(),
+                    })
+                    .inc_by(0);
+            }
+            m.http_connections_evicted_total
+                .get_or_create(&ServerLabel {
+                    server: server.to_string(),
+                })
+                .inc_by(0);
+        }
+        r.register(
+            format!("{o}http_connections_refused"),
+            "HTTP connections closed at once: per_source (the source's cap) or total (server full)",
+            m.http_connections_refused_total.clone(),
+        );
+        r.register(
+            format!("{o}http_connections_evicted"),
+            "HTTP connections closed to admit one from a source holding fewer (server full)",
+            m.http_connections_evicted_total.clone(),
         );
         r.register(
             format!("{o}vip_conflicts"),
