@@ -447,6 +447,10 @@ impl Proxier {
             let only_keys = |k: &ServiceKey| keys.contains(k) && owned(k);
             diff_ipvs(&desired, &actual, &only_keys)
         };
+        // A repair honours graceful termination exactly as a sync does: a real server that
+        // left drains at weight 0 (its weight set to 0 again when the failed request was that
+        // one), never deleted with live connections.
+        let ops = self.graceful(ops, Some(&actual));
         let failures_before = report.ipvs_failures;
         self.apply_ipvs(&ops.apply, kernel, report);
         self.apply_ipvs(&ops.remove, kernel, report);
