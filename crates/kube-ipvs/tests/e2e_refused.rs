@@ -81,6 +81,7 @@ fn vm_e2e_kernel_refused_service_is_isolated_and_healthz_stays_200() {
     let hidden = HiddenModule::hide(MODULE);
     let mut lab = Lab::new("refused");
     let a = lab.add_pod("a", 1, false);
+    let client = lab.add_pod("client", 2, false);
     let pod = lab.pods[a].ip;
     let good = Svc::new(
         "good",
@@ -105,12 +106,17 @@ fn vm_e2e_kernel_refused_service_is_isolated_and_healthz_stays_200() {
     );
     lab.write("good", &good.yaml());
     lab.write("bad", &bad_yaml);
-    lab.start_daemon(&["--ipvs-sync-period", &format!("{SYNC_PERIOD_S}s")]);
+    lab.start_daemon(&[
+        "--ipvs-sync-period",
+        &format!("{SYNC_PERIOD_S}s"),
+        "--cluster-cidr",
+        "10.244.0.0/16",
+    ]);
 
     lab.wait_metrics("kube_ipvs_refused_services 1", WAIT);
     lab.wait_ipvs(&["-A -t 10.96.160.1:80 -s rr"], WAIT);
     let to = SocketAddr::from(([10, 96, 160, 1], 80));
-    let got = tcp_name(&lab.client, to, Duration::from_secs(5));
+    let got = tcp_name(&lab.pods[client].ns, to, Duration::from_secs(5));
     println!("good: {got:?}");
     assert_eq!(got.name(), Some("a"), "the other Service is served");
     assert!(
