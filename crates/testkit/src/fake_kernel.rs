@@ -181,7 +181,7 @@ impl Kernel for FakeKernel {
         Ok(st)
     }
 
-    fn apply_ipsets(&mut self, diff: &IpsetDiff) -> Result<Vec<String>, KernelError> {
+    fn apply_ipsets(&mut self, diff: &IpsetDiff) -> Result<Vec<ipset::Rejected>, KernelError> {
         if diff.is_empty() {
             return Ok(Vec::new());
         }
@@ -299,7 +299,7 @@ impl Kernel for SharedFakeKernel {
     fn read_ipsets(&mut self, owned: &[String]) -> Result<IpsetState, KernelError> {
         self.with(|k| k.read_ipsets(owned))
     }
-    fn apply_ipsets(&mut self, diff: &IpsetDiff) -> Result<Vec<String>, KernelError> {
+    fn apply_ipsets(&mut self, diff: &IpsetDiff) -> Result<Vec<ipset::Rejected>, KernelError> {
         self.with(|k| k.apply_ipsets(diff))
     }
     fn apply_iptables(

@@ -43,6 +43,31 @@ pub struct FamilySeen {
     ipvs_requests: ipvs_netlink::OpCounts,
     /// IPVS virtual servers and real servers programmed.
     ipvs_programmed: (usize, usize),
+    /// Services isolated because the kernel refuses their programming.
+    refused: usize,
+}
+
+/// The Event on a Service whose programming the kernel refuses: reason `KernelRefused`,
+/// action `Program` (fixed words); the note names the subsystem and the kernel's answer
+/// (sanitized and cut by the sink).
+pub fn refusal_event(r: &Refusal) -> crate::events::EventRequest {
+    crate::events::EventRequest {
+        regarding: crate::events::Regarding {
+            api_version: "v1",
+            kind: "Service",
+            namespace: Some(r.service.namespace.to_string()),
+            name: r.service.name.to_string(),
+        },
+        reason: "KernelRefused",
+        action: "Program",
+        note: format!(
+            "the kernel refuses this Service's {} programming ({}): {}; what the node holds \
+             for it is kept and it is retried with backoff",
+            r.subsystem.as_str(),
+            r.reason,
+            r.error
+        ),
+    }
 }
 
 /// An object skipped as invalid, to be reported as a Kubernetes Event.
@@ -298,6 +323,11 @@ impl SyncObserver for Observer {
         }
         this.ipvs_requests = requests;
         this.ipvs_programmed = backend.ipvs_programmed();
+        this.refused = backend.refused_services();
+        let refused: usize = seen.values().map(|f| f.refused).sum();
+        self.metrics
+            .refused_services
+            .set(i64::try_from(refused).unwrap_or(i64::MAX));
         let (services, destinations) = seen.values().fold((0, 0), |(s, d), f| {
             (s + f.ipvs_programmed.0, d + f.ipvs_programmed.1)
         });
@@ -373,6 +403,21 @@ impl SyncObserver for Observer {
 
     fn working(&self) {
         self.health.loop_working_at(std::time::Instant::now());
+    }
+
+    fn refused(&self, _family: Family, refused: &[Refusal]) {
+        for r in refused {
+            self.metrics
+                .kernel_refusals_total
+                .get_or_create(&crate::metrics::RefusalLabels {
+                    subsystem: r.subsystem.as_str().to_string(),
+                    reason: r.reason.to_string(),
+                })
+                .inc();
+            if let Some(sink) = &self.rejections {
+                sink.submit(refusal_event(r));
+            }
+        }
     }
 
     fn rejected(&self, _family: Family, rejected: &[(String, String)], store: &Store) {

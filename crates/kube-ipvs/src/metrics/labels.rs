@@ -92,6 +92,17 @@ pub struct OpLabel {
     pub op: String,
 }
 
+/// `subsystem` and `reason` labels of `kube_ipvs_kernel_refusals_total`: a subsystem of
+/// [`proxier::retry::Subsystem::ALL`] and a fixed word (an errno name of
+/// `proxier::ipvs_mode::refusal_label`, or `ipset_rejected`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    /// The subsystem that refused.
+    pub subsystem: String,
+    /// The fixed word of its answer.
+    pub reason: String,
+}
+
 /// `result` label of `kube_ipvs_events_published_total`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {

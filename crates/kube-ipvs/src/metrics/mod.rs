@@ -141,6 +141,21 @@ pub struct Metrics {
     /// `kube_ipvs_http_connections_evicted_total{server}`: connections closed to admit one from
     /// a source holding fewer (a full server), see [`crate::http`].
     pub http_connections_evicted_total: Family<ServerLabel, Counter>,
+    /// `kube_ipvs_kernel_refusals_total{subsystem,reason}`: Services isolated because the
+    /// kernel refused their programming (counted once per isolation; see
+    /// `proxier::ipvs_mode::refusal`).
+    pub kernel_refusals_total: Family<RefusalLabels, Counter>,
+    /// `kube_ipvs_refused_services`: Services isolated now (both families summed).
+    pub refused_services: Gauge,
+    /// `kube_ipvs_node_address_tracking`: 1 while the node-address tracker follows changes,
+    /// 0 while it does not (the last known addresses, or the Node object's, are used).
+    pub node_address_tracking: Gauge,
+    /// `kube_ipvs_node_address_resubscriptions_total`: the tracker's subscriptions after a
+    /// failure or the end of its event stream.
+    pub node_address_resubscriptions_total: Counter,
+    /// `kube_ipvs_ip_family_served{ip_family}`: 1 for each family served, 0 for the other
+    /// (not supported by the node, or not used by it yet).
+    pub ip_family_served: Family<IpFamilyLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -150,6 +165,21 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Sets whether `family` is served.
+    pub fn set_family_served(&self, family: AddressFamily, served: bool) {
+        self.ip_family_served
+            .get_or_create(&IpFamilyLabel::of(family))
+            .set(i64::from(served));
+    }
+
+    /// Records the node-address tracker's state and `resubscriptions` more subscriptions.
+    pub fn record_node_address_tracker(&self, status: &netif::TrackerStatus, resubscriptions: u64) {
+        self.node_address_tracking
+            .set(i64::from(status.known && status.tracking));
+        self.node_address_resubscriptions_total
+            .inc_by(resubscriptions);
+    }
+
     /// Creates the per-family series of `families` at 0, so they are visible
     /// before the first sync (upstream sets the no-local-endpoints gauges every sync).
     pub fn init_families(&self, families: &[AddressFamily]) {

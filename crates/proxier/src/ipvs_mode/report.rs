@@ -47,6 +47,9 @@ pub struct SyncReport {
     pub errors: Vec<String>,
     /// Subsystems that failed in this sync (a fixed set: metric labels, health reasons).
     pub failed: BTreeMap<Subsystem, SubsystemFailure>,
+    /// Requests the kernel refused for Services isolated by it, per subsystem (see
+    /// [`super::refusal`]): not failures, the node stays healthy.
+    pub refused: BTreeMap<Subsystem, usize>,
     /// Subsystems with a retry outstanding after this sync (failed now or earlier, not yet
     /// repaired). A sync is healthy only when this is empty.
     pub retrying: BTreeSet<Subsystem>,
@@ -103,6 +106,7 @@ impl SyncReport {
             drift: BTreeMap::new(),
             errors: Vec::new(),
             failed: BTreeMap::new(),
+            refused: BTreeMap::new(),
             retrying: BTreeSet::new(),
             duration: Duration::ZERO,
             vip_conflicts: 0,

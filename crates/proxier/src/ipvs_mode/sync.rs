@@ -167,6 +167,7 @@ impl Proxier {
                 ipvs_ops.as_ref(),
                 set_diff.as_ref(),
                 (&addr_add, &addr_del),
+                &self.isolated(),
             );
             for (k, n) in [("ipvs", n_ipvs), ("ipset", n_sets), ("address", n_addr)] {
                 if n > 0 {
