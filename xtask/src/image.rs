@@ -24,6 +24,11 @@ const OPTIONAL_TOOLS: &[&str] = &[
     "ipset-translate",
     "ethtool",
     "flock",
+    // e2e_modules.rs runs the DaemonSet's containers with only their capabilities (setpriv) and
+    // read-only mounts (unshare -m; util-linux mount: busybox's cannot remount a bind mount).
+    "setpriv",
+    "unshare",
+    "mount",
 ];
 
 /// Guest PATH (sbin first; busybox applets only fill gaps).

@@ -283,6 +283,7 @@ fn kube_ipvs_flags_in_the_docs_exist() {
                 if !(cmdline.starts_with("kube-ipvs --")
                     || cmdline.starts_with("kube-ipvs plan")
                     || cmdline.starts_with("kube-ipvs config")
+                    || cmdline.starts_with("kube-ipvs load-modules")
                     || cmdline.starts_with("kube-ipvs -"))
                 {
                     continue;
