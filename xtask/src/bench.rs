@@ -10,6 +10,7 @@
 //! `crates/kube-ipvs/examples/daemon-bench.rs`, at every size of the series). No name: all of
 //! them.
 
+mod peers;
 mod svg;
 
 use crate::error::{Context, Error, Result};
@@ -26,7 +27,8 @@ const USAGE: &str =
     "usage: cargo xtask bench [p1|p2|p3|p4|p5|scaling|daemon]... [--services N] [--reals M]
        [--sizes N1,N2,...] [--ipset-entries E] [--ipset-sample S] [--changes K] [--json FILE]
        [--svg FILE] [--mem M] [--timeout SECS]
-       cargo xtask bench --plot-from JSON [--svg FILE]";
+       cargo xtask bench --plot-from JSON [--svg FILE]
+       cargo xtask bench peers --help   (kube-ipvs against upstream kube-proxy, bench/peers.rs)";
 
 /// Parsed command line.
 #[derive(Debug, Clone, PartialEq)]
@@ -730,6 +732,9 @@ pub fn civil(days: u64) -> String {
 
 /// Entry point for `cargo xtask bench ARGS...`. Returns the process exit code.
 pub fn bench(args: &[String]) -> Result<u8> {
+    if let Some(("peers", rest)) = args.split_first().map(|(a, r)| (a.as_str(), r)) {
+        return peers::peers(rest);
+    }
     if let [flag, json, rest @ ..] = args {
         if flag == "--plot-from" {
             return plot_from(json, rest);

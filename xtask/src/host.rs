@@ -17,6 +17,9 @@ pub const HOST_PACKAGES: &[(&str, &str)] = &[
     ("cpio", "/usr/bin/cpio"),
     ("dash", "/usr/bin/dash"),
     ("binutils", "/usr/bin/objcopy"),
+    // `nft` in the guest (image.rs OPTIONAL_TOOLS): upstream kube-proxy's nftables mode runs
+    // it, and `cargo xtask bench peers` counts that mode's rules with it.
+    ("nftables", "/usr/sbin/nft"),
 ];
 
 /// Whether the effective uid is 0 (read from /proc, no libc needed).

@@ -49,6 +49,7 @@ use ipvs_netlink::{Protocol, ServiceKey};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::{json, Value};
 use testkit::apiserver::FakeApiServer;
+use testkit::bench::proc_status_kb as status_kb;
 
 /// What can go wrong; every error ends the run.
 #[derive(Debug, thiserror::Error)]
@@ -188,17 +189,6 @@ fn unix_now() -> f64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
-}
-
-/// A field of `/proc/PID/status` in kB.
-fn status_kb(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim_start_matches(':').split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 fn ipvs_dump_text(client: &mut ipvs_netlink::Client) -> Res<String> {

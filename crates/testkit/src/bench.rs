@@ -123,3 +123,54 @@ pub fn run_cmd(
     }
     Ok((elapsed, String::from_utf8_lossy(&out.stdout).into_owned()))
 }
+
+/// A `kB` field of `/proc/PID/status` (`VmRSS`, `VmHWM`, `RssAnon`, ...); 0 when absent.
+pub fn proc_status_kb(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// User + system CPU seconds of process `pid`, its waited-for children included
+/// (`utime + stime + cutime + cstime` of `/proc/PID/stat`, in the kernel's fixed
+/// `USER_HZ` = 100 ticks per second); None when the process is gone.
+pub fn proc_cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces and parentheses): state is
+    // field 3, utime field 14, so index 11 from here.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f
+        .get(11..15)?
+        .iter()
+        .map(|v| v.parse::<u64>().ok())
+        .sum::<Option<u64>>()?;
+    Some(ticks as f64 / 100.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_process_figures() {
+        let me = std::process::id();
+        assert!(proc_status_kb(me, "VmRSS") > 0);
+        assert!(proc_status_kb(me, "VmHWM") >= proc_status_kb(me, "VmRSS"));
+        assert_eq!(proc_status_kb(me, "NoSuchField"), 0);
+        // Burn a little CPU so the figure cannot be a constant.
+        let t = std::time::Instant::now();
+        let mut x = 0u64;
+        while t.elapsed() < std::time::Duration::from_millis(50) {
+            x = x.wrapping_add(std::hint::black_box(1));
+        }
+        assert!(x > 0);
+        assert!(proc_cpu_seconds(me).is_some_and(|s| s > 0.0));
+        assert_eq!(proc_cpu_seconds(u32::MAX), None);
+    }
+}
