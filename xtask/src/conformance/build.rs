@@ -359,7 +359,7 @@ pub fn ensure() -> Result<(PathBuf, PathBuf)> {
 }
 
 /// `pause` from the module's `build/pause/linux/pause.c`, static, with the host's `cc`.
-fn build_pause(bin: &Path) -> Result<()> {
+pub fn build_pause(bin: &Path) -> Result<()> {
     let src = kubernetes_src()?.join("build/pause/linux/pause.c");
     let tmp = bin.join(".pause.tmp");
     crate::host::output(

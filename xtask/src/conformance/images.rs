@@ -34,6 +34,9 @@ pub const KUBE_PROXY: &str = "registry.k8s.io/kube-proxy:v1.37.2";
 /// CoreDNS, named as kubeadm names it.
 pub const COREDNS: &str = "registry.k8s.io/coredns/coredns:v1.15.0";
 
+/// Bumped when an image's recipe changes (part of the images' cache stamp).
+const RECIPE: u32 = 1;
+
 /// Tools the agnhost image carries for the commands e2e tests exec in it.
 const AGNHOST_TOOLS: &[&str] = &[
     "dash", "curl", "nc", "nslookup", "dig", "ip", "ss", "socat", "timeout",
@@ -67,13 +70,12 @@ fn put_blob(dir: &Path, bytes: &[u8]) -> Result<(String, usize)> {
     Ok((format!("sha256:{hex}"), bytes.len()))
 }
 
-/// Writes `rootfs` as a one-layer OCI archive at `out`, named `spec.name`.
-pub fn write_oci_archive(rootfs: &Path, spec: &Spec<'_>, out: &Path) -> Result<()> {
-    let work = out.with_extension("layout");
-    let _ = fs::remove_dir_all(&work);
-    let blobs = work.join("blobs/sha256");
+/// Adds `rootfs` as a one-layer image named `spec.name` to the OCI layout at `layout` (its
+/// `blobs/`); returns the manifest's descriptor for the layout's `index.json`.
+pub fn add_image(rootfs: &Path, spec: &Spec<'_>, layout: &Path) -> Result<serde_json::Value> {
+    let blobs = layout.join("blobs/sha256");
     fs::create_dir_all(&blobs).ctx(|| format!("creating {}", blobs.display()))?;
-    let layer = work.join("layer.tar");
+    let layer = layout.join("layer.tar");
     host::output(
         Command::new("tar")
             .args([
@@ -105,7 +107,7 @@ pub fn write_oci_archive(rootfs: &Path, spec: &Spec<'_>, out: &Path) -> Result<(
         },
         "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
     });
-    let (config_digest, config_size) = put_blob(&work, config.to_string().as_bytes())?;
+    let (config_digest, config_size) = put_blob(layout, config.to_string().as_bytes())?;
     let manifest = serde_json::json!({
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.manifest.v1+json",
@@ -120,25 +122,34 @@ pub fn write_oci_archive(rootfs: &Path, spec: &Spec<'_>, out: &Path) -> Result<(
             "size": layer_size,
         }],
     });
-    let (manifest_digest, manifest_size) = put_blob(&work, manifest.to_string().as_bytes())?;
+    let (manifest_digest, manifest_size) = put_blob(layout, manifest.to_string().as_bytes())?;
     let tag = spec.name.rsplit_once(':').map_or("latest", |(_, t)| t);
+    Ok(serde_json::json!({
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "digest": manifest_digest,
+        "size": manifest_size,
+        "platform": {"architecture": "amd64", "os": "linux"},
+        "annotations": {
+            "io.containerd.image.name": spec.name,
+            "org.opencontainers.image.ref.name": tag,
+        },
+    }))
+}
+
+/// Writes the layout's `index.json` (one entry per image) and tars the layout into the OCI
+/// archive `out` (`ctr images import` takes it whole: every image under its name).
+pub fn write_archive(layout: &Path, manifests: &[serde_json::Value], out: &Path) -> Result<()> {
     let index = serde_json::json!({
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": manifest_digest,
-            "size": manifest_size,
-            "platform": {"architecture": "amd64", "os": "linux"},
-            "annotations": {
-                "io.containerd.image.name": spec.name,
-                "org.opencontainers.image.ref.name": tag,
-            },
-        }],
+        "manifests": manifests,
     });
-    fs::write(work.join("index.json"), index.to_string()).ctx(|| "writing index.json")?;
-    fs::write(work.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#)
-        .ctx(|| "writing oci-layout")?;
+    fs::write(layout.join("index.json"), index.to_string()).ctx(|| "writing index.json")?;
+    fs::write(
+        layout.join("oci-layout"),
+        r#"{"imageLayoutVersion":"1.0.0"}"#,
+    )
+    .ctx(|| "writing oci-layout")?;
     let tmp = out.with_extension("tmp");
     host::output(
         Command::new("tar")
@@ -149,14 +160,12 @@ pub fn write_oci_archive(rootfs: &Path, spec: &Spec<'_>, out: &Path) -> Result<(
                 "--group=0",
                 "-C",
             ])
-            .arg(&work)
+            .arg(layout)
             .arg("-cf")
             .arg(&tmp)
             .args(["oci-layout", "index.json", "blobs"]),
     )?;
-    fs::rename(&tmp, out).ctx(|| format!("writing {}", out.display()))?;
-    let _ = fs::remove_dir_all(&work);
-    Ok(())
+    fs::rename(&tmp, out).ctx(|| format!("writing {}", out.display()))
 }
 
 /// Minimal `/etc` for an image (users, hosts lookup order).
@@ -273,29 +282,79 @@ fn add_containerfile_tools(t: &mut Tree, apt: &mut Apt) -> Result<Vec<String>> {
     Ok(pkgs)
 }
 
-/// The archives, by image name, in `dir`.
+/// The images, as one OCI archive.
 pub struct Images {
-    /// (image name, archive path)
-    pub archives: Vec<(&'static str, PathBuf)>,
+    /// The image names it holds.
+    pub names: Vec<&'static str>,
+    /// The archive (`images.tar`).
+    pub archive: PathBuf,
 }
 
-fn build_one(
-    dir: &Path,
-    file: &str,
-    spec: &Spec<'_>,
-    fill: impl FnOnce(&mut Tree) -> Result<()>,
-) -> Result<PathBuf> {
-    let out = dir.join(file);
-    let root = dir.join(format!("{file}.rootfs"));
-    let _ = fs::remove_dir_all(&root);
-    fs::create_dir_all(&root).ctx(|| format!("creating {}", root.display()))?;
-    let mut t = Tree::new();
-    base_etc(&mut t);
-    fill(&mut t)?;
-    t.materialize(&root)?;
-    write_oci_archive(&root, spec, &out)?;
-    let _ = fs::remove_dir_all(&root);
-    Ok(out)
+/// Collects images into one layout, then one archive.
+struct Bundle {
+    dir: PathBuf,
+    layout: PathBuf,
+    manifests: Vec<serde_json::Value>,
+    names: Vec<&'static str>,
+}
+
+impl Bundle {
+    fn new(dir: &Path) -> Result<Self> {
+        let layout = dir.join("layout");
+        let _ = fs::remove_dir_all(&layout);
+        fs::create_dir_all(&layout).ctx(|| format!("creating {}", layout.display()))?;
+        Ok(Bundle {
+            dir: dir.to_path_buf(),
+            layout,
+            manifests: Vec::new(),
+            names: Vec::new(),
+        })
+    }
+
+    fn add(
+        &mut self,
+        spec: &Spec<'static>,
+        fill: impl FnOnce(&mut Tree) -> Result<()>,
+    ) -> Result<()> {
+        let root = self.dir.join("rootfs");
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(&root).ctx(|| format!("creating {}", root.display()))?;
+        let mut t = Tree::new();
+        base_etc(&mut t);
+        fill(&mut t)?;
+        t.materialize(&root)?;
+        self.manifests.push(add_image(&root, spec, &self.layout)?);
+        self.names.push(spec.name);
+        let _ = fs::remove_dir_all(&root);
+        Ok(())
+    }
+
+    fn finish(self) -> Result<Images> {
+        let archive = self.dir.join("images.tar");
+        write_archive(&self.layout, &self.manifests, &archive)?;
+        let _ = fs::remove_dir_all(&self.layout);
+        Ok(Images {
+            names: self.names,
+            archive,
+        })
+    }
+}
+
+/// Only the pause image (what a node needs to run any pod), for `--up-only`.
+pub fn build_pause_only(dir: &Path, bin: &Path) -> Result<Images> {
+    if !bin.join("pause").is_file() {
+        super::build::build_pause(bin)?;
+    }
+    let mut b = Bundle::new(dir)?;
+    b.add(
+        &Spec {
+            name: PAUSE,
+            entrypoint: &["/pause"],
+            cmd: &[],
+        },
+        |t| t.add_file_as(&bin.join("pause"), "/pause", None),
+    )?;
+    b.finish()
 }
 
 /// Builds every image archive into `dir` from the binaries in `bin` (conformance build),
@@ -309,12 +368,40 @@ pub fn build_all(
 ) -> Result<Images> {
     fs::create_dir_all(dir).ctx(|| format!("creating {}", dir.display()))?;
     let started = std::time::Instant::now();
-    let mut archives = Vec::new();
+    // Reused while every input is unchanged (path, size, mtime of each binary and of
+    // Containerfile, and this recipe's version).
+    let mut stamp = format!("recipe {RECIPE}\n");
+    let cf = host::workspace_root().join("Containerfile");
+    let inputs = [
+        bin.join("pause"),
+        bin.join("agnhost"),
+        bin.join("coredns"),
+        kube_bin.join("kube-proxy"),
+        kube_ipvs.to_path_buf(),
+        cf,
+        PathBuf::from("/var/lib/dpkg/status"),
+    ];
+    for i in &inputs {
+        let m = fs::metadata(i).ctx(|| format!("reading {}", i.display()))?;
+        stamp.push_str(&format!(
+            "{} {} {:?}\n",
+            i.display(),
+            m.len(),
+            m.modified().ok()
+        ));
+    }
+    let (archive, stamp_path) = (dir.join("images.tar"), dir.join("images.stamp"));
+    if archive.is_file() && fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp) {
+        return Ok(Images {
+            names: vec![PAUSE, AGNHOST, BUSYBOX, COREDNS, KUBE_IPVS, KUBE_PROXY],
+            archive,
+        });
+    }
+    let _ = fs::remove_file(&stamp_path);
+    let mut bundle = Bundle::new(dir)?;
     let file_as = |t: &mut Tree, src: PathBuf, dest: &str| t.add_file_as(&src, dest, None);
 
-    let p = build_one(
-        dir,
-        "pause.tar",
+    bundle.add(
         &Spec {
             name: PAUSE,
             entrypoint: &["/pause"],
@@ -322,11 +409,8 @@ pub fn build_all(
         },
         |t| file_as(t, bin.join("pause"), "/pause"),
     )?;
-    archives.push((PAUSE, p));
 
-    let p = build_one(
-        dir,
-        "agnhost.tar",
+    bundle.add(
         &Spec {
             name: AGNHOST,
             entrypoint: &["/agnhost"],
@@ -344,11 +428,8 @@ pub fn build_all(
             busybox_applets(t)
         },
     )?;
-    archives.push((AGNHOST, p));
 
-    let p = build_one(
-        dir,
-        "busybox.tar",
+    bundle.add(
         &Spec {
             name: BUSYBOX,
             entrypoint: &[],
@@ -356,11 +437,8 @@ pub fn build_all(
         },
         busybox_applets,
     )?;
-    archives.push((BUSYBOX, p));
 
-    let p = build_one(
-        dir,
-        "coredns.tar",
+    bundle.add(
         &Spec {
             name: COREDNS,
             entrypoint: &["/coredns"],
@@ -368,12 +446,9 @@ pub fn build_all(
         },
         |t| file_as(t, bin.join("coredns"), "/coredns"),
     )?;
-    archives.push((COREDNS, p));
 
     let mut tools = Vec::new();
-    let p = build_one(
-        dir,
-        "kube-ipvs.tar",
+    bundle.add(
         &Spec {
             name: KUBE_IPVS,
             entrypoint: &["/usr/local/bin/kube-ipvs"],
@@ -385,11 +460,8 @@ pub fn build_all(
             file_as(t, kube_ipvs.to_path_buf(), "/usr/local/bin/kube-ipvs")
         },
     )?;
-    archives.push((KUBE_IPVS, p));
 
-    let p = build_one(
-        dir,
-        "kube-proxy.tar",
+    bundle.add(
         &Spec {
             name: KUBE_PROXY,
             entrypoint: &[],
@@ -400,21 +472,16 @@ pub fn build_all(
             file_as(t, kube_bin.join("kube-proxy"), "/usr/local/bin/kube-proxy")
         },
     )?;
-    archives.push((KUBE_PROXY, p));
+    let images = bundle.finish()?;
+    fs::write(&stamp_path, stamp).ctx(|| "writing images.stamp")?;
     eprintln!(
-        "xtask: conformance: images ({}; kube-ipvs image packages from Containerfile: {}) in {:.1} s",
-        archives
-            .iter()
-            .map(|(n, p)| format!(
-                "{n} {:.0} MB",
-                fs::metadata(p).map(|m| m.len()).unwrap_or(0) as f64 / 1e6
-            ))
-            .collect::<Vec<_>>()
-            .join(", "),
+        "xtask: conformance: images {} ({:.0} MB; kube-ipvs image packages from Containerfile: {}) in {:.1} s",
+        images.names.join(" "),
+        fs::metadata(&images.archive).map(|m| m.len()).unwrap_or(0) as f64 / 1e6,
         tools.join(" "),
         started.elapsed().as_secs_f64()
     );
-    Ok(Images { archives })
+    Ok(images)
 }
 
 #[cfg(test)]

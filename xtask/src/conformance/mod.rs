@@ -133,6 +133,9 @@ pub struct Options {
     pub build_only: bool,
     /// Only print the markdown table of the last results.
     pub table: bool,
+    /// Only bring the control plane and the nodes up (with the binaries and the pause image
+    /// at hand, nothing built), wait for the nodes to be Ready, hold, stop.
+    pub up_only: bool,
 }
 
 /// Parses the command line.
@@ -147,6 +150,7 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
         hold: Duration::ZERO,
         build_only: false,
         table: false,
+        up_only: false,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -184,6 +188,7 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
             }
             "--build-only" => o.build_only = true,
             "--table" => o.table = true,
+            "--up-only" => o.up_only = true,
             _ => return Err(Error::Usage(format!("unknown option `{a}`\n{USAGE}"))),
         }
     }
@@ -239,6 +244,22 @@ pub fn conformance_cmd(args: &[String]) -> Result<u8> {
     if !missing.is_empty() {
         apt.install(&missing)?;
     }
+    if o.up_only {
+        let (bin, kube_bin) = (build::bin_dir()?, build::control_plane_bin()?);
+        let imgs = images::build_pause_only(&root.join("images"), &bin)?;
+        let kern = kernel::ensure(&host::cache_dir()?, &mut apt)?;
+        let proxy = o.proxies[0].clone();
+        return up(
+            &proxy,
+            &o,
+            &root.join(&proxy),
+            &bin,
+            &kube_bin,
+            &imgs,
+            &kern,
+        )
+        .map(|_| 0);
+    }
     let (bin, kube_bin) = build::ensure()?;
     let release = build_release()?;
     let images = images::build_all(&root.join("images"), &bin, &kube_bin, &release, &mut apt)?;
@@ -280,8 +301,15 @@ pub fn conformance_cmd(args: &[String]) -> Result<u8> {
     Ok(u8::from(failed))
 }
 
-/// `cargo build --release -p kube-ipvs`; the binary's path.
+/// `cargo build --release -p kube-ipvs`; the binary's path. `XTASK_KUBE_IPVS_BIN` names another
+/// binary instead (a debug build, for a quicker iteration; the image is then not the release's).
 fn build_release() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("XTASK_KUBE_IPVS_BIN") {
+        eprintln!(
+            "xtask: conformance: kube-ipvs binary from XTASK_KUBE_IPVS_BIN, not the release build"
+        );
+        return Ok(PathBuf::from(p));
+    }
     host::status(
         Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
             .args([
@@ -585,8 +613,8 @@ pub fn kube_ipvs_overlay(deploy_rel: &str, iptables: bool) -> String {
     s
 }
 
-/// One proxy: control plane, nodes, proxy, DNS, e2e.test; the JUnit cases.
-fn run_proxy(
+/// The control plane and the nodes, up and Ready (with `--up-only`: held, then stopped).
+fn up(
     proxy: &str,
     o: &Options,
     dir: &Path,
@@ -594,7 +622,7 @@ fn run_proxy(
     kube_bin: &Path,
     imgs: &images::Images,
     kern: &kernel::Kernel,
-) -> Result<Vec<run::Case>> {
+) -> Result<(Cluster, Vec<node::Node>, Instant)> {
     let t0 = Instant::now();
     let _ = fs::remove_dir_all(dir);
     fs::create_dir_all(dir).ctx(|| format!("creating {}", dir.display()))?;
@@ -605,14 +633,21 @@ fn run_proxy(
         cluster.ns
     );
     let ca = fs::read_to_string(cluster.dir.join("ca.crt")).ctx(|| "reading ca.crt")?;
-    let inputs = node::NodeInputs {
+    let mut inputs = node::NodeInputs {
         bin,
-        images: &imgs.archives,
+        images: &imgs.archive,
         ca_pem: &ca,
         kernel_modules: &kern.modules,
         release: &kern.release,
         nodes: o.nodes,
+        golden: None,
     };
+    let golden = if o.up_only {
+        None
+    } else {
+        Some(node::golden_state(&inputs)?)
+    };
+    inputs.golden = golden.as_deref();
     let mut nodes = Vec::new();
     for n in 1..=o.nodes {
         nodes.push(node::Node::start(
@@ -638,7 +673,48 @@ fn run_proxy(
         .is_ok_and(|s| s.lines().filter(|l| l.trim() == "True").count().to_string() == want)
         },
     )?;
-    let boot = t0.elapsed();
+    eprintln!(
+        "xtask: conformance {proxy}: {} node(s) Ready after {:.0} s",
+        o.nodes,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok((cluster, nodes, t0))
+}
+
+/// Keeps the cluster up for `--hold` seconds, printing how to reach it.
+fn hold(proxy: &str, o: &Options, cluster: &mut Cluster, nodes: &[node::Node]) -> Result<()> {
+    if o.hold.is_zero() {
+        return Ok(());
+    }
+    eprintln!(
+        "xtask: conformance {proxy}: holding the cluster for {} s: ip netns exec {} {} --kubeconfig {} get pods -A",
+        o.hold.as_secs(),
+        cluster.ns,
+        cluster.kubectl_path().display(),
+        cluster.admin.display()
+    );
+    let until = Instant::now() + o.hold;
+    wait_for(
+        "the hold",
+        o.hold + Duration::from_secs(10),
+        cluster,
+        nodes,
+        |_| Instant::now() >= until,
+    )
+}
+
+/// One proxy: control plane, nodes, proxy, DNS, e2e.test; the JUnit cases.
+fn run_proxy(
+    proxy: &str,
+    o: &Options,
+    dir: &Path,
+    bin: &Path,
+    kube_bin: &Path,
+    imgs: &images::Images,
+    kern: &kernel::Kernel,
+) -> Result<Vec<run::Case>> {
+    let (mut cluster, nodes, t0) = up(proxy, o, dir, bin, kube_bin, imgs, kern)?;
+    let want = o.nodes.to_string();
     // The proxy.
     let (ds, mode) = match proxy {
         "upstream-ipvs" => ("kube-proxy", "ipvs"),
@@ -699,28 +775,10 @@ fn run_proxy(
         },
     )?;
     eprintln!(
-        "xtask: conformance {proxy}: {} node(s) Ready after {:.0} s, {ds} and CoreDNS ready after {:.0} s",
-        o.nodes,
-        boot.as_secs_f64(),
+        "xtask: conformance {proxy}: {ds} and CoreDNS ready after {:.0} s",
         t0.elapsed().as_secs_f64()
     );
-    if !o.hold.is_zero() {
-        eprintln!(
-            "xtask: conformance {proxy}: holding the cluster for {} s: ip netns exec {} {} --kubeconfig {} get pods -A",
-            o.hold.as_secs(),
-            cluster.ns,
-            cluster.kubectl_path().display(),
-            cluster.admin.display()
-        );
-        let until = Instant::now() + o.hold;
-        wait_for(
-            "the hold",
-            o.hold + Duration::from_secs(10),
-            &mut cluster,
-            &nodes,
-            |_| Instant::now() >= until,
-        )?;
-    }
+    hold(proxy, o, &mut cluster, &nodes)?;
     let e = run::E2e {
         exe: &bin.join("e2e.test"),
         kubectl: cluster.kubectl_path(),
