@@ -70,9 +70,11 @@ fn attr(tag: &str, name: &str) -> Option<String> {
     Some(unescape(&tag[start..end]))
 }
 
-/// The test cases of a JUnit XML report (ginkgo's format: `<testcase name= time=>` with a
-/// `<skipped>`, `<failure>` or `<error>` child, or none when it passed). The suite's own
-/// `[SynchronizedBeforeSuite]`-style entries are dropped.
+/// The test cases of a JUnit XML report (ginkgo's format: `<testcase name="[It] ..." time=>`
+/// with a `<skipped>`, `<failure>` or `<error>` child, or none when it passed). The suite's own
+/// `[SynchronizedBeforeSuite]`-style entries and the specs the focus did not select (ginkgo lists
+/// the whole suite, those with `<skipped message="skipped">`) are dropped; a spec that skipped
+/// itself at run time (`skipped - Need at least 2 nodes...`) stays, as skipped.
 pub fn parse_junit(xml: &str) -> Vec<Case> {
     let mut out = Vec::new();
     let mut rest = xml;
@@ -91,8 +93,18 @@ pub fn parse_junit(xml: &str) -> Vec<Case> {
         let secs = attr(tag, "time")
             .and_then(|t| t.parse().ok())
             .unwrap_or(0.0);
-        let (status, message) = if body.contains("<skipped") {
-            (Status::Skipped, String::new())
+        let (status, message) = if let Some(k) = body.find("<skipped") {
+            let t = &body[k..];
+            let msg = attr(&t[..t.find('>').unwrap_or(t.len())], "message").unwrap_or_default();
+            if msg == "skipped" {
+                // Not selected by the focus/skip: ginkgo lists every spec of the suite.
+                rest = &rest[body_end.min(rest.len())..];
+                continue;
+            }
+            (
+                Status::Skipped,
+                msg.lines().next().unwrap_or_default().to_string(),
+            )
         } else if let Some(f) = body.find("<failure").or_else(|| body.find("<error")) {
             let t = &body[f..];
             let msg = attr(&t[..t.find('>').unwrap_or(t.len())], "message").unwrap_or_default();
@@ -107,9 +119,9 @@ pub fn parse_junit(xml: &str) -> Vec<Case> {
         if rest.starts_with("</testcase>") || !self_closing {
             rest = rest.get(1..).unwrap_or_default();
         }
-        if name.starts_with('[') && !name.starts_with("[sig-") {
+        let Some(name) = name.strip_prefix("[It] ").map(str::to_string) else {
             continue; // [SynchronizedBeforeSuite], [ReportAfterSuite], ...
-        }
+        };
         out.push(Case {
             name,
             status,
@@ -335,13 +347,16 @@ mod tests {
 <testsuites tests="4" disabled="0" errors="0" failures="1" time="100">
   <testsuite name="Kubernetes e2e suite" package="/x" tests="4" failures="1" time="100">
     <testcase name="[SynchronizedBeforeSuite]" classname="Kubernetes e2e suite" status="passed" time="3.1"></testcase>
-    <testcase name="[sig-network] Services should serve a basic endpoint from pods  [Conformance]" classname="Kubernetes e2e suite" status="passed" time="21.5">
+    <testcase name="[It] [sig-network] Services should serve a basic endpoint from pods  [Conformance]" classname="Kubernetes e2e suite" status="passed" time="21.5">
       <system-err>log &amp; more</system-err>
     </testcase>
-    <testcase name="[sig-network] Services should be rejected when no endpoints exist" classname="Kubernetes e2e suite" status="failed" time="40.25">
+    <testcase name="[It] [sig-network] Services should be rejected when no endpoints exist" classname="Kubernetes e2e suite" status="failed" time="40.25">
       <failure message="Expected &#34;REFUSED&#34;&#xA;second line" type="failed">[FAILED] details</failure>
     </testcase>
-    <testcase name="[sig-network] Services should handle load balancer cleanup finalizer for service [Slow]" classname="Kubernetes e2e suite" status="skipped" time="0">
+    <testcase name="[It] [sig-network] Services should preserve source pod IP for traffic thru service cluster IP [LinuxOnly]" classname="Kubernetes e2e suite" status="skipped" time="1.5">
+      <skipped message="skipped - Need at least 2 nodes"></skipped>
+    </testcase>
+    <testcase name="[It] [sig-apps] Deployment should do something" classname="Kubernetes e2e suite" status="skipped" time="0">
       <skipped message="skipped"></skipped>
     </testcase>
   </testsuite>
@@ -356,6 +371,10 @@ mod tests {
         assert_eq!(cs[1].status, Status::Failed);
         assert_eq!(cs[1].message, "Expected \"REFUSED\"");
         assert_eq!(cs[2].status, Status::Skipped);
+        assert_eq!(cs[2].message, "skipped - Need at least 2 nodes");
+        assert!(cs[0]
+            .name
+            .starts_with("[sig-network] Services should serve"));
         assert_eq!(
             summary_line("kube-ipvs", &cs),
             "conformance kube-ipvs: 1 passed, 1 failed, 1 skipped"
