@@ -1,6 +1,7 @@
 //! Project automation: `cargo xtask vm|test|e2e|bench|dist|kube`.
 
 mod bench;
+mod conformance;
 mod cpio;
 mod deny;
 mod dist;
@@ -25,7 +26,9 @@ usage:
   cargo xtask e2e [--filter SUBSTRING] [-p PKG]... [--timeout SECS]
   cargo xtask bench ...
   cargo xtask dist [--gnu]
-  cargo xtask kube [--check]   (build kube-apiserver, kube-proxy, kubectl, etcd into ~/.cache/kube-ipvs)";
+  cargo xtask kube [--check]   (build kube-apiserver, kube-proxy, kubectl, etcd into ~/.cache/kube-ipvs)
+  cargo xtask conformance [--proxy P]... [--focus REGEX] [--skip REGEX] [--nodes 1|2] [--procs N] [--list] [--build-only] [--table]
+                 (upstream's Service e2e tests on VM nodes; P: kube-ipvs, kube-ipvs-iptables, upstream-ipvs, upstream-nftables)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -50,6 +53,7 @@ fn dispatch(args: &[String]) -> Result<u8> {
         "bench" => bench::bench(rest),
         "dist" => dist::dist_cmd(rest),
         "kube" => kube::kube_cmd(rest),
+        "conformance" => conformance::conformance_cmd(rest),
         "__fwd" => {
             let port = rest
                 .first()
