@@ -569,6 +569,29 @@ fn probes_hit_livez_and_healthz_on_the_configured_port() {
     }
 }
 
+/// The kubelet's default probe timeout (1 s) restarted a healthy kube-ipvs on the conformance
+/// run's CPU-starved node (its /livez answered, late): the probes wait 5 s, and the liveness
+/// probe gives a minute of failures before a restart.
+#[test]
+fn probes_tolerate_a_slow_node() {
+    let c = container();
+    for (name, probe) in [
+        ("liveness", c.liveness_probe.clone().unwrap()),
+        ("readiness", c.readiness_probe.clone().unwrap()),
+    ] {
+        assert!(
+            probe.timeout_seconds.unwrap_or(1) >= 5,
+            "{name} probe timeoutSeconds {:?}",
+            probe.timeout_seconds
+        );
+    }
+    let l = c.liveness_probe.unwrap();
+    assert!(
+        l.failure_threshold.unwrap_or(3) * l.period_seconds.unwrap_or(10) >= 60,
+        "{l:?}"
+    );
+}
+
 #[test]
 fn cluster_role_grants_exactly_what_the_proxy_uses() {
     let role: ClusterRole = one("ClusterRole");
