@@ -94,9 +94,10 @@ struct State {
 /// Why the proxy is unhealthy (one per failing subsystem and family).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reason {
-    /// `ipvs`, `address`, `ipset`, `iptables`, `conntrack`, or `pending`.
+    /// `ipvs`, `address`, `ipset`, `iptables`, `conntrack`, `pending` (`/healthz`), or
+    /// `sync-loop` (`/livez`).
     pub subsystem: &'static str,
-    /// The family.
+    /// The family (none for `sync-loop`).
     pub family: Option<Family>,
     /// Failing (or pending) since.
     pub since: SystemTime,
