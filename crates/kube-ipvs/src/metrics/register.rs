@@ -300,6 +300,7 @@ impl Metrics {
             format!("{o}node_address_conflicts"),
             "externalIP / load-balancer IP claims on this node's addresses not served: the node keeps the address and port (node_port, protected_port) or refuses node addresses (refused)",
             m.node_address_conflicts.clone(),
+        );
         for (subsystem, reason) in proxier::ipvs_mode::refusal_labels() {
             // Every series exists from the start (0), so rate() and alerts see them.
             m.kernel_refusals_total
