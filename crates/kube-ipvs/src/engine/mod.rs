@@ -15,7 +15,8 @@ pub use kernel::{
     set_ipvs_timeouts, IptablesBackend,
 };
 pub use observer::{
-    endpoint_nodes, reason_label, refusal_event, FamilySeen, Observer, Rejection, INVALID_REASON_LABELS,
+    endpoint_nodes, reason_label, refusal_event, FamilySeen, Observer, Rejection,
+    INVALID_REASON_LABELS,
 };
 pub use sysctls::{apply_conntrack, apply_sysctls, conntrack_settings};
 
