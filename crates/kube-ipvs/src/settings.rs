@@ -122,7 +122,7 @@ pub const SETTINGS: &[Setting] = &[
     s(Some("hostnameOverride"), Some("hostname-override"), Ty::Str, "", false, Support::Yes,
       "Name of this Node; empty: the host name"),
     s(Some("bindAddress"), Some("bind-address"), Ty::Str, "0.0.0.0", true, Support::Yes,
-      "When set to an address: this node's primary IP of its family, overriding the Node object's (used by `nodePortAddresses: [primary]`; upstream `detectNodeIPs`); its family also picks the family the health-check node ports listen on"),
+      "When set to an address: this node's primary IP of its family, overriding the Node object's (used by `nodePortAddresses: [primary]`; upstream `detectNodeIPs`); its family is the primary IP family (see operations, IP families) and picks the family the health-check node ports listen on"),
     s(Some("healthzBindAddress"), Some("healthz-bind-address"), Ty::Str, "0.0.0.0:10256", true,
       Support::Yes, "Address (IP:port, or IP) of the /healthz and /livez server"),
     s(Some("metricsBindAddress"), Some("metrics-bind-address"), Ty::Str, "127.0.0.1:10249", true,

@@ -14,6 +14,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use fixtures::*;
+use ipvs_netlink::OpKind;
 use ipvs_netlink::{Protocol, ServiceKey};
 use model::event::{Object, SourceEvent};
 use model::store::Store;
@@ -256,4 +257,24 @@ fn a_rejected_set_member_isolates_its_service() {
     assert_eq!(p.refused_services(), 0);
     let members = &k.inner.ipsets.get("KUBE-CLUSTER-IP").unwrap().entries;
     assert!(members.contains_key(&rejected));
+}
+
+/// A definite error that follows from a transient one in the same batch (NewDest ESRCH after
+/// its NewService hit ENOMEM) is not a refusal: the virtual server keeps failing the subsystem
+/// and nothing is reported as refused.
+#[test]
+fn definite_errors_caused_by_a_transient_one_are_not_isolated() {
+    let (mut store, mut p, mut k, h, t0) = programmed();
+    let bad = key("10.96.0.70", 80);
+    h.refuse_ipvs_op(bad, OpKind::NewService, ENOMEM);
+    h.refuse_ipvs_op(bad, OpKind::NewDest, 3); // ESRCH: no such service
+    add_bad(&mut store, &mut p);
+    let r = p.sync_at(t0, &store, &node_addrs(), &mut k);
+    assert_eq!(failed(&r), [Subsystem::Ipvs]);
+    let due = p.retry_due_of(Subsystem::Ipvs).unwrap();
+    let r = p.sync_at(due, &store, &node_addrs(), &mut k);
+    assert_eq!(failed(&r), [Subsystem::Ipvs], "{:?}", r.errors);
+    assert!(r.refused.is_empty(), "{:?}", r.refused);
+    assert_eq!(p.refused_services(), 0);
+    assert!(p.take_refusals().is_empty());
 }

@@ -172,8 +172,8 @@ struct State {
     op_calls: HashMap<KernelOp, u64>,
     subsystem_calls: HashMap<Subsystem, u64>,
     injected: HashMap<KernelOp, u64>,
-    /// Virtual servers whose requests fail with an errno.
-    refuse_ipvs: HashMap<ServiceKey, i32>,
+    /// Virtual servers whose requests (of one kind, or all: `None`) fail with an errno.
+    refuse_ipvs: HashMap<(ServiceKey, Option<OpKind>), i32>,
     /// Set members whose lines are rejected.
     reject_ipset: BTreeSet<ipset::Entry>,
 }
@@ -213,12 +213,18 @@ impl FaultHandle {
     /// Every IPVS request for `key` fails with `errno` (the kernel refuses it); the requests
     /// for other virtual servers in the same batch are applied.
     pub fn refuse_ipvs(&self, key: ServiceKey, errno: i32) {
-        self.lock().refuse_ipvs.insert(key, errno);
+        self.lock().refuse_ipvs.insert((key, None), errno);
     }
 
-    /// Stops refusing the requests for `key`.
+    /// Requests of kind `op` for `key` fail with `errno` (the others for `key` go through,
+    /// unless [`FaultHandle::refuse_ipvs`] says otherwise).
+    pub fn refuse_ipvs_op(&self, key: ServiceKey, op: OpKind, errno: i32) {
+        self.lock().refuse_ipvs.insert((key, Some(op)), errno);
+    }
+
+    /// Stops refusing the requests for `key` (of every kind).
     pub fn accept_ipvs(&self, key: &ServiceKey) {
-        self.lock().refuse_ipvs.remove(key);
+        self.lock().refuse_ipvs.retain(|(k, _), _| k != key);
     }
 
     /// A line adding `entry` (to any set) is rejected, as `ipset restore` reports a line the
@@ -227,9 +233,13 @@ impl FaultHandle {
         self.lock().reject_ipset.insert(entry);
     }
 
-    fn refused_errno(&self, key: Option<ServiceKey>) -> Option<i32> {
+    fn refused_errno(&self, op: &Op) -> Option<i32> {
         let s = self.lock();
-        key.and_then(|k| s.refuse_ipvs.get(&k).copied())
+        let k = op_key(op)?;
+        s.refuse_ipvs
+            .get(&(k, Some(op.kind())))
+            .or_else(|| s.refuse_ipvs.get(&(k, None)))
+            .copied()
     }
 
     fn rejected(&self, entry: &ipset::Entry) -> bool {
@@ -374,10 +384,8 @@ impl<K: Kernel> Kernel for FaultKernel<K> {
                 })
                 .collect(),
             None => {
-                let refused: Vec<Option<i32>> = ops
-                    .iter()
-                    .map(|op| self.handle.refused_errno(op_key(op)))
-                    .collect();
+                let refused: Vec<Option<i32>> =
+                    ops.iter().map(|op| self.handle.refused_errno(op)).collect();
                 if refused.iter().all(Option::is_none) {
                     return self.inner.apply_ipvs(ops);
                 }

@@ -75,8 +75,10 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         None => crate::engine::NodeFacts::default(),
     };
 
-    // The families: the primary one must work (an error otherwise, like upstream); the other
-    // is served when the node uses it and supports it, else later, when both hold.
+    // The families: the primary one must work (an error otherwise, like upstream's "no support
+    // for primary IP family" in cmd/kube-proxy/app/server.go); the other is served when the
+    // node uses it and supports it (upstream: when its tools work, `platformCheckSupported` in
+    // server_linux.go), else later, when both hold; never an exit for it.
     let (primary, from) = crate::engine::primary_family(&config, &node, &node_ips);
     let secondary = crate::engine::other_family(primary);
     let mut backends = match backends(&config, mode, &[primary]).await {

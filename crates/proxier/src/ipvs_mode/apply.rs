@@ -330,6 +330,14 @@ impl Proxier {
         results: Vec<Result<(), KernelError>>,
         report: &mut SyncReport,
     ) {
+        // A virtual server with a transient failure in this batch is not refused: its other
+        // requests' definite errors (ESRCH after a NewService that hit ENOMEM) follow from it.
+        let transient: BTreeSet<ServiceKey> = ops
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| r.as_ref().is_err_and(|e| refusal_label(e).is_none()))
+            .filter_map(|(op, _)| op_key(op))
+            .collect();
         for (op, res) in ops.iter().zip(results) {
             if let (
                 Ok(()),
@@ -355,7 +363,7 @@ impl Proxier {
                 let key = op_key(op);
                 let service = key.and_then(|k| self.desired.owner_of(&k).cloned());
                 if let (Some(k), Some(o), Some(label)) = (key, &service, refusal_label(&e)) {
-                    if self.isolates(o) {
+                    if self.isolates(o) && !transient.contains(&k) {
                         let text = format!("{o}: {op:?}: {e}");
                         self.isolate(
                             o.clone(),
