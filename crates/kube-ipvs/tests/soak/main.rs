@@ -52,6 +52,10 @@ pub struct Soak {
     pub churn: Arc<Mutex<objects::Churn>>,
     /// The faults' randomness.
     pub rng: rng::Rng,
+    /// The hostile Services present now (removed after the check that follows them).
+    pub hostile_present: Vec<String>,
+    /// Whether the rules-toggle Service exists now.
+    pub toggle: bool,
     /// Hostile objects created so far (names stay unique).
     pub hostile: u32,
     /// The daemon binary.
@@ -70,6 +74,17 @@ impl Soak {
         let mut d = self.daemon.lock().unwrap();
         d.start();
         *self.pid.lock().unwrap() = d.pid();
+    }
+
+    /// Creates the rules-toggle Service if it is absent, deletes it otherwise (an IPVS-mode
+    /// iptables rules change); says which.
+    pub fn toggle_rules(&mut self) -> String {
+        self.toggle = !self.toggle;
+        objects::rules_toggle(&self.api, self.toggle);
+        format!(
+            "rules changed (rules-toggle {})",
+            if self.toggle { "created" } else { "deleted" }
+        )
     }
 
     /// Pauses the churn, then runs `plan --diff` until it lists no writes or `deadline` seconds
@@ -166,6 +181,8 @@ async fn soak(node: Arc<node::Node>, minutes: f64, seed: u64, bin: String) -> se
         pid: Arc::new(Mutex::new(None)),
         churn: churn.clone(),
         rng: rng::Rng::new(seed),
+        hostile_present: Vec::new(),
+        toggle: false,
         hostile: 0,
         bin,
         clock: Clock(Instant::now()),
@@ -299,7 +316,19 @@ async fn soak(node: Arc<node::Node>, minutes: f64, seed: u64, bin: String) -> se
                 if *ok { "ok" } else { "FAIL" }
             );
         }
+        let removed = faults::after(&mut s, kind).await;
+        if let Some((after, left)) = &removed {
+            println!(
+                "[{:.0} s]   removed: kernel = plan {}",
+                clock.now(),
+                match after {
+                    Some(t) => format!("after {t:.1} s"),
+                    None => format!("NOT within {:.0} s: {:?}", kind.deadline(), left.first()),
+                }
+            );
+        }
         records.push(faults::Record {
+            removed,
             kind,
             detail,
             start,

@@ -371,9 +371,16 @@ impl Hostile {
         }
     }
 
-    /// Creates its objects (the `n`th of its kind, so names do not collide). Returns how many
-    /// objects were written.
-    pub fn create(self, api: &FakeApiServer, n: u32) -> usize {
+    /// Whether its objects stay for the rest of the run: only the invalid flood (rejected by
+    /// any version, one Event each: Events per object over time). The others are removed after
+    /// the check that follows them, so each is judged on its own.
+    pub fn stays(self) -> bool {
+        self == Hostile::InvalidFlood
+    }
+
+    /// Creates its objects (the `n`th of its kind, so names do not collide). Returns the
+    /// Services written (their slices are `NAME-0`).
+    pub fn create(self, api: &FakeApiServer, n: u32) -> Vec<String> {
         let name = |k: &str| format!("h-{k}-{n}");
         let third = 3 + (n % 200) as u8;
         let fake_eps = [format!("10.244.101.{third}")];
@@ -494,10 +501,48 @@ impl Hostile {
                 }
             }
         }
-        let count = objects.len();
+        let mut services = Vec::new();
         for o in objects {
+            if o["kind"] == "Service" {
+                services.push(
+                    o["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                );
+            }
             put(api, o);
         }
-        count
+        services
     }
+}
+
+/// A Service whose presence changes the IPVS-mode iptables rules (a NodePort and an externalIP
+/// with externalTrafficPolicy Local fill KUBE-NODE-PORT-LOCAL-TCP and KUBE-EXTERNAL-IP-LOCAL,
+/// whose match rules exist only while those sets are not empty): toggled at the start of the
+/// iptables faults so that an iptables-restore is due while they last.
+pub fn rules_toggle(api: &FakeApiServer, present: bool) {
+    let name = "rules-toggle";
+    if !present {
+        remove(api, name);
+        return;
+    }
+    let mut v = service(
+        name,
+        "NodePort",
+        "10.96.1.20",
+        vec![port("http", 80, POD_PORT, Some(30200))],
+    );
+    v["spec"]["externalTrafficPolicy"] = json!("Local");
+    v["spec"]["externalIPs"] = json!(["192.168.0.150"]);
+    put(api, v);
+    put(
+        api,
+        slice(
+            name,
+            0,
+            &["10.244.101.250".to_string()],
+            &[("http", POD_PORT)],
+        ),
+    );
 }

@@ -48,30 +48,60 @@ fn r1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
 }
 
-/// The fault whose window (start to converged, or to the deadline) holds `t`.
-fn fault_at(faults: &[Record], t: f64) -> Option<&Record> {
-    faults.iter().find(|f| {
-        let until = f.end + f.converged_after.unwrap_or(f.kind.deadline());
-        t >= f.start && t <= until
-    })
+/// Until when fault `i` may be blamed: until the node converged after it, or, when it did
+/// not, until the node next converged after a later fault (its effect lasted that long; the end
+/// of the run if never).
+fn until(faults: &[Record], i: usize) -> f64 {
+    let f = &faults[i];
+    match f.converged_after {
+        Some(c) => f.end + c,
+        None => faults[i + 1..]
+            .iter()
+            .find_map(|g| g.converged_after.map(|c| g.end + c))
+            .unwrap_or(f64::INFINITY),
+    }
+}
+
+/// The faults whose window holds `t` (several when an earlier one never converged).
+fn faults_at(faults: &[Record], t: f64) -> Vec<&Record> {
+    (0..faults.len())
+        .filter(|&i| t >= faults[i].start && t <= until(faults, i))
+        .map(|i| &faults[i])
+        .collect()
 }
 
 fn during(faults: &[Record], t: f64) -> String {
-    fault_at(faults, t)
-        .map(|f| format!("during/after `{}`", f.kind.name()))
-        .unwrap_or_else(|| "no fault".into())
+    let around = faults_at(faults, t);
+    if around.is_empty() {
+        return "no fault".into();
+    }
+    let names: Vec<String> = around
+        .iter()
+        .map(|f| {
+            format!(
+                "`{}`{}",
+                f.kind.name(),
+                if f.converged_after.is_none() {
+                    " (never converged)"
+                } else {
+                    ""
+                }
+            )
+        })
+        .collect();
+    format!("during/after {}", names.join(", "))
 }
 
-/// Whether a non-200 answer is explained by the fault around it.
+/// Whether a non-200 answer is explained by a fault around it.
 pub fn explained(faults: &[Record], u: &Unhealthy) -> bool {
-    let Some(f) = fault_at(faults, u.at) else {
-        return false;
-    };
-    let allowed = f.kind.may_fail_health();
-    if allowed.contains(&"*") {
-        return true;
-    }
-    u.status != 0 && u.cause.split('+').all(|c| allowed.contains(&c))
+    faults_at(faults, u.at).iter().any(|f| {
+        let (allowed, no_answer) = f.kind.may_fail_health();
+        if u.status == 0 {
+            no_answer
+        } else {
+            u.cause.split('+').all(|c| allowed.contains(&c))
+        }
+    })
 }
 
 fn failure_lines(faults: &[Record], list: &[Failure]) -> String {
@@ -150,12 +180,24 @@ pub fn build(i: &Inputs<'_>) -> Value {
             crate::faults::CONVERGE + crate::faults::HUNG_CALL,
             slowest,
             late.iter()
-                .map(|f| format!(
-                    "; NOT after `{}` at {:.0} s: {}",
-                    f.kind.name(),
-                    f.start,
-                    f.left.iter().take(3).cloned().collect::<Vec<_>>().join(" | ")
-                ))
+                .map(|f| {
+                    let open: Vec<String> = faults_at(faults, f.start)
+                        .iter()
+                        .filter(|g| g.start < f.start && g.converged_after.is_none())
+                        .map(|g| format!("`{}`", g.kind.name()))
+                        .collect();
+                    format!(
+                        "; NOT after `{}` at {:.0} s{}: {}",
+                        f.kind.name(),
+                        f.start,
+                        if open.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" (the node had not converged since {})", open.join(", "))
+                        },
+                        f.left.iter().take(3).cloned().collect::<Vec<_>>().join(" | ")
+                    )
+                })
                 .collect::<String>()
         ),
     );
