@@ -228,6 +228,12 @@ pub const SETTINGS: &[Setting] = &[
       "Where sysfs is (the conntrack hash size and the online CPU list are read, and the hash size written, under it)"),
     s(None, Some("ipset-timeout"), Ty::Duration, "30s", false, Support::Yes,
       "Longest time one ipset process may run before it is killed and its sync fails (> 0)"),
+    s(None, Some("max-virtual-servers-per-service"), Ty::Int, "65536", false, Support::Yes,
+      "Most virtual servers one Service may cost this node (ports x its ClusterIP, external and load-balancer IPs and, with nodePorts, node addresses); a Service over it is rejected and keeps its last good state (>= 1)"),
+    s(None, Some("max-real-servers-per-service"), Ty::Int, "1000000", false, Support::Yes,
+      "Most real servers one Service may cost this node, summed over its virtual servers; a Service over it is rejected and keeps its last good state (>= 1)"),
+    s(None, Some("max-ipset-members-per-service"), Ty::Int, "65536", false, Support::Yes,
+      "Most ipset members one Service may add (IPVS mode), summed over the sets; a Service over it is rejected and keeps its last good state (>= 1)"),
     s(None, Some("iptables-timeout"), Ty::Duration, "30s", false, Support::Yes,
       "Longest time one iptables-save/iptables-restore may run (its xtables lock wait is 5s, like upstream) before it is killed and its sync fails (> 0)"),
 ];

@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
+use crate::budget::ServiceBudget;
 use crate::names::ZONE_LABEL;
 use ipnet::IpNet;
 use ipvs_netlink::Family;
@@ -44,6 +45,8 @@ pub struct ProxyConfig {
     pub tcp_fin_timeout: u32,
     /// `--ipvs-udp-timeout` seconds (0 = leave).
     pub udp_timeout: u32,
+    /// What one Service may cost this node (`--max-*-per-service`, see [`ServiceBudget`]).
+    pub budget: ServiceBudget,
 }
 
 impl ProxyConfig {
@@ -63,6 +66,7 @@ impl ProxyConfig {
             tcp_timeout: 0,
             tcp_fin_timeout: 0,
             udp_timeout: 0,
+            budget: ServiceBudget::default(),
         }
     }
 
@@ -115,7 +119,8 @@ impl NodeInfo {
     }
 
     /// Node info from the Node object (zone label, primary IPs) and local interface addresses.
-    /// Unparsable `status.addresses` entries are ignored (they are informational only).
+    /// Unparsable `status.addresses` entries are ignored (they are informational only);
+    /// addresses are read like upstream's (`netutils.ParseIPSloppy`, see [`crate::addr`]).
     pub fn from_node(name: &str, node: Option<&Node>, addresses: BTreeSet<IpAddr>) -> NodeInfo {
         let zone = node
             .and_then(|n| n.metadata.labels.as_ref())
@@ -129,7 +134,7 @@ impl NodeInfo {
         {
             for kind in ["InternalIP", "ExternalIP"] {
                 for a in addrs.iter().filter(|a| a.type_ == kind) {
-                    if let Ok(ip) = a.address.parse::<IpAddr>() {
+                    if let Some(ip) = crate::addr::parse_ip_sloppy(&a.address) {
                         if !primary_ips.contains(&ip) {
                             primary_ips.push(ip);
                         }
@@ -155,7 +160,7 @@ impl NodeInfo {
         let single = spec.pod_cidr.iter();
         let mut out: Vec<IpNet> = Vec::new();
         for c in listed.chain(single) {
-            if let Ok(n) = c.parse::<IpNet>() {
+            if let Some(n) = crate::addr::parse_cidr_sloppy(c) {
                 if Family::of(&n.addr()) == family && !out.contains(&n) {
                     out.push(n);
                 }

@@ -188,6 +188,9 @@ pub struct Config {
     pub ipset_timeout: Duration,
     /// Time limit of one `iptables-save` / `iptables-restore` (`--iptables-timeout`).
     pub iptables_timeout: Duration,
+    /// What one Service may cost this node (`--max-virtual-servers-per-service`,
+    /// `--max-real-servers-per-service`, `--max-ipset-members-per-service`).
+    pub service_budget: model::ServiceBudget,
     /// Root of the sysctl tree (`--sysctl-root`, default `/proc/sys`).
     pub sysctl_root: PathBuf,
     /// Root of sysfs (`--sysfs-root`, default `/sys`).

@@ -43,6 +43,11 @@ pub(super) fn build(cx: &mut Ctx, hostname: impl FnOnce() -> Result<String>) -> 
     let drain_timeout = cx.duration("drain-timeout");
     let ipset_timeout = positive(cx, "ipset-timeout");
     let iptables_timeout = positive(cx, "iptables-timeout");
+    let service_budget = model::ServiceBudget {
+        virtual_servers: cx.int("max-virtual-servers-per-service", 1, i64::from(u32::MAX)) as usize,
+        real_servers: cx.int("max-real-servers-per-service", 1, i64::from(u32::MAX)) as usize,
+        ipset_members: cx.int("max-ipset-members-per-service", 1, i64::from(u32::MAX)) as usize,
+    };
     let sysctl_root = cx.string("sysctl-root");
     let sysfs_root = cx.string("sysfs-root");
     let config_file = cx.string("config");
@@ -67,6 +72,7 @@ pub(super) fn build(cx: &mut Ctx, hostname: impl FnOnce() -> Result<String>) -> 
         drain_timeout,
         ipset_timeout,
         iptables_timeout,
+        service_budget,
         sysctl_root: path_or(sysctl_root, "/proc/sys"),
         sysfs_root: path_or(sysfs_root, sysctl::SYS),
         bind_address,

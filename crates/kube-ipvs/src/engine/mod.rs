@@ -86,6 +86,7 @@ pub fn proxy_config(config: &Config, family: Family) -> ProxyConfig {
     p.tcp_timeout = config.ipvs.tcp_timeout.as_secs() as u32;
     p.tcp_fin_timeout = config.ipvs.tcp_fin_timeout.as_secs() as u32;
     p.udp_timeout = config.ipvs.udp_timeout.as_secs() as u32;
+    p.budget = config.service_budget;
     p
 }
 
