@@ -644,6 +644,23 @@ mod tests {
                 "VIP conflict: 1.2.3.4:80/TCP is served by a/b",
                 "vip_conflict",
             ),
+            (
+                "ignored invalid externalIP \"x\" (and 2 more)",
+                "ignored_invalid_externalip",
+            ),
+            (
+                "ignored endpoint with invalid address \"10.0.0.999\"",
+                "ignored_endpoint_with_invalid_address",
+            ),
+            (
+                "over the real-server budget (1000001 real servers in its first 3 of 9 ports, \
+                 max 1000000: --max-real-servers-per-service)",
+                "over_the_realserver_budget",
+            ),
+            (
+                "would overfill an ipset (KUBE-LOOP-BACK would hold 65537 members, maxelem 65536)",
+                "would_overfill_an_ipset",
+            ),
             // User text that used to leak into the label: words inside a quoted value.
             ("unknown protocol \"A evil label\"", "other"),
             ("invalid externalIP \"x y z\"", "other"),

@@ -674,6 +674,45 @@ fn process_timeouts_default_to_the_libraries_and_reject_zero() {
     }
 }
 
+/// Issue #32 (c): each Service's budget defaults to the model's defaults, flags change it, it
+/// reaches the model's configuration of both families, and 0 is refused.
+#[test]
+fn service_budget_flags_default_reach_the_model_and_reject_zero() {
+    let c = load(None, &[]).unwrap().config;
+    assert_eq!(c.service_budget, model::ServiceBudget::default());
+    let c = load(
+        None,
+        &[
+            "--max-virtual-servers-per-service=100",
+            "--max-real-servers-per-service",
+            "2000",
+            "--max-ipset-members-per-service=300",
+        ],
+    )
+    .unwrap()
+    .config;
+    let want = model::ServiceBudget {
+        virtual_servers: 100,
+        real_servers: 2000,
+        ipset_members: 300,
+    };
+    assert_eq!(c.service_budget, want);
+    for fam in [ipvs_netlink::Family::Inet, ipvs_netlink::Family::Inet6] {
+        assert_eq!(kube_ipvs::engine::proxy_config(&c, fam).budget, want);
+    }
+    for flag in [
+        "--max-virtual-servers-per-service=0",
+        "--max-real-servers-per-service=0",
+        "--max-ipset-members-per-service=0",
+    ] {
+        let err = load(None, &[flag]).unwrap_err();
+        assert!(
+            err.to_string().contains("out of range 1..="),
+            "{flag}: {err}"
+        );
+    }
+}
+
 /// Issue 17 item 6: no setting is accepted and silently ignored. `detectLocalMode: NodeCIDR`
 /// is applied (the Node's spec.podCIDRs, see controller's detect_local_node_cidr tests) from the
 /// file and the flag alike; `configSyncPeriod` (an informer resync, which kube-ipvs has no

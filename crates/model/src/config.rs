@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
+use crate::budget::ServiceBudget;
 use crate::names::ZONE_LABEL;
 use ipnet::IpNet;
 use ipvs_netlink::{Family, Protocol};
@@ -51,6 +52,8 @@ pub struct ProxyConfig {
     /// `--refuse-node-address-vips`: never serve an externalIP or load-balancer IP equal to
     /// one of this node's addresses.
     pub refuse_node_address_vips: bool,
+    /// What one Service may cost this node (`--max-*-per-service`, see [`ServiceBudget`]).
+    pub budget: ServiceBudget,
 }
 
 /// One protected node port: a port, on one protocol or (`None`) on every protocol.
@@ -104,6 +107,7 @@ impl ProxyConfig {
                 })
                 .collect(),
             refuse_node_address_vips: false,
+            budget: ServiceBudget::default(),
         }
     }
 
@@ -156,7 +160,8 @@ impl NodeInfo {
     }
 
     /// Node info from the Node object (zone label, primary IPs) and local interface addresses.
-    /// Unparsable `status.addresses` entries are ignored (they are informational only).
+    /// Unparsable `status.addresses` entries are ignored (they are informational only);
+    /// addresses are read like upstream's (`netutils.ParseIPSloppy`, see [`crate::addr`]).
     pub fn from_node(name: &str, node: Option<&Node>, addresses: BTreeSet<IpAddr>) -> NodeInfo {
         let zone = node
             .and_then(|n| n.metadata.labels.as_ref())
@@ -170,7 +175,7 @@ impl NodeInfo {
         {
             for kind in ["InternalIP", "ExternalIP"] {
                 for a in addrs.iter().filter(|a| a.type_ == kind) {
-                    if let Ok(ip) = a.address.parse::<IpAddr>() {
+                    if let Some(ip) = crate::addr::parse_ip_sloppy(&a.address) {
                         if !primary_ips.contains(&ip) {
                             primary_ips.push(ip);
                         }
@@ -196,7 +201,7 @@ impl NodeInfo {
         let single = spec.pod_cidr.iter();
         let mut out: Vec<IpNet> = Vec::new();
         for c in listed.chain(single) {
-            if let Ok(n) = c.parse::<IpNet>() {
+            if let Some(n) = crate::addr::parse_cidr_sloppy(c) {
                 if Family::of(&n.addr()) == family && !out.contains(&n) {
                     out.push(n);
                 }

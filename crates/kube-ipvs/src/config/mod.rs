@@ -190,6 +190,9 @@ pub struct Config {
     pub iptables_timeout: Duration,
     /// Nodes that write the Event about an invalid object (`--event-reporters`; 0: every node).
     pub event_reporters: usize,
+    /// What one Service may cost this node (`--max-virtual-servers-per-service`,
+    /// `--max-real-servers-per-service`, `--max-ipset-members-per-service`).
+    pub service_budget: model::ServiceBudget,
     /// Root of the sysctl tree (`--sysctl-root`, default `/proc/sys`).
     pub sysctl_root: PathBuf,
     /// Root of sysfs (`--sysfs-root`, default `/sys`).

@@ -44,6 +44,11 @@ pub(super) fn build(cx: &mut Ctx, hostname: impl FnOnce() -> Result<String>) -> 
     let ipset_timeout = positive(cx, "ipset-timeout");
     let iptables_timeout = positive(cx, "iptables-timeout");
     let event_reporters = cx.int("event-reporters", 0, 1000) as usize;
+    let service_budget = model::ServiceBudget {
+        virtual_servers: cx.int("max-virtual-servers-per-service", 1, i64::from(u32::MAX)) as usize,
+        real_servers: cx.int("max-real-servers-per-service", 1, i64::from(u32::MAX)) as usize,
+        ipset_members: cx.int("max-ipset-members-per-service", 1, i64::from(u32::MAX)) as usize,
+    };
     let sysctl_root = cx.string("sysctl-root");
     let sysfs_root = cx.string("sysfs-root");
     let protected_node_ports = protected_node_ports(cx);
@@ -71,6 +76,7 @@ pub(super) fn build(cx: &mut Ctx, hostname: impl FnOnce() -> Result<String>) -> 
         ipset_timeout,
         iptables_timeout,
         event_reporters,
+        service_budget,
         sysctl_root: path_or(sysctl_root, "/proc/sys"),
         sysfs_root: path_or(sysfs_root, sysctl::SYS),
         protected_node_ports,

@@ -206,6 +206,7 @@ pub fn proxy_config(config: &Config, family: Family) -> ProxyConfig {
     p.udp_timeout = config.ipvs.udp_timeout.as_secs() as u32;
     p.protected_node_ports = protected_node_ports(config);
     p.refuse_node_address_vips = config.refuse_node_address_vips;
+    p.budget = config.service_budget;
     p
 }
 

@@ -94,6 +94,25 @@ impl Rejection {
         };
         let conflict = self.reason.starts_with(desired::vip::CONFLICT_PREFIX);
         let node_conflict = self.reason.starts_with(desired::vip::NODE_CONFLICT_PREFIX);
+        let partial = self.reason.starts_with(model::IGNORED_PREFIX);
+        let (reason, action, note) = if conflict {
+            ("VIPConflict", "Skip", "kube-ipvs skipped this object")
+        } else if node_conflict {
+            (
+                "NodeAddressConflict",
+                "Skip",
+                "kube-ipvs skipped this object",
+            )
+        } else if partial {
+            // The object is programmed without the values the reason names.
+            (
+                "InvalidField",
+                "Ignore",
+                "kube-ipvs programs this object without some values",
+            )
+        } else {
+            ("InvalidObject", "Skip", "kube-ipvs skipped this object")
+        };
         crate::events::EventRequest {
             regarding: crate::events::Regarding {
                 api_version,
@@ -101,23 +120,18 @@ impl Rejection {
                 namespace: Some(self.namespace.clone()),
                 name: self.name.clone(),
             },
-            reason: if conflict {
-                "VIPConflict"
-            } else if node_conflict {
-                "NodeAddressConflict"
-            } else {
-                "InvalidObject"
-            },
-            action: "Skip",
-            note: format!("kube-ipvs skipped this object: {}", self.reason),
+            reason,
+            action,
+            note: format!("{note}: {}", self.reason),
         }
     }
 
-    /// Splits a rejection key (`service ns/name`, `endpointslice ns/name`) and a reason.
+    /// Splits a rejection key (`service ns/name`, `vip ns/name`, `fields ns/name`,
+    /// `endpointslice ns/name`) and a reason.
     pub fn from_key(key: &str, reason: &str) -> Option<Rejection> {
         let (kind, rest) = key.split_once(' ')?;
         let kind = match kind {
-            "service" | "vip" | "nodeaddress" => "Service",
+            "service" | "vip" | "nodeaddress" | "fields" => "Service",
             "endpointslice" => "EndpointSlice",
             _ => return None,
         };
@@ -141,17 +155,21 @@ pub const INVALID_REASON_LABELS: &[&str] = &[
     "duplicate_nodeport",
     "duplicate_port",
     "duplicate_port_name",
-    "endpoint_address_does_not_match_addresstype",
     "endpoint_port_out_of_range",
     "endpoint_with_addresses",
     "healthchecknodeport_out_of_range",
+    "ignored_endpoint_address_of_another_family",
+    "ignored_endpoint_with_invalid_address",
+    "ignored_endpoint_without_addresses",
+    "ignored_invalid_externalip",
+    "ignored_invalid_loadbalancer_ingress_ip",
+    "ignored_invalid_loadbalancersourcerange",
     "invalid_clusterip",
-    "invalid_endpoint_address",
-    "invalid_externalip",
-    "invalid_loadbalancer_ingress_ip",
-    "invalid_loadbalancersourcerange",
     "node_address_conflict",
     "nodeport_out_of_range",
+    "over_the_ipsetmember_budget",
+    "over_the_realserver_budget",
+    "over_the_virtualserver_budget",
     "port_out_of_range",
     "ports",
     "service_port_would_exceed_endpoints",
@@ -168,6 +186,7 @@ pub const INVALID_REASON_LABELS: &[&str] = &[
     "unknown_service_type",
     "unknown_sessionaffinity",
     "vip_conflict",
+    "would_overfill_an_ipset",
     "other",
 ];
 
@@ -536,5 +555,55 @@ mod node_address_tests {
         ] {
             assert!(text.contains(line), "{line}:\n{text}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(key: &str, reason: &str) -> crate::events::EventRequest {
+        Rejection::from_key(key, reason).unwrap().event()
+    }
+
+    #[test]
+    fn each_kind_of_rejection_gets_its_event() {
+        let e = event("service ns/a", "port 0 out of range 1..65535");
+        assert_eq!(
+            (e.reason, e.action, e.regarding.kind),
+            ("InvalidObject", "Skip", "Service")
+        );
+        // A partial rejection: the object is programmed without the values named.
+        let e = event("fields ns/a", "ignored invalid externalIP \"x\"");
+        assert_eq!(
+            (
+                e.reason,
+                e.action,
+                e.regarding.kind,
+                e.regarding.name.as_str()
+            ),
+            ("InvalidField", "Ignore", "Service", "a")
+        );
+        assert!(
+            e.note.ends_with(": ignored invalid externalIP \"x\""),
+            "{}",
+            e.note
+        );
+        let e = event(
+            "endpointslice ns/s",
+            "ignored endpoint with invalid address \"y\"",
+        );
+        assert_eq!(
+            (e.reason, e.regarding.kind),
+            ("InvalidField", "EndpointSlice")
+        );
+        let e = event("vip ns/a", "VIP conflict: 1.2.3.4:80/TCP is served by ns/b");
+        assert_eq!((e.reason, e.regarding.kind), ("VIPConflict", "Service"));
+        let e = event(
+            "service ns/a",
+            "over the virtual-server budget (70000 virtual servers)",
+        );
+        assert_eq!(e.reason, "InvalidObject");
+        assert!(Rejection::from_key("other ns/a", "x").is_none());
     }
 }

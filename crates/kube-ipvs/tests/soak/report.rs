@@ -202,6 +202,39 @@ pub fn build(i: &Inputs<'_>) -> Value {
         ),
     );
 
+    let removals: Vec<&Record> = faults.iter().filter(|f| f.removed.is_some()).collect();
+    if !removals.is_empty() {
+        let late: Vec<&&Record> = removals
+            .iter()
+            .filter(|f| matches!(f.removed, Some((None, _))))
+            .collect();
+        check(
+            "kernel = plan after a hostile object's removal",
+            Some(late.is_empty()),
+            format!(
+                "{} of {} within their deadline{}",
+                removals.len() - late.len(),
+                removals.len(),
+                late.iter()
+                    .map(|f| format!(
+                        "; NOT after removing `{}` at {:.0} s: {}",
+                        f.kind.name(),
+                        f.start,
+                        f.removed
+                            .as_ref()
+                            .map(|(_, left)| left
+                                .iter()
+                                .take(3)
+                                .cloned()
+                                .collect::<Vec<_>>()
+                                .join(" | "))
+                            .unwrap_or_default()
+                    ))
+                    .collect::<String>()
+            ),
+        );
+    }
+
     let baseline = i.quiet.iter().find(|(at, _, _)| *at >= i.warmup);
     let last = i.quiet.last();
     let rss = match (baseline, last) {
@@ -361,6 +394,7 @@ pub fn build(i: &Inputs<'_>) -> Value {
             "deadline_s": r1(f.kind.deadline()),
             "converged_after_s": f.converged_after.map(r1),
             "left": f.left,
+            "removed_converged_after_s": f.removed.as_ref().and_then(|(t, _)| t.map(r1)),
         })).collect::<Vec<_>>(),
         "traffic": {
             "attempted": t.attempted,
@@ -391,6 +425,7 @@ mod tests {
             converged_after: conv,
             left: vec!["ipvsadm -a ...".into()],
             verdicts: Vec::new(),
+            removed: None,
         }
     }
 

@@ -109,6 +109,10 @@ pub struct Proxier {
     /// Invalid Services in the store with no last-good state: their kernel state is adopted
     /// at the next full sync (see [`crate::adopt`]).
     to_adopt: BTreeSet<ServiceName>,
+    /// Services rejected now (invalid, over their budget, or overfilling an ipset): derived
+    /// again at every full sync and node change, so one that fits again (room in a set, fewer
+    /// node addresses) is taken in without waiting for a change of its own.
+    rejected: BTreeSet<ServiceName>,
     retry: Retries,
     /// An ipset apply failed: re-read and repair the sets when the backoff allows.
     recheck_sets: bool,
@@ -196,6 +200,7 @@ impl Proxier {
             conntrack: Vec::new(),
             last_rules: None,
             to_adopt: BTreeSet::new(),
+            rejected: BTreeSet::new(),
             retry: Retries::new(RetryPolicy::default()),
             recheck_sets: false,
             recheck_rules: false,

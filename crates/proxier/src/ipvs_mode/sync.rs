@@ -54,6 +54,7 @@ impl Proxier {
             names.extend(store.service_names().cloned());
         } else {
             names.extend(self.desired.node_dependent_services());
+            names.extend(self.rejected.iter().cloned());
         }
         let changes = self.derive(store, &node, names, &mut report);
         let drift_counted = self.applied_once;
