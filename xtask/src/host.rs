@@ -20,6 +20,9 @@ pub const HOST_PACKAGES: &[(&str, &str)] = &[
     // `nft` in the guest (image.rs OPTIONAL_TOOLS): upstream kube-proxy's nftables mode runs
     // it, and `cargo xtask bench peers` counts that mode's rules with it.
     ("nftables", "/usr/sbin/nft"),
+    // `strace` in the guest (image.rs OPTIONAL_TOOLS): the soak's netlink-failure fault injects
+    // errors into the running release binary's `sendto` calls.
+    ("strace", "/usr/bin/strace"),
 ];
 
 /// Whether the effective uid is 0 (read from /proc, no libc needed).

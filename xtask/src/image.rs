@@ -29,6 +29,8 @@ const OPTIONAL_TOOLS: &[&str] = &[
     "setpriv",
     "unshare",
     "mount",
+    // The soak's netlink-failure fault (`strace --inject` on the running daemon).
+    "strace",
 ];
 
 /// Guest PATH (sbin first; busybox applets only fill gaps).

@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const USAGE: &str =
-    "usage: cargo xtask soak [--minutes N (default 20)] [--seed S] [--mem M (default 3G)]";
+    "usage: cargo xtask soak [--minutes N (default 20)] [--seed S] [--mem M (default 3G)] [--faults WORD,WORD (only faults whose names contain one)]";
 
 /// The driver's test.
 const DRIVER_TEST: &str = "soak_release_daemon_under_churn_and_faults";
@@ -28,6 +28,8 @@ pub struct Opts {
     pub seed: Option<u64>,
     /// Guest memory (MiB).
     pub mem_mb: u32,
+    /// Only the faults whose names contain one of these words (comma-separated); all if unset.
+    pub faults: Option<String>,
 }
 
 /// Parses the soak arguments.
@@ -36,6 +38,7 @@ pub fn parse_args(args: &[String]) -> Result<Opts> {
         minutes: 20.0,
         seed: None,
         mem_mb: 3072,
+        faults: None,
     };
     let bad =
         |what: &str, v: &str| Error::Usage(format!("{what} needs a number, got `{v}`\n{USAGE}"));
@@ -54,6 +57,7 @@ pub fn parse_args(args: &[String]) -> Result<Opts> {
                 o.seed = Some(v.parse().map_err(|_| bad(a, v))?);
             }
             "--mem" => o.mem_mb = crate::parse_mem(crate::value(&mut it, a)?)?,
+            "--faults" => o.faults = Some(crate::value(&mut it, a)?.to_string()),
             "-h" | "--help" => return Err(Error::Usage(USAGE.into())),
             other => {
                 return Err(Error::Usage(format!(
@@ -229,6 +233,9 @@ pub fn soak_cmd(args: &[String]) -> Result<u8> {
     if let Some(seed) = o.seed {
         env.push(("KUBE_IPVS_SOAK_SEED".to_string(), seed.to_string()));
     }
+    if let Some(faults) = &o.faults {
+        env.push(("KUBE_IPVS_SOAK_FAULTS".to_string(), faults.clone()));
+    }
     let dir = crate_dir.to_string_lossy().into_owned();
     // The package directory is the working directory (xtask vm creates it in the guest): the
     // driver finds deploy/ through it.
@@ -270,6 +277,9 @@ pub fn soak_cmd(args: &[String]) -> Result<u8> {
     let mut command = format!("cargo xtask soak --minutes {}", o.minutes);
     if let Some(seed) = report["seed"].as_u64() {
         command.push_str(&format!(" --seed {seed}"));
+    }
+    if let Some(faults) = &o.faults {
+        command.push_str(&format!(" --faults '{faults}'"));
     }
     let hw = std::fs::read_to_string("/proc/cpuinfo")
         .unwrap_or_default()
@@ -324,6 +334,8 @@ mod tests {
         assert_eq!((o.minutes, o.seed, o.mem_mb), (20.0, None, 3072));
         let o = parse_args(&s(&["--minutes", "3", "--seed", "42", "--mem", "4G"])).unwrap();
         assert_eq!((o.minutes, o.seed, o.mem_mb), (3.0, Some(42), 4096));
+        let o = parse_args(&s(&["--faults", "netlink,kill"])).unwrap();
+        assert_eq!(o.faults.as_deref(), Some("netlink,kill"));
         assert!(parse_args(&s(&["--minutes", "0"])).is_err());
         assert!(parse_args(&s(&["--minutes", "x"])).is_err());
         assert!(parse_args(&s(&["--bogus"])).is_err());

@@ -2,11 +2,12 @@
 //! repeats), how each is made against the real daemon and kernel, and what a fault may
 //! legitimately do to `/healthz` while it lasts and until the node has converged after it.
 //!
-//! Netlink request failures are not made here: the release binary has no hook for them, and the
-//! kernel offers no way to fail a chosen request from outside. They are covered in-process
-//! (`crates/proxier/tests/faults.rs` with `testkit::faults`, `vm_timeouts.rs`,
-//! `socket_host.rs`); here `drift` comes closest: state deleted behind the daemon's back makes
-//! its next requests on it fail (ENOENT, ESRCH) until the full sync repairs it.
+//! Netlink request failures are made in the release binary from outside, with `strace`'s
+//! syscall fault injection attached to the running daemon (and the children it starts):
+//! every second `sendto` fails with ENOBUFS. The daemon's netlink requests (IPVS, ipset,
+//! rtnetlink) are `sendto` calls, its HTTP answers are `writev`, so the health port is not hit.
+//! `drift` adds the kernel's own refusals: state deleted behind the daemon's back makes its next
+//! requests on it fail (ENOENT, ESRCH) until the full sync repairs it.
 
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
@@ -48,6 +49,9 @@ pub enum Kind {
     IptablesHang,
     /// Churned Services' virtual servers, real servers and VIPs deleted behind the daemon.
     Drift,
+    /// Every second netlink request of the daemon fails (ENOBUFS on `sendto`, injected by
+    /// `strace` attached to the running release binary) for 20-40 s.
+    NetlinkFail,
     /// A real server drains (weight 0, a held connection) while its virtual server is repaired.
     DrainRepair,
     /// A pod floods the health port (:10256) with connections that never finish a request.
@@ -72,6 +76,7 @@ impl Kind {
             Kind::IpsetHang,
             Kind::IptablesHang,
             Kind::Drift,
+            Kind::NetlinkFail,
             Kind::DrainRepair,
             Kind::HealthFlood,
             Kind::AddressStorm,
@@ -92,6 +97,7 @@ impl Kind {
             Kind::IpsetHang => "ipset processes hang".into(),
             Kind::IptablesHang => "iptables-restore processes hang".into(),
             Kind::Drift => "kernel drift (state deleted behind the daemon)".into(),
+            Kind::NetlinkFail => "netlink requests fail (every second sendto: ENOBUFS)".into(),
             Kind::DrainRepair => "repair of a virtual server with a draining real server".into(),
             Kind::HealthFlood => "connection flood on :10256 from one pod".into(),
             Kind::AddressStorm => {
@@ -112,6 +118,9 @@ impl Kind {
             Kind::Kill9 => (&["pending"], true),
             Kind::XtablesLock | Kind::IptablesHang => (&["iptables", "pending"], false),
             Kind::IpsetHang => (&["ipset", "pending"], false),
+            // At most 40 s of failing requests: shorter than the 2 x syncPeriod a subsystem
+            // must fail before `/healthz` says so; allowed like the other kernel faults.
+            Kind::NetlinkFail => (&["ipvs", "ipset", "pending"], false),
             _ => (&[], false),
         }
     }
@@ -250,6 +259,12 @@ pub async fn run(s: &mut Soak, kind: Kind) -> (String, Vec<(String, bool, String
             )
         }
         Kind::Drift => drift(s),
+        Kind::NetlinkFail => {
+            let secs = s.rng.range(20, 40);
+            let (detail, v) = netlink_fail(s, secs).await;
+            verdicts.push(v);
+            detail
+        }
         Kind::DrainRepair => {
             let (detail, v) = tokio::task::block_in_place(|| drain_repair(s));
             verdicts.push(v);
@@ -304,6 +319,55 @@ pub async fn after(s: &mut Soak, kind: Kind) -> Option<(Option<f64>, Vec<String>
         objects::remove(&s.api, &name);
     }
     Some(s.converge(kind.deadline()).await)
+}
+
+/// Attaches `strace` to the daemon (every thread, and the children it starts meanwhile) for
+/// `secs` seconds, failing every second `sendto` with ENOBUFS; counts the calls it failed.
+async fn netlink_fail(s: &mut Soak, secs: u64) -> (String, (String, bool, String)) {
+    let name = "netlink requests failed by injection".to_string();
+    let Some(pid) = *s.pid.lock().unwrap() else {
+        let why = "the daemon was not running".to_string();
+        return (why.clone(), (name, false, why));
+    };
+    let out = format!("/tmp/strace-{pid}.out");
+    let child = Command::new("strace")
+        .args([
+            "-f",
+            "-qq",
+            "-o",
+            &out,
+            "-e",
+            "trace=sendto",
+            "-e",
+            "inject=sendto:error=ENOBUFS:when=2+2",
+            "-p",
+            &pid.to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            let why = format!("strace: {e}");
+            return (why.clone(), (name, false, why));
+        }
+    };
+    sleep_s(secs).await;
+    // SIGINT: strace detaches from every tracee and exits.
+    let _ = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let _ = tokio::task::block_in_place(|| child.wait());
+    let trace = std::fs::read_to_string(&out).unwrap_or_default();
+    let _ = std::fs::remove_file(&out);
+    let injected = trace.lines().filter(|l| l.contains("(INJECTED)")).count();
+    let passed = trace
+        .lines()
+        .filter(|l| l.contains("sendto(") && !l.contains("(INJECTED)"))
+        .count();
+    let detail = format!("{secs} s: {injected} sendto calls failed, {passed} passed");
+    (detail.clone(), (name, injected > 0, detail))
 }
 
 /// Deletes state of three churned Services behind the daemon: a virtual server, a real server,

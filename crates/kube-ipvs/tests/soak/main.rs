@@ -5,7 +5,9 @@
 //! test is its driver inside the VM (`#[ignore = "soak"]`: no test stage selects it).
 //!
 //! Environment: `KUBE_IPVS_SOAK_MINUTES` (required), `KUBE_IPVS_SOAK_SEED` (default: from the
-//! clock; printed, so a run replays), `KUBE_IPVS_SOAK_BIN` (the daemon; default this build's).
+//! clock; printed, so a run replays), `KUBE_IPVS_SOAK_BIN` (the daemon; default this build's),
+//! `KUBE_IPVS_SOAK_FAULTS` (only the faults whose names contain one of these comma-separated
+//! words).
 //!
 //! - The node: `node` (namespaces, pods, the daemon, tool wrappers, `plan --diff`).
 //! - The objects: `objects` (stable, churned, hostile).
@@ -293,6 +295,20 @@ async fn soak(node: Arc<node::Node>, minutes: f64, seed: u64, bin: String) -> se
     while clock.now() < duration - 30.0 {
         if bag.is_empty() {
             bag = faults::Kind::all();
+            if let Ok(words) = std::env::var("KUBE_IPVS_SOAK_FAULTS") {
+                let words: Vec<String> =
+                    words.split(',').map(|w| w.trim().to_lowercase()).collect();
+                bag.retain(|k| {
+                    let name = k.name().to_lowercase();
+                    words
+                        .iter()
+                        .any(|w| !w.is_empty() && name.contains(w.as_str()))
+                });
+                assert!(
+                    !bag.is_empty(),
+                    "KUBE_IPVS_SOAK_FAULTS={words:?} names no fault"
+                );
+            }
             s.rng.shuffle(&mut bag);
         }
         let kind = bag.pop().unwrap_or(faults::Kind::Kill9);
