@@ -52,21 +52,12 @@ fn node() -> Value {
 }
 
 fn vm_rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap()
+    let kib = testkit::bench::proc_status_kb(pid, "VmRSS");
+    assert!(kib > 0, "no VmRSS for pid {pid}");
+    kib
 }
 
-fn metric(text: &str, prefix: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
+use testkit::bench::metric_sum as metric;
 
 /// Runs the daemon with `source` until it has taken in every Service (programmed, or counted
 /// as invalid) and a few syncs more, and returns its resident memory then (KiB).

@@ -124,6 +124,15 @@ pub fn run_cmd(
     Ok((elapsed, String::from_utf8_lossy(&out.stdout).into_owned()))
 }
 
+/// The sum of the Prometheus text samples whose lines start with `prefix` (a metric name, or
+/// a name with the start of its labels: `name{reason="x"`); 0 when none.
+pub fn metric_sum(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// A `kB` field of `/proc/PID/status` (`VmRSS`, `VmHWM`, `RssAnon`, ...); 0 when absent.
 pub fn proc_status_kb(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))

@@ -31,10 +31,33 @@ pub struct LinkState {
     pub created: bool,
 }
 
-/// Owner of the `kube-ipvs0` dummy link and its addresses.
-pub struct Netif {
+/// The rtnetlink connection (requests through `handle`, served by the task `conn`).
+///
+/// netlink-proto ends its connection task for good on any socket error (a failed send or
+/// flush: `Connection::poll_send_messages` and `poll_flush` set `socket_closed`), after which
+/// every request through the handle fails at once. One transient ENOBUFS would thus break
+/// every later lookup and dump of kube-ipvs0 until a restart; [`Netif`] opens a new
+/// connection instead when it finds the task ended.
+struct Rtnl {
     handle: Handle,
     conn: JoinHandle<()>,
+}
+
+impl Rtnl {
+    fn open() -> Result<Rtnl, Error> {
+        let (conn, handle, _) = rtnetlink::new_connection().map_err(Error::Socket)?;
+        Ok(Rtnl {
+            handle,
+            conn: tokio::spawn(conn),
+        })
+    }
+}
+
+/// Owner of the `kube-ipvs0` dummy link and its addresses.
+pub struct Netif {
+    rtnl: Mutex<Rtnl>,
+    /// rtnetlink connections opened again after the previous one had ended.
+    reopened: AtomicU64,
     name: String,
     /// Index learned by the last lookup or creation.
     index: Mutex<Option<u32>>,
@@ -49,7 +72,10 @@ pub struct Netif {
 
 impl Drop for Netif {
     fn drop(&mut self) {
-        self.conn.abort();
+        match self.rtnl.get_mut() {
+            Ok(r) => r.conn.abort(),
+            Err(poisoned) => poisoned.into_inner().conn.abort(),
+        }
     }
 }
 
@@ -80,13 +106,12 @@ impl Netif {
 
     /// Like [`Netif::new`] for a link with another name (tests).
     pub async fn with_link_name(name: &str) -> Result<Self, Error> {
-        let (conn, handle, _) = rtnetlink::new_connection().map_err(Error::Socket)?;
+        let rtnl = Rtnl::open()?;
         let batch = BatchSocket::new()?;
-        let conn = tokio::spawn(conn);
         Ok(Self {
             batch,
-            handle,
-            conn,
+            rtnl: Mutex::new(rtnl),
+            reopened: AtomicU64::new(0),
             name: name.to_string(),
             index: Mutex::new(None),
             prefixes: Mutex::new(BTreeMap::new()),
@@ -110,8 +135,8 @@ impl Netif {
         });
         Ok(Self {
             batch,
-            handle,
-            conn,
+            rtnl: Mutex::new(Rtnl { handle, conn }),
+            reopened: AtomicU64::new(0),
             name: name.to_string(),
             index: Mutex::new(None),
             prefixes: Mutex::new(BTreeMap::new()),
@@ -146,6 +171,57 @@ impl Netif {
         self.requests.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The handle of a live rtnetlink connection: the current one, or a new one when its task
+    /// has ended (see [`Rtnl`]).
+    fn handle(&self) -> Result<Handle, Error> {
+        let mut rtnl = self
+            .rtnl
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if rtnl.conn.is_finished() {
+            *rtnl = Rtnl::open()?;
+            self.reopened.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                link = %self.name,
+                "the rtnetlink connection had ended (a socket error); opened a new one"
+            );
+        }
+        Ok(rtnl.handle.clone())
+    }
+
+    /// rtnetlink connections opened again because the previous one had ended.
+    pub fn connections_reopened(&self) -> u64 {
+        self.reopened.load(Ordering::Relaxed)
+    }
+
+    /// Fault injection for tests: ends the rtnetlink connection's task, as netlink-proto does
+    /// after a socket error, and waits (at most a second) until it has ended.
+    #[doc(hidden)]
+    pub async fn end_connection(&self) {
+        let ended = {
+            let rtnl = self
+                .rtnl
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            rtnl.conn.abort();
+            rtnl.conn.is_finished()
+        };
+        if ended {
+            return;
+        }
+        for _ in 0..1000 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            let ended = self
+                .rtnl
+                .lock()
+                .map(|r| r.conn.is_finished())
+                .unwrap_or(true);
+            if ended {
+                return;
+            }
+        }
+    }
+
     fn cached_index(&self) -> Option<u32> {
         self.index.lock().map(|g| *g).unwrap_or(None)
     }
@@ -160,7 +236,7 @@ impl Netif {
     pub async fn lookup(&self) -> Result<Option<LinkMessage>, Error> {
         self.count();
         let mut req = self
-            .handle
+            .handle()?
             .link()
             .get()
             .match_name(self.name.clone())
@@ -200,7 +276,7 @@ impl Netif {
         }
         self.count();
         let msg = LinkDummy::new(&self.name).build();
-        let request = self.handle.link().add(msg).execute();
+        let request = self.handle()?.link().add(msg).execute();
         let answer = bounded(
             "create dummy link",
             self.name.clone(),
@@ -243,7 +319,7 @@ impl Netif {
         };
         self.count();
         let dump = self
-            .handle
+            .handle()?
             .address()
             .get()
             .set_link_index_filter(index)
@@ -432,7 +508,7 @@ impl Netif {
             return Ok(false);
         };
         self.count();
-        let request = self.handle.link().del(msg.header.index).execute();
+        let request = self.handle()?.link().del(msg.header.index).execute();
         let answer = bounded("delete link", self.name.clone(), self.timeout, async {
             Ok(request.await)
         })

@@ -328,6 +328,36 @@ fn netns_tracker_publishes_a_burst_of_binds_as_few_snapshots() {
     });
 }
 
+/// netlink-proto ends its connection task for good after one socket error (a failed `sendto`,
+/// as the soak's injected ENOBUFS makes): the next lookup, dump and change must open a new
+/// connection instead of failing until a restart.
+#[test]
+#[ignore = "netns"]
+fn netns_an_ended_rtnetlink_connection_is_opened_again() {
+    let ns = NetNs::new("reopen");
+    make_fake_dummy(&ns);
+    ns.run(|ns| async move {
+        let n = Netif::new().await.unwrap();
+        assert!(n.addresses().await.unwrap().is_empty());
+        n.end_connection().await;
+        assert_eq!(n.connections_reopened(), 0);
+        // A lookup and a dump through the new connection.
+        assert!(n.addresses().await.unwrap().is_empty());
+        assert_eq!(n.connections_reopened(), 1);
+        let desired = ips(&["10.96.0.1"]);
+        let diff = diff_addresses(&desired, &n.addresses().await.unwrap());
+        apply_all(&n, &ns, &diff, 1, &["10.96.0.1/32"]).await;
+        // Ended again, with an address to delete: still served.
+        n.end_connection().await;
+        let current = n.addresses().await.unwrap();
+        assert_eq!(current, desired);
+        let res = n.apply(&diff_addresses(&BTreeSet::new(), &current)).await;
+        assert!(res.iter().all(|(_, r)| r.is_ok()), "{res:?}");
+        assert!(ns.addrs(DUMMY_LINK).is_empty());
+        assert_eq!(n.connections_reopened(), 2);
+    });
+}
+
 #[test]
 #[ignore = "netns"]
 fn netns_unanswered_request_is_a_typed_timeout() {
