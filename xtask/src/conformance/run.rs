@@ -163,6 +163,8 @@ pub struct E2e<'a> {
     pub dry_run: bool,
     /// Parallel processes (more than 1: through the `ginkgo` CLI).
     pub procs: u32,
+    /// Ginkgo's suite timeout.
+    pub timeout: Duration,
     /// The `ginkgo` CLI.
     pub ginkgo: &'a Path,
 }
@@ -185,7 +187,7 @@ pub fn run_e2e(ns: &str, e: &E2e<'_>, limit: Duration) -> Result<Vec<Case>> {
     let ginkgo = [
         "no-color".to_string(),
         "v".into(),
-        "timeout=6h".into(),
+        format!("timeout={}s", e.timeout.as_secs()),
         format!("focus={}", e.focus),
         format!("skip={}", e.skip),
     ];
