@@ -795,13 +795,14 @@ fn run_proxy(
         t0.elapsed().as_secs_f64()
     );
     hold(proxy, o, &mut cluster, &nodes)?;
+    let skip = run::skip_for_nodes(&o.skip, o.nodes);
     let e = run::E2e {
         exe: &bin.join("e2e.test"),
         kubectl: cluster.kubectl_path(),
         kubeconfig: &cluster.admin,
         report_dir: dir,
         focus: &o.focus,
-        skip: &o.skip,
+        skip: &skip,
         nodes: o.nodes,
         dry_run: o.list,
         procs: o.procs,
