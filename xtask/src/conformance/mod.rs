@@ -485,7 +485,11 @@ spec:
     s
 }
 
-/// CoreDNS as kubeadm deploys it (one replica), answering only for the cluster domain.
+/// CoreDNS as kubeadm deploys it (one replica), answering only for the cluster domain. The
+/// liveness probe is kubeadm's (cmd/kubeadm/app/phases/addons/dns/manifests.go: 5 s timeout,
+/// 5 failures): with the kubelet's default 1 s timeout a loaded TCG node fails it, the kubelet
+/// kills CoreDNS, and every test that resolves a Service name fails with "Temporary failure in
+/// name resolution", whatever the proxy.
 fn coredns_manifests() -> String {
     format!(
         r#"apiVersion: v1
@@ -575,6 +579,8 @@ spec:
         livenessProbe:
           httpGet: {{path: /health, port: 8080}}
           initialDelaySeconds: 60
+          timeoutSeconds: 5
+          successThreshold: 1
           failureThreshold: 5
         securityContext:
           allowPrivilegeEscalation: false
@@ -879,6 +885,15 @@ mod tests {
         assert!(m.contains("    clusterCIDR: 10.244.0.0/16\n"), "{m}");
         assert!(m.contains("    mode: ipvs\n"), "{m}");
         assert!(!m.contains("clusterCIDR: \"\""), "{m}");
+    }
+
+    #[test]
+    fn coredns_liveness_probe_is_kubeadms() {
+        let m = coredns_manifests();
+        let probe = &m[m.find("livenessProbe:").unwrap()..m.find("securityContext:").unwrap()];
+        assert!(probe.contains("timeoutSeconds: 5\n"), "{probe}");
+        assert!(probe.contains("failureThreshold: 5\n"), "{probe}");
+        assert!(probe.contains("initialDelaySeconds: 60\n"), "{probe}");
     }
 
     #[test]
