@@ -30,6 +30,10 @@ pub fn node_ip(n: u32) -> String {
     format!("192.168.200.{}", 10 + n)
 }
 
+/// The cluster's pod network (kubeadm's `networking.podSubnet`); node `n` has
+/// [`pod_cidr`]`(n)` inside it.
+pub const POD_SUBNET: &str = "10.244.0.0/16";
+
 /// Node `n`'s pod CIDR.
 pub fn pod_cidr(n: u32) -> String {
     format!("10.244.{n}.0/24")

@@ -18,7 +18,7 @@ pub mod run;
 use crate::error::{Context, Error, Result};
 use crate::host::{self, Apt};
 use crate::kernel;
-use cluster::{Cluster, API_PORT, CP_IP, DNS_IP};
+use cluster::{Cluster, API_PORT, CP_IP, DNS_IP, POD_SUBNET};
 use std::fs;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -34,7 +34,7 @@ pub const PROXIES: &[&str] = &[
 ];
 
 const USAGE: &str = "cargo xtask conformance [--proxy kube-ipvs|kube-ipvs-iptables|upstream-ipvs|upstream-nftables]... \
-[--focus REGEX] [--skip REGEX] [--nodes 1|2] [--procs N] [--hold SECS] [--list] [--build-only] [--table]";
+[--focus REGEX] [--skip REGEX] [--nodes 1|2] [--procs N] [--timeout MINUTES] [--hold SECS] [--list] [--build-only] [--table]";
 
 /// The last `n` lines of `text`.
 pub fn tail(text: &str, n: usize) -> String {
@@ -127,6 +127,9 @@ pub struct Options {
     pub list: bool,
     /// Parallel e2e processes.
     pub procs: u32,
+    /// Ginkgo's suite timeout: when it expires, ginkgo interrupts the running specs, skips
+    /// the rest and still writes its report (what ran is kept).
+    pub timeout: Duration,
     /// Keep the cluster up this long before running e2e.test (for inspection).
     pub hold: Duration,
     /// Only build binaries and images.
@@ -147,6 +150,7 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
         nodes: 1,
         list: false,
         procs: 1,
+        timeout: Duration::from_secs(6 * 3600),
         hold: Duration::ZERO,
         build_only: false,
         table: false,
@@ -185,6 +189,14 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
                     .ok()
                     .filter(|p| (1..=8).contains(p))
                     .ok_or_else(|| Error::Usage("--procs 1..8".into()))?
+            }
+            "--timeout" => {
+                o.timeout = crate::value(&mut it, a)?
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|m| (1..=360).contains(m))
+                    .map(|m| Duration::from_secs(m * 60))
+                    .ok_or_else(|| Error::Usage("--timeout MINUTES (1..360)".into()))?
             }
             "--build-only" => o.build_only = true,
             "--table" => o.table = true,
@@ -383,12 +395,16 @@ fn indent(text: &str, n: usize) -> String {
 }
 
 /// kubeadm's `kube-proxy` ConfigMap (with `mode`), ServiceAccount and binding; with
-/// `daemonset`, kubeadm's kube-proxy DaemonSet too.
+/// `daemonset`, kubeadm's kube-proxy DaemonSet too. Its `config.conf` is what upstream
+/// kube-proxy reads (kube-ipvs reads its own `kube-ipvs` ConfigMap from `deploy/` and takes only
+/// `kubeconfig.conf` from this one). `clusterCIDR` is the pod subnet, as kubeadm writes it:
+/// kubeadm's `kubeProxyConfig.Default` (cmd/kubeadm/app/componentconfigs/kubeproxy.go) copies
+/// `networking.podSubnet` into an empty `clusterCIDR`.
 fn kube_proxy_manifests(mode: &str, daemonset: bool) -> String {
     let config = format!(
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: {mode}\n\
          bindAddress: 0.0.0.0\nhealthzBindAddress: 0.0.0.0:10256\nmetricsBindAddress: 127.0.0.1:10249\n\
-         clientConnection:\n  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf\nclusterCIDR: \"\"\n\
+         clientConnection:\n  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf\nclusterCIDR: {POD_SUBNET}\n\
          ipvs:\n  scheduler: rr\n  syncPeriod: 30s\n  minSyncPeriod: 1s\n\
          iptables:\n  masqueradeBit: 14\n  minSyncPeriod: 1s\n  syncPeriod: 30s\n"
     );
@@ -469,7 +485,11 @@ spec:
     s
 }
 
-/// CoreDNS as kubeadm deploys it (one replica), answering only for the cluster domain.
+/// CoreDNS as kubeadm deploys it (one replica), answering only for the cluster domain. The
+/// liveness probe is kubeadm's (cmd/kubeadm/app/phases/addons/dns/manifests.go: 5 s timeout,
+/// 5 failures): with the kubelet's default 1 s timeout a loaded TCG node fails it, the kubelet
+/// kills CoreDNS, and every test that resolves a Service name fails with "Temporary failure in
+/// name resolution", whatever the proxy.
 fn coredns_manifests() -> String {
     format!(
         r#"apiVersion: v1
@@ -559,6 +579,8 @@ spec:
         livenessProbe:
           httpGet: {{path: /health, port: 8080}}
           initialDelaySeconds: 60
+          timeoutSeconds: 5
+          successThreshold: 1
           failureThreshold: 5
         securityContext:
           allowPrivilegeEscalation: false
@@ -779,19 +801,21 @@ fn run_proxy(
         t0.elapsed().as_secs_f64()
     );
     hold(proxy, o, &mut cluster, &nodes)?;
+    let skip = run::skip_for_nodes(&o.skip, o.nodes);
     let e = run::E2e {
         exe: &bin.join("e2e.test"),
         kubectl: cluster.kubectl_path(),
         kubeconfig: &cluster.admin,
         report_dir: dir,
         focus: &o.focus,
-        skip: &o.skip,
+        skip: &skip,
         nodes: o.nodes,
         dry_run: o.list,
         procs: o.procs,
+        timeout: o.timeout,
         ginkgo: &bin.join("ginkgo"),
     };
-    let result = run::run_e2e(&cluster.ns, &e, Duration::from_secs(4 * 3600));
+    let result = run::run_e2e(&cluster.ns, &e, o.timeout + Duration::from_secs(600));
     // The proxy's own logs, for the record.
     if let Ok(logs) = cluster.kubectl(&[
         "-n",
@@ -856,6 +880,23 @@ mod tests {
     }
 
     #[test]
+    fn upstream_kube_proxy_gets_the_pod_subnet_as_kubeadm_writes_it() {
+        let m = kube_proxy_manifests("ipvs", true);
+        assert!(m.contains("    clusterCIDR: 10.244.0.0/16\n"), "{m}");
+        assert!(m.contains("    mode: ipvs\n"), "{m}");
+        assert!(!m.contains("clusterCIDR: \"\""), "{m}");
+    }
+
+    #[test]
+    fn coredns_liveness_probe_is_kubeadms() {
+        let m = coredns_manifests();
+        let probe = &m[m.find("livenessProbe:").unwrap()..m.find("securityContext:").unwrap()];
+        assert!(probe.contains("timeoutSeconds: 5\n"), "{probe}");
+        assert!(probe.contains("failureThreshold: 5\n"), "{probe}");
+        assert!(probe.contains("initialDelaySeconds: 60\n"), "{probe}");
+    }
+
+    #[test]
     fn args_default_to_the_three_proxies() {
         let o = parse_args(&[]).unwrap();
         assert_eq!(
@@ -864,5 +905,9 @@ mod tests {
         );
         assert!(parse_args(&["--proxy".into(), "nope".into()]).is_err());
         assert!(parse_args(&["--nodes".into(), "3".into()]).is_err());
+        assert_eq!(o.timeout, Duration::from_secs(6 * 3600));
+        let t = parse_args(&["--timeout".into(), "75".into()]).unwrap();
+        assert_eq!(t.timeout, Duration::from_secs(75 * 60));
+        assert!(parse_args(&["--timeout".into(), "0".into()]).is_err());
     }
 }

@@ -16,6 +16,24 @@ pub const DEFAULT_FOCUS: &str =
 /// cloud load balancer), so they run. docs/conformance.md lists every test left out.
 pub const DEFAULT_SKIP: &str = r"\[Disruptive\]|\[Feature:|\[Flaky\]";
 
+/// The Service part of the networking checks. Each of them first starts a netserver pod on
+/// every node and a test pod, then skips itself with fewer than two nodes
+/// (`e2eskipper.SkipUnlessNodeCountIsAtLeast(2)` in `NetworkingTestConfig.setup`,
+/// test/e2e/framework/network/utils.go): three to five minutes per test on a loaded one-node run
+/// for a skip, so a one-node run leaves them out up front ([`skip_for_nodes`]).
+pub const GRANULAR_SERVICES: &str = r"\[sig-network\] Networking Granular Checks: Services";
+
+/// The skip regex for a run of `nodes` nodes: `skip`, plus [`GRANULAR_SERVICES`] on one node.
+pub fn skip_for_nodes(skip: &str, nodes: u32) -> String {
+    if nodes >= 2 {
+        skip.to_string()
+    } else if skip.is_empty() {
+        GRANULAR_SERVICES.to_string()
+    } else {
+        format!("{skip}|{GRANULAR_SERVICES}")
+    }
+}
+
 /// One test case of the JUnit report.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Case {
@@ -163,6 +181,8 @@ pub struct E2e<'a> {
     pub dry_run: bool,
     /// Parallel processes (more than 1: through the `ginkgo` CLI).
     pub procs: u32,
+    /// Ginkgo's suite timeout.
+    pub timeout: Duration,
     /// The `ginkgo` CLI.
     pub ginkgo: &'a Path,
 }
@@ -185,7 +205,7 @@ pub fn run_e2e(ns: &str, e: &E2e<'_>, limit: Duration) -> Result<Vec<Case>> {
     let ginkgo = [
         "no-color".to_string(),
         "v".into(),
-        "timeout=6h".into(),
+        format!("timeout={}s", e.timeout.as_secs()),
         format!("focus={}", e.focus),
         format!("skip={}", e.skip),
     ];
@@ -342,6 +362,17 @@ pub fn table(proxies: &[(&str, Vec<Case>)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_node_runs_leave_the_granular_checks_out() {
+        let one = skip_for_nodes(DEFAULT_SKIP, 1);
+        assert_eq!(
+            one,
+            r"\[Disruptive\]|\[Feature:|\[Flaky\]|\[sig-network\] Networking Granular Checks: Services"
+        );
+        assert_eq!(skip_for_nodes(DEFAULT_SKIP, 2), DEFAULT_SKIP);
+        assert_eq!(skip_for_nodes("", 1), GRANULAR_SERVICES);
+    }
 
     const XML: &str = r#"<?xml version="1.0" encoding="UTF-8"?>
 <testsuites tests="4" disabled="0" errors="0" failures="1" time="100">
