@@ -51,6 +51,32 @@ pub fn parse_cidr_sloppy(s: &str) -> Option<IpNet> {
     })
 }
 
+/// Why `ip` can never be a Service's externalIP or load-balancer IP, or `None`: the addresses
+/// the API server's `ValidateNonSpecialIP` refuses for externalIPs (unspecified, loopback,
+/// link-local unicast, link-local multicast; pkg/apis/core/validation), plus any multicast and
+/// the IPv4 broadcast address. Objects written before that validation, or read from
+/// `--source-dir`, may still hold them; upstream kube-proxy programs them as they are
+/// (`newBaseServiceInfo`). kube-ipvs leaves them out: bound on kube-ipvs0 and served by IPVS
+/// they would take the node's own loopback or link-local traffic (the cloud metadata address
+/// 169.254.169.254), and removing them again removes the kernel's local routes for them.
+pub fn special_vip(ip: &IpAddr) -> Option<&'static str> {
+    if ip.is_unspecified() {
+        return Some("unspecified");
+    }
+    if ip.is_loopback() {
+        return Some("loopback");
+    }
+    if ip.is_multicast() {
+        return Some("multicast");
+    }
+    match ip {
+        IpAddr::V4(v4) if v4.is_link_local() => Some("link-local"),
+        IpAddr::V4(v4) if v4.is_broadcast() => Some("broadcast"),
+        IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80 => Some("link-local"),
+        _ => None,
+    }
+}
+
 /// True when `net` admits every source of its family (`0.0.0.0/0`, `::/0`): upstream's
 /// `proxyutil.IsZeroCIDR`.
 pub fn is_zero_cidr(net: &IpNet) -> bool {

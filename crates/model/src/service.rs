@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use ipvs_netlink::{Family, Protocol};
 
-use crate::addr::{is_zero_cidr, parse_cidr_sloppy, parse_ip_sloppy};
+use crate::addr::{is_zero_cidr, parse_cidr_sloppy, parse_ip_sloppy, special_vip};
 use crate::config::ProxyConfig;
 use crate::endpoints::is_vip_mode;
 use crate::names::{
@@ -135,14 +135,32 @@ pub fn ignored_fields(svc: &Svc) -> Option<Invalid> {
     let lb = spec.type_.as_deref() == Some("LoadBalancer");
     let mut ignored = IgnoredValues::default();
     for s in spec.external_ips.iter().flatten() {
-        if !s.trim().is_empty() && parse_ip_sloppy(s).is_none() {
-            ignored.note(|| format!("invalid externalIP {}", quoted(s)));
+        if s.trim().is_empty() {
+            continue;
+        }
+        match parse_ip_sloppy(s) {
+            None => ignored.note(|| format!("invalid externalIP {}", quoted(s))),
+            Some(ip) => {
+                if let Some(why) = special_vip(&ip) {
+                    ignored.note(|| format!("invalid externalIP {} ({why})", quoted(s)));
+                }
+            }
         }
     }
     if lb {
         for (s, mode) in &spec.ingress {
-            if is_vip_mode(mode.as_deref()) && !s.is_empty() && parse_ip_sloppy(s).is_none() {
-                ignored.note(|| format!("invalid load-balancer ingress IP {}", quoted(s)));
+            if !is_vip_mode(mode.as_deref()) || s.is_empty() {
+                continue;
+            }
+            match parse_ip_sloppy(s) {
+                None => ignored.note(|| format!("invalid load-balancer ingress IP {}", quoted(s))),
+                Some(ip) => {
+                    if let Some(why) = special_vip(&ip) {
+                        ignored.note(|| {
+                            format!("invalid load-balancer ingress IP {} ({why})", quoted(s))
+                        });
+                    }
+                }
             }
         }
         for s in spec.load_balancer_source_ranges.iter().flatten() {
@@ -239,13 +257,14 @@ pub fn service_ports(svc: &Svc, cfg: &ProxyConfig) -> Result<Vec<ServicePort>, I
     }
     // Invalid values are left out (reported by `ignored_fields`).
     let mut external_ips = Vec::new();
-    for ip in ext.iter().filter_map(|s| parse_ip_sloppy(s)) {
+    let usable = |s: &&str| parse_ip_sloppy(s).filter(|ip| special_vip(ip).is_none());
+    for ip in ext.iter().map(|s| &**s).filter_map(|s| usable(&s)) {
         if Family::of(&ip) == cfg.family && !external_ips.contains(&ip) {
             external_ips.push(ip);
         }
     }
     let mut load_balancer_ips = Vec::new();
-    for ip in ingress.iter().filter_map(|s| parse_ip_sloppy(s)) {
+    for ip in ingress.iter().filter_map(usable) {
         if Family::of(&ip) == cfg.family && !load_balancer_ips.contains(&ip) {
             load_balancer_ips.push(ip);
         }

@@ -178,6 +178,61 @@ fn a_bad_address_drops_only_that_address_external_ips() {
     );
 }
 
+/// Special addresses the API server's `ValidateNonSpecialIP` refuses (and multicast,
+/// broadcast) never become a VIP: bound on kube-ipvs0 they would take the node's loopback and
+/// link-local traffic (the soak's "bad externalIPs" object cut the node's health port and its
+/// clients off before this). Each is dropped alone; the Service keeps its good addresses.
+#[test]
+fn special_addresses_are_never_vips() {
+    let special = [
+        "0.0.0.0",
+        "127.0.0.1",
+        "127.9.9.9",
+        "169.254.169.254",
+        "224.0.0.1",
+        "239.1.2.3",
+        "255.255.255.255",
+        "0127.0.0.1",
+    ];
+    let mut ext = vec!["5.6.7.8"];
+    ext.extend(special);
+    let s = svc("ns", "ext", "10.96.0.1")
+        .port("p", 80, "TCP")
+        .external_ips(&ext)
+        .build();
+    let sd = derive(&s, &[]);
+    assert_eq!(vips(&sd), ["5.6.7.8:80", "10.96.0.1:80"]);
+    assert_eq!(
+        ignored(&s).as_deref(),
+        Some("ignored invalid externalIP \"0.0.0.0\" (unspecified) (and 7 more)")
+    );
+    let lb = svc("ns", "lb", "10.96.0.1")
+        .port("p", 80, "TCP")
+        .lb_ingress(&["1.2.3.4", "169.254.169.254"])
+        .build();
+    assert_eq!(vips(&derive(&lb, &[])), ["1.2.3.4:80", "10.96.0.1:80"]);
+    assert_eq!(
+        ignored(&lb).as_deref(),
+        Some("ignored invalid load-balancer ingress IP \"169.254.169.254\" (link-local)")
+    );
+    for (ip, why) in [
+        ("::", "unspecified"),
+        ("::1", "loopback"),
+        ("fe80::1", "link-local"),
+        ("ff02::1", "multicast"),
+        ("127.0.0.2", "loopback"),
+        ("169.254.1.1", "link-local"),
+        ("255.255.255.255", "broadcast"),
+    ] {
+        let parsed: std::net::IpAddr = ip.parse().unwrap();
+        assert_eq!(model::special_vip(&parsed), Some(why), "{ip}");
+    }
+    for ip in ["1.2.3.4", "10.0.0.1", "fd00::1", "2001:db8::1", "192.168.0.10"] {
+        let parsed: std::net::IpAddr = ip.parse().unwrap();
+        assert_eq!(model::special_vip(&parsed), None, "{ip}");
+    }
+}
+
 #[test]
 fn a_bad_address_drops_only_that_address_load_balancer_ips() {
     let s = svc("ns", "lb", "10.96.0.1")
