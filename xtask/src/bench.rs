@@ -160,7 +160,7 @@ pub fn parse_args(args: &[String]) -> Result<Opts> {
 }
 
 /// `cargo build --release -p PKG ARGS...`, then the built file `rel` under the target dir.
-fn build_release(pkg: &str, args: &[&str], rel: &str) -> Result<PathBuf> {
+pub(crate) fn build_release(pkg: &str, args: &[&str], rel: &str) -> Result<PathBuf> {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.current_dir(host::workspace_root())
         .args(["build", "--release", "-p", pkg])
@@ -700,7 +700,7 @@ fn plot_from(json: &str, rest: &[String]) -> Result<u8> {
 
 /// The host's 1-minute load average (TCG timings depend on it: other work on the host slows
 /// the guest unevenly).
-fn loadavg() -> f64 {
+pub(crate) fn loadavg() -> f64 {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
         .and_then(|s| s.split_whitespace().next().and_then(|x| x.parse().ok()))
@@ -708,7 +708,7 @@ fn loadavg() -> f64 {
 }
 
 /// Today's date (UTC) as YYYY-MM-DD.
-fn today() -> String {
+pub(crate) fn today() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())

@@ -24,6 +24,11 @@ const OPTIONAL_TOOLS: &[&str] = &[
     "ipset-translate",
     "ethtool",
     "flock",
+    // e2e_modules.rs runs the DaemonSet's containers with only their capabilities (setpriv) and
+    // read-only mounts (unshare -m; util-linux mount: busybox's cannot remount a bind mount).
+    "setpriv",
+    "unshare",
+    "mount",
 ];
 
 /// Guest PATH (sbin first; busybox applets only fill gaps).
@@ -264,6 +269,37 @@ impl Tree {
             }
         }
         self.insert(dest, Node::File { src: from, mode });
+        Ok(())
+    }
+
+    /// Write the tree as a directory tree under `root` (a container image's root file system).
+    pub fn materialize(&self, root: &Path) -> Result<()> {
+        for (k, n) in &self.nodes {
+            let p = root.join(k);
+            match n {
+                Node::Dir(m) => {
+                    fs::create_dir_all(&p).ctx(|| format!("creating {}", p.display()))?;
+                    fs::set_permissions(&p, fs::Permissions::from_mode(*m))
+                        .ctx(|| format!("chmod {}", p.display()))?;
+                }
+                Node::File { src, mode } => {
+                    fs::copy(src, &p).ctx(|| format!("copying {}", src.display()))?;
+                    fs::set_permissions(&p, fs::Permissions::from_mode(*mode))
+                        .ctx(|| format!("chmod {}", p.display()))?;
+                }
+                Node::Data { bytes, mode } => {
+                    fs::write(&p, bytes).ctx(|| format!("writing {}", p.display()))?;
+                    fs::set_permissions(&p, fs::Permissions::from_mode(*mode))
+                        .ctx(|| format!("chmod {}", p.display()))?;
+                }
+                Node::Symlink(t) => {
+                    let _ = fs::remove_file(&p);
+                    std::os::unix::fs::symlink(t, &p).ctx(|| format!("linking {}", p.display()))?;
+                }
+                // Device nodes come from the container runtime.
+                Node::CharDev(..) => {}
+            }
+        }
         Ok(())
     }
 

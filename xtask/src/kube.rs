@@ -125,7 +125,7 @@ pub fn main_gomod(
 }
 
 /// The Go toolchain: `go` on PATH, else `/usr/local/go/bin/go`.
-fn find_go() -> Result<PathBuf> {
+pub fn find_go() -> Result<PathBuf> {
     host::which("go")
         .or_else(|| Some(PathBuf::from("/usr/local/go/bin/go")).filter(|p| p.is_file()))
         .ok_or_else(|| Error::Command {
@@ -138,7 +138,7 @@ fn find_go() -> Result<PathBuf> {
 }
 
 /// Runs `cmd` with stdout captured, stderr to a log file, killed after `limit`.
-fn run_go(cmd: &mut Command, log: &Path, limit: Duration) -> Result<String> {
+pub fn run_go(cmd: &mut Command, log: &Path, limit: Duration) -> Result<String> {
     let shown = host::show(cmd);
     eprintln!("xtask: + {shown}");
     let err = fs::File::create(log).ctx(|| format!("creating {}", log.display()))?;

@@ -1,6 +1,7 @@
-//! Project automation: `cargo xtask vm|test|e2e|bench|dist|kube`.
+//! Project automation: `cargo xtask vm|test|e2e|bench|soak|dist|kube`.
 
 mod bench;
+mod conformance;
 mod cpio;
 mod deny;
 mod dist;
@@ -9,6 +10,7 @@ mod host;
 mod image;
 mod kernel;
 mod kube;
+mod soak;
 mod test;
 mod vm;
 
@@ -24,8 +26,11 @@ usage:
   cargo xtask test [--stage fmt|clippy|deny|unit|netns|kube|vm]... [-p PKG]... [--timeout SECS]
   cargo xtask e2e [--filter SUBSTRING] [-p PKG]... [--timeout SECS]
   cargo xtask bench ...
+  cargo xtask soak [--minutes N (default 20)] [--seed S] [--mem M]   (not part of test/CI)
   cargo xtask dist [--gnu]
-  cargo xtask kube [--check]   (build kube-apiserver, kube-proxy, kubectl, etcd into ~/.cache/kube-ipvs)";
+  cargo xtask kube [--check]   (build kube-apiserver, kube-proxy, kubectl, etcd into ~/.cache/kube-ipvs)
+  cargo xtask conformance [--proxy P]... [--focus REGEX] [--skip REGEX] [--nodes 1|2] [--procs N] [--list] [--build-only] [--table]
+                 (upstream's Service e2e tests on VM nodes; P: kube-ipvs, kube-ipvs-iptables, upstream-ipvs, upstream-nftables)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -48,8 +53,10 @@ fn dispatch(args: &[String]) -> Result<u8> {
         "test" => test::test_cmd(rest),
         "e2e" => test::e2e_cmd(rest),
         "bench" => bench::bench(rest),
+        "soak" => soak::soak_cmd(rest),
         "dist" => dist::dist_cmd(rest),
         "kube" => kube::kube_cmd(rest),
+        "conformance" => conformance::conformance_cmd(rest),
         "__fwd" => {
             let port = rest
                 .first()

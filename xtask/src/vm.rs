@@ -34,6 +34,20 @@ pub struct VmConfig {
     pub echo: bool,
 }
 
+/// Settings beyond [`VmConfig`] for long-running guests (the conformance node, [`run_with`]).
+#[derive(Debug, Default, Clone)]
+pub struct Extra {
+    /// Run QEMU inside this network namespace (`ip netns exec`).
+    pub netns: Option<String>,
+    /// More QEMU arguments (e.g. a tap network device).
+    pub qemu_args: Vec<String>,
+    /// Keep the run's files (console, stdout, stderr) here, live, instead of a throw-away
+    /// directory.
+    pub run_dir: Option<PathBuf>,
+    /// Kill QEMU once this is set (the outcome's code is then -1).
+    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+}
+
 /// How a VM run ended.
 #[derive(Debug)]
 pub struct VmOutcome {
@@ -107,6 +121,11 @@ fn tail_lines(text: &str, n: usize) -> String {
 
 /// Prepare everything and boot the VM.
 pub fn run(cfg: &VmConfig) -> Result<VmOutcome> {
+    run_with(cfg, &Extra::default())
+}
+
+/// [`run`] with the [`Extra`] settings.
+pub fn run_with(cfg: &VmConfig, extra: &Extra) -> Result<VmOutcome> {
     let prep_start = Instant::now();
     let mut apt = Apt::default();
     apt.ensure_host_packages()?;
@@ -120,7 +139,10 @@ pub fn run(cfg: &VmConfig) -> Result<VmOutcome> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
-    let dir = RunDir(runs.join(format!("{}-{nanos}", std::process::id())));
+    let dir = match &extra.run_dir {
+        Some(d) => RunDir(d.clone()),
+        None => RunDir(runs.join(format!("{}-{nanos}", std::process::id()))),
+    };
     fs::create_dir_all(&dir.0).ctx(|| format!("creating {}", dir.0.display()))?;
 
     let mut tree = Tree::overlay(base.keys.clone());
@@ -170,13 +192,21 @@ pub fn run(cfg: &VmConfig) -> Result<VmOutcome> {
     }
     let _ = fs::remove_file(&overlay);
     let prepare = prep_start.elapsed();
-    let mut out = boot(cfg, &kernel.vmlinuz, &initrd, &dir.0, prepare)?;
-    out.initrd_bytes = fs::metadata(&initrd).map(|m| m.len()).unwrap_or(0);
-    Ok(out)
+    let mut out = boot(cfg, extra, &kernel.vmlinuz, &initrd, &dir.0, prepare);
+    if let Ok(o) = out.as_mut() {
+        o.initrd_bytes = fs::metadata(&initrd).map(|m| m.len()).unwrap_or(0);
+    }
+    if extra.run_dir.is_some() {
+        // The initrd is big and rebuilt every run; the logs stay.
+        let _ = fs::remove_file(&initrd);
+        std::mem::forget(dir);
+    }
+    out
 }
 
 fn boot(
     cfg: &VmConfig,
+    extra: &Extra,
     vmlinuz: &Path,
     initrd: &Path,
     dir: &Path,
@@ -190,7 +220,14 @@ fn boot(
     }
     let qlog = fs::File::create(dir.join("qemu.log")).ctx(|| "creating qemu.log")?;
     let qlog2 = qlog.try_clone().ctx(|| "cloning qemu.log")?;
-    let mut cmd = Command::new(qemu);
+    let mut cmd = match &extra.netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(qemu);
+            c
+        }
+        None => Command::new(qemu),
+    };
     cmd.args([
         "-nodefaults",
         "-no-user-config",
@@ -226,6 +263,7 @@ fn boot(
         ));
         cmd.args(["-device", "virtio-net-pci,netdev=n0"]);
     }
+    cmd.args(&extra.qemu_args);
     cmd.stdin(Stdio::null()).stdout(qlog).stderr(qlog2);
     let start = Instant::now();
     let mut child = cmd
@@ -274,6 +312,23 @@ fn boot(
         }
         if let Some(st) = exited {
             break st;
+        }
+        if extra
+            .stop
+            .as_ref()
+            .is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed))
+        {
+            let _ = child.kill();
+            let _ = child.wait();
+            pump(&mut out_f, true, Some(&mut stdout))?;
+            return Ok(VmOutcome {
+                code: -1,
+                stdout,
+                boot: boot_time.unwrap_or_default(),
+                total: start.elapsed(),
+                prepare,
+                initrd_bytes: 0,
+            });
         }
         let stuck_after_rc = rc_seen_at.is_some_and(|t| t.elapsed() > Duration::from_secs(20));
         if start.elapsed() > cfg.timeout || stuck_after_rc {

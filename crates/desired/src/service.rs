@@ -15,8 +15,8 @@ use crate::types::{
 use crate::vip::Vip;
 use model::objects::{Slice, Svc};
 use model::{
-    endpoints, select_endpoints, service_ports, Invalid, NodeInfo, ProxyConfig, SelectedEndpoints,
-    ServicePort,
+    endpoints, port_virtual_servers, select_endpoints, service_ports, BudgetTally, Invalid,
+    NodeInfo, ProxyConfig, SelectedEndpoints, ServicePort,
 };
 
 /// Derives one Service's desired state from the Service, all of its EndpointSlices, the
@@ -53,12 +53,16 @@ pub fn service_desired_except(
     let mut rejected: BTreeMap<String, Invalid> = BTreeMap::new();
     let node_ports = node.node_port_ips(cfg);
     let node_ips: BTreeSet<IpAddr> = node.ips_of(cfg.family).collect();
+    // The Service's budget, checked before each port's virtual servers are built.
+    let mut budget = BudgetTally::start(cfg.budget, &ports, node_ports.len())?;
     for sp in &ports {
         let merged = endpoints(slices, sp, &node.name);
         for (name, why) in merged.rejected {
             rejected.entry(name).or_insert(why);
         }
         let sel = select_endpoints(sp, &merged.endpoints, &node.name, node.zone.as_deref());
+        let vs = port_virtual_servers(sp, node_ports.len());
+        budget.port(vs, sel.cluster.len(), sel.external.len())?;
         acc.d.no_local_internal += u32::from(sel.no_local.internal);
         acc.d.no_local_external += u32::from(sel.no_local.external);
         let mut port = Port {
@@ -74,6 +78,7 @@ pub fn service_desired_except(
         port.in_cluster_marks(&mut acc, cfg);
         loop_back(&mut acc, &merged.endpoints, sp.name.protocol);
         port.health_check(&mut acc);
+        budget.ipset_members(acc.entries.len() + acc.addresses.len())?;
     }
     Ok(Derived {
         desired: Some(acc.finish()),

@@ -20,6 +20,10 @@
 //! `VIPConflict` Event on it, and counted in the `kube_ipvs_vip_conflicts` gauge. When the
 //! winner goes away or drops the claim, the next claimant is re-derived and takes over.
 //! ClusterIP-vs-ClusterIP conflicts are the API server's job (it never allocates one twice).
+//!
+//! External claims on this node's own addresses are settled first, by [`node`]: a NodePort, a
+//! health-check node port or a protected node port keeps its address and port from every
+//! external claimant (reported as a node-address conflict, not as a VIP conflict).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -30,7 +34,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use model::objects::Svc;
 use model::sorted::SortedVec;
-use model::{service_ports, Invalid, ProxyConfig, ServiceName};
+use model::{service_ports, Invalid, NodeInfo, ProxyConfig, ServiceName};
+
+mod node;
+
+pub use node::*;
 
 /// Every VIP-conflict reason starts with this (the engine maps it to a `VIPConflict` Event).
 pub const CONFLICT_PREFIX: &str = "VIP conflict:";
@@ -71,9 +79,19 @@ pub struct Rank {
     pub name: ServiceName,
 }
 
-/// One Service's claims: every (VIP, rank) of its ClusterIPs, externalIPs and load-balancer
-/// IPs in `cfg`'s family. `Err` when the Service is invalid (its last claims stay).
-pub fn claims_of(svc: &Svc, cfg: &ProxyConfig) -> Result<Vec<(Vip, Rank)>, Invalid> {
+/// One Service's claims: its VIPs with their ranks, and the node ports it has.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Claims {
+    /// Every (VIP, rank) of its ClusterIPs, externalIPs and load-balancer IPs, sorted.
+    pub vips: Vec<(Vip, Rank)>,
+    /// Its NodePorts and health-check node ports, sorted.
+    pub node_ports: Vec<NodePortKey>,
+}
+
+/// One Service's claims in `cfg`'s family: every (VIP, rank) of its ClusterIPs, externalIPs and
+/// load-balancer IPs, and its node ports. `Err` when the Service is invalid (its last claims
+/// stay).
+pub fn claims_of(svc: &Svc, cfg: &ProxyConfig) -> Result<Claims, Invalid> {
     let name = svc.name.clone();
     let created = svc.created.clone();
     let rank = |external: bool| Rank {
@@ -83,7 +101,8 @@ pub fn claims_of(svc: &Svc, cfg: &ProxyConfig) -> Result<Vec<(Vip, Rank)>, Inval
         name: name.clone(),
     };
     let mut out = Vec::new();
-    for sp in service_ports(svc, cfg)? {
+    let ports = service_ports(svc, cfg)?;
+    for sp in &ports {
         let vip = |ip: IpAddr| Vip {
             ip,
             port: sp.port,
@@ -97,7 +116,10 @@ pub fn claims_of(svc: &Svc, cfg: &ProxyConfig) -> Result<Vec<(Vip, Rank)>, Inval
     out.sort();
     out.dedup();
     out.shrink_to_fit();
-    Ok(out)
+    Ok(Claims {
+        vips: out,
+        node_ports: node_ports_of(&ports),
+    })
 }
 
 /// One Service's claims as [`VipClaims`] keeps them: the VIPs with whether each is external,
@@ -107,13 +129,16 @@ pub fn claims_of(svc: &Svc, cfg: &ProxyConfig) -> Result<Vec<(Vip, Rank)>, Inval
 struct Held {
     created: Option<Time>,
     vips: Box<[(Vip, bool)]>,
+    /// Its node ports (see [`node`]).
+    node_ports: Box<[NodePortKey]>,
 }
 
 impl Held {
-    fn of(claims: &[(Vip, Rank)]) -> Held {
+    fn of(claims: &[(Vip, Rank)], node_ports: &[NodePortKey]) -> Held {
         Held {
             created: claims.first().and_then(|(_, r)| r.created.clone()),
             vips: claims.iter().map(|(v, r)| (*v, r.external)).collect(),
+            node_ports: node_ports.into(),
         }
     }
 
@@ -129,33 +154,45 @@ impl Held {
     }
 }
 
-/// The claims of every Service of one family, indexed by VIP.
+/// The claims of every Service of one family, indexed by VIP, with the node ports and this
+/// node's addresses that settle external claims on node addresses (see [`node`]).
 #[derive(Debug, Default, Clone)]
 pub struct VipClaims {
     /// Strongest first (nearly always one claimant).
     by_vip: HashMap<Vip, SortedVec<Rank>>,
     by_service: HashMap<ServiceName, Held>,
+    /// The Services having each node port (one, unless the API server's uniqueness is broken).
+    node_ports: HashMap<NodePortKey, SortedVec<ServiceName>>,
+    /// This node's addresses and the policy for claims on them.
+    node: NodeView,
 }
 
 impl VipClaims {
     /// Replaces `name`'s claims (empty: the Service is gone). Returns the other Services whose
     /// lost VIPs may have changed (re-derive them). `claims` are [`claims_of`] the Service: all
     /// ranked under `name` with its one creation time (what is kept of them relies on it).
-    pub fn set(&mut self, name: &ServiceName, claims: Vec<(Vip, Rank)>) -> BTreeSet<ServiceName> {
+    pub fn set(&mut self, name: &ServiceName, claims: Claims) -> BTreeSet<ServiceName> {
+        let Claims {
+            vips: claims,
+            node_ports,
+        } = claims;
         debug_assert!(
             claims.iter().all(|(_, r)| r.name == *name
                 && claims.first().is_some_and(|(_, f)| f.created == r.created)),
             "one Service's claims share its name and creation time"
         );
-        let old = (self.by_service.remove(name))
-            .map(|h| h.claims(name))
-            .unwrap_or_default();
-        if old == claims {
-            if !claims.is_empty() {
-                self.by_service.insert(name.clone(), Held::of(&claims));
+        let held = self.by_service.remove(name);
+        let old = held.as_ref().map(|h| h.claims(name)).unwrap_or_default();
+        let old_ports = held.map(|h| h.node_ports).unwrap_or_default();
+        let keep = !claims.is_empty() || !node_ports.is_empty();
+        if old == claims && *old_ports == *node_ports {
+            if keep {
+                self.by_service
+                    .insert(name.clone(), Held::of(&claims, &node_ports));
             }
             return BTreeSet::new();
         }
+        let mut affected = self.set_node_ports(name, &old_ports, &node_ports);
         let touched: BTreeSet<Vip> = old.iter().chain(claims.iter()).map(|(v, _)| *v).collect();
         let winners_before: BTreeMap<Vip, Option<ServiceName>> =
             touched.iter().map(|v| (*v, self.winner(v))).collect();
@@ -170,10 +207,10 @@ impl VipClaims {
         for (vip, rank) in &claims {
             self.by_vip.entry(*vip).or_default().insert(rank.clone());
         }
-        if !claims.is_empty() {
-            self.by_service.insert(name.clone(), Held::of(&claims));
+        if keep {
+            self.by_service
+                .insert(name.clone(), Held::of(&claims, &node_ports));
         }
-        let mut affected = BTreeSet::new();
         for (vip, before) in winners_before {
             if self.winner(&vip) == before {
                 continue;
@@ -186,20 +223,21 @@ impl VipClaims {
         affected
     }
 
-    /// Updates the claims of `names` from `store` (a deleted Service drops its claims, an
-    /// invalid one keeps its last ones) and returns `names` with every other Service whose lost
-    /// VIPs changed as a result: derive all of them.
+    /// Takes `node`'s addresses, then updates the claims of `names` from `store` (a deleted
+    /// Service drops its claims, an invalid one keeps its last ones) and returns `names` with
+    /// every other Service whose lost VIPs changed as a result: derive all of them.
     pub fn update(
         &mut self,
         store: &model::store::Store,
         cfg: &ProxyConfig,
+        node: &NodeInfo,
         names: impl IntoIterator<Item = ServiceName>,
     ) -> BTreeSet<ServiceName> {
         let names: BTreeSet<ServiceName> = names.into_iter().collect();
-        let mut affected = BTreeSet::new();
+        let mut affected = self.set_node(node, cfg);
         for name in &names {
             let claims = match store.service(name) {
-                None => Vec::new(),
+                None => Claims::default(),
                 Some(svc) => match claims_of(svc, cfg) {
                     Ok(c) => c,
                     Err(_) => continue,
@@ -216,12 +254,13 @@ impl VipClaims {
         self.by_vip.get(vip)?.first().map(|r| r.name.clone())
     }
 
-    /// The external VIPs `name` claims and does not serve, each with the Service that does.
+    /// The external VIPs `name` claims and does not serve, each with the Service that does
+    /// (claims on node addresses the node keeps are [`VipClaims::node_lost`]'s).
     pub fn lost(&self, name: &ServiceName) -> BTreeMap<Vip, ServiceName> {
         let mut out = BTreeMap::new();
         let held = self.by_service.get(name).map(|h| &h.vips[..]);
         for (vip, external) in held.into_iter().flatten() {
-            if !external {
+            if !external || self.node_loss(vip).is_some() {
                 continue;
             }
             match self.winner(vip) {
@@ -234,11 +273,13 @@ impl VipClaims {
         out
     }
 
-    /// External claims lost node-wide (the `kube_ipvs_vip_conflicts` gauge).
+    /// External claims lost to another Service node-wide (the `kube_ipvs_vip_conflicts`
+    /// gauge; those the node keeps are [`VipClaims::node_conflicts`]).
     pub fn conflicts(&self) -> usize {
         self.by_vip
-            .values()
-            .map(|set| {
+            .iter()
+            .filter(|(vip, _)| self.node_loss(vip).is_none())
+            .map(|(_, set)| {
                 let winner = set.first().map(|r| &r.name);
                 set.iter()
                     .filter(|r| r.external && Some(&r.name) != winner)

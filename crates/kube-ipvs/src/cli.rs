@@ -1,7 +1,9 @@
 //! Command line: kube-proxy's flags (generated from the settings table) plus subcommands.
 //!
 //! `kube-ipvs [FLAGS]` runs the daemon; `kube-ipvs plan [--diff] [FLAGS]` prints what would be
-//! programmed; `kube-ipvs config print-defaults` (hidden) prints the settings table. Flags are
+//! programmed; `kube-ipvs load-modules [FLAGS]` loads the kernel modules IPVS mode needs (the
+//! DaemonSet's init container); `kube-ipvs config print-defaults` (hidden) prints the settings
+//! table. Flags are
 //! global, so they may come before or after the subcommand. Boolean flags follow Go's flag
 //! package: `--masquerade-all`, `--masquerade-all=true`, `--ipvs-fallback=false`.
 
@@ -22,6 +24,9 @@ pub enum Action {
         /// `--section NAME`: print only this section (ipvs, addresses, ipsets, iptables).
         section: Option<String>,
     },
+    /// Load the kernel modules the configured mode needs with `modprobe` and exit 0, whatever
+    /// loaded (the DaemonSet's init container; see [`crate::probe::load_modules`]).
+    LoadModules,
     /// Print the settings table and exit.
     PrintDefaults,
 }
@@ -100,6 +105,13 @@ pub fn command() -> Command {
                 ),
         )
         .subcommand(
+            Command::new("load-modules").about(
+                "Load the kernel modules IPVS mode needs (ip_vs, the configured scheduler's, \
+                 ip_vs_rr/wrr/sh, nf_conntrack) with modprobe; exits 0 even when some cannot be \
+                 loaded (the daemon then reports it and falls back loudly)",
+            ),
+        )
+        .subcommand(
             Command::new("config")
                 .hide(true)
                 .about("Configuration helpers")
@@ -146,6 +158,7 @@ where
             },
             sub,
         ),
+        Some(("load-modules", sub)) => (Action::LoadModules, sub),
         Some(("config", sub)) => match sub.subcommand() {
             Some((_, leaf)) => (Action::PrintDefaults, leaf),
             None => (Action::PrintDefaults, sub),
@@ -216,6 +229,9 @@ mod tests {
         );
         let a = parse(["kube-ipvs", "config", "print-defaults"]).unwrap();
         assert_eq!(a.action, Action::PrintDefaults);
+        let a = parse(["kube-ipvs", "load-modules", "--config=/c.conf"]).unwrap();
+        assert_eq!(a.action, Action::LoadModules);
+        assert_eq!(a.flag("config"), Some("/c.conf"));
     }
 
     #[test]

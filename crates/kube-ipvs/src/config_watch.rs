@@ -42,10 +42,24 @@ impl std::fmt::Display for Restart {
 
 /// Resolves when the daemon should restart: the content of `file` (if any) differs from
 /// `initial`, or SIGHUP arrives. Never resolves when there is neither a file nor a SIGHUP
-/// handler.
-pub async fn restart_requested(file: Option<PathBuf>, initial: Option<Vec<u8>>) -> Restart {
+/// handler. The SIGHUP handler is installed by this call (inside a tokio runtime), not when the
+/// future is first polled: a SIGHUP during the start (the probe, the first backends) asks for
+/// a restart instead of killing the process with the signal's default action.
+pub fn restart_requested(
+    file: Option<PathBuf>,
+    initial: Option<Vec<u8>>,
+) -> impl std::future::Future<Output = Restart> {
+    let signal = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+    async move { wait_restart(signal, file, initial).await }
+}
+
+async fn wait_restart(
+    signal: std::io::Result<tokio::signal::unix::Signal>,
+    file: Option<PathBuf>,
+    initial: Option<Vec<u8>>,
+) -> Restart {
     let hangup = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        match signal {
             Ok(mut s) => {
                 s.recv().await;
             }

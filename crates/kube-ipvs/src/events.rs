@@ -1,23 +1,35 @@
-//! Kubernetes Events with bounded output: deduplicated, rate limited, through a bounded queue.
+//! Kubernetes Events with bounded output: reported by a few nodes only, deduplicated, rate
+//! limited, through a bounded queue.
 //!
 //! A cluster can hold thousands of invalid objects, and every node's kube-ipvs sees all of
-//! them: one Event per object per node, unlimited, would flood the API server (5,000 nodes ×
-//! 1,000 objects). So, like client-go's `EventCorrelator` (spam filter: a token bucket per
-//! source and object, and aggregation of similar events), every Event passes three limits
-//! before it is sent:
+//! them: one Event per object per node would make a tenant churning bad objects drive
+//! nodes × objects Event writes (5,000 nodes × 1,000 objects). So every node logs and counts
+//! every invalid object (`kube_ipvs_invalid_objects_total`), but only a few nodes write its
+//! Event, and what they write passes further limits:
 //!
+//! 0. **Reporters** ([`Reporters`]): the Event about an object is written only by the
+//!    `--event-reporters` (default [`DEFAULT_REPORTERS`]) nodes that rank highest for it by
+//!    rendezvous (highest-random-weight) hashing over the **candidates**: the node names of the
+//!    endpoints (`nodeName`) of every EndpointSlice in the store, which every node already
+//!    holds ([`Candidates`]). Each node decides alone, and every node with the same store
+//!    decides the same: per object, at most k nodes write, and at least one when k ≥ 1 and a
+//!    reporter is up. No API traffic: knowing every Node instead would mean watching all Nodes,
+//!    whose status updates (every node, every few minutes) would then reach every node
+//!    (N² events: about 80,000 a second at 5,000 nodes). A node hosting no endpoint never
+//!    reports; when no endpoint names a node at all (a cluster without `nodeName`s, a test),
+//!    every node reports, as without this limit. Held-back Events are counted as `delegated`.
 //! 1. **Deduplication**: one Event per (object, reason) per [`DEDUP_PERIOD`] (10 minutes);
 //! 2. **Rate**: at most [`MAX_PER_MINUTE`] Events per minute node-wide (a fixed window);
 //! 3. **Queue**: a bounded channel of [`QUEUE_CAPACITY`] to the publisher task; when full,
 //!    the new Event is dropped.
 //!
-//! Every Event held back is counted in `kube_ipvs_events_dropped_total{reason}` (`duplicate`,
-//! `rate_limited`, `queue_full`); the object is still logged and counted in
-//! `kube_ipvs_invalid_objects_total`. Notes carry user text (names, bad values): control
-//! characters are escaped and the note is cut to [`NOTE_MAX_BYTES`] (the API's limit for
-//! `events.k8s.io/v1` notes); reasons and actions are fixed words.
+//! Every Event held back is counted in `kube_ipvs_events_dropped_total{reason}` (`delegated`,
+//! `duplicate`, `rate_limited`, `queue_full`); the object is still logged and counted in
+//! `kube_ipvs_invalid_objects_total` on every node. Notes carry user text (names, bad values):
+//! control characters are escaped and the note is cut to [`NOTE_MAX_BYTES`] (the API's limit
+//! for `events.k8s.io/v1` notes); reasons and actions are fixed words.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,6 +48,127 @@ pub const NOTE_MAX_BYTES: usize = 1024;
 const DEDUP_PRUNE_AT: usize = 1024;
 /// The rate window.
 const WINDOW: Duration = Duration::from_secs(60);
+
+/// Nodes that write the Event about one object by default (`--event-reporters`).
+pub const DEFAULT_REPORTERS: usize = 3;
+
+/// FNV-1a (64 bit) of `bytes`, continuing from `state`: a hash every node and every version of
+/// kube-ipvs computes the same (nodes running different builds during a rollout must agree on
+/// the reporters), unlike std's `DefaultHasher`.
+fn fnv1a(state: u64, bytes: &[u8]) -> u64 {
+    bytes.iter().fold(state, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// FNV-1a's offset basis.
+const FNV_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// splitmix64's finalizer: spreads the bits of a hash.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The hash of a node name.
+fn node_hash(name: &str) -> u64 {
+    mix(fnv1a(FNV_BASIS, name.as_bytes()))
+}
+
+/// The hash of an object: its kind, namespace and name (the same on every node; its UID is not
+/// in the model).
+fn object_hash(r: &Regarding) -> u64 {
+    let mut h = fnv1a(FNV_BASIS, r.kind.as_bytes());
+    h = fnv1a(h, b"/");
+    h = fnv1a(h, r.namespace.as_deref().unwrap_or_default().as_bytes());
+    h = fnv1a(h, b"/");
+    mix(fnv1a(h, r.name.as_bytes()))
+}
+
+/// A node's rendezvous score for an object (higher ranks first).
+fn score(object: u64, node: u64) -> u64 {
+    mix(object ^ node)
+}
+
+/// The nodes that may report: distinct node names with their hashes (see the module
+/// documentation). Built once per batch of rejections.
+#[derive(Debug, Clone, Default)]
+pub struct Candidates {
+    /// (hash, name), sorted by name (the ranking's tie-break needs names).
+    nodes: Vec<(u64, Box<str>)>,
+}
+
+impl Candidates {
+    /// The distinct names among `names`.
+    pub fn new<'a>(names: impl IntoIterator<Item = &'a str>) -> Candidates {
+        let distinct: HashSet<&str> = names.into_iter().collect();
+        let mut nodes: Vec<(u64, Box<str>)> = distinct
+            .into_iter()
+            .map(|n| (node_hash(n), Box::from(n)))
+            .collect();
+        nodes.sort_by(|a, b| a.1.cmp(&b.1));
+        Candidates { nodes }
+    }
+
+    /// How many distinct names.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// No names at all.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+}
+
+/// Decides whether this node writes the Event about an object (see the module documentation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reporters {
+    node: String,
+    hash: u64,
+    k: usize,
+}
+
+impl Reporters {
+    /// This node is `node`; `k` nodes report each object (0: every node reports).
+    pub fn new(node: &str, k: usize) -> Reporters {
+        Reporters {
+            node: node.to_string(),
+            hash: node_hash(node),
+            k,
+        }
+    }
+
+    /// Whether this node is among the `k` candidates that rank highest for `object` (by score,
+    /// ties by the smaller name). A node that is not a candidate never reports; with no
+    /// candidates at all, or `k` = 0, every node does.
+    pub fn reports(&self, object: &Regarding, candidates: &Candidates) -> bool {
+        if self.k == 0 || candidates.is_empty() {
+            return true;
+        }
+        if candidates
+            .nodes
+            .binary_search_by(|(_, n)| (**n).cmp(self.node.as_str()))
+            .is_err()
+        {
+            return false;
+        }
+        let o = object_hash(object);
+        let mine = score(o, self.hash);
+        let mut better = 0;
+        for (h, n) in &candidates.nodes {
+            let s = score(o, *h);
+            if s > mine || (s == mine && **n < *self.node) {
+                better += 1;
+                if better >= self.k {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+}
 
 /// The object an Event is about.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -171,12 +304,13 @@ pub fn sanitize(s: &str, max: usize) -> String {
     out
 }
 
-/// The sending side: the limiter, then the bounded queue. Cheap to clone.
+/// The sending side: the reporters, the limiter, then the bounded queue. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct EventSink {
     tx: tokio::sync::mpsc::Sender<EventRequest>,
     limiter: Arc<Mutex<EventLimiter>>,
     metrics: Option<Arc<Metrics>>,
+    reporters: Option<Arc<Reporters>>,
 }
 
 /// What became of a submitted Event.
@@ -209,14 +343,33 @@ impl EventSink {
                 tx,
                 limiter: Arc::new(Mutex::new(limiter)),
                 metrics,
+                reporters: None,
             },
             rx,
         )
     }
 
+    /// The same sink, writing Events about objects only where [`Reporters`] says so
+    /// ([`Self::submit_among`]); without it, every node reports.
+    pub fn with_reporters(mut self, reporters: Reporters) -> EventSink {
+        self.reporters = Some(Arc::new(reporters));
+        self
+    }
+
     /// Submits one Event now (never blocks; callable from any thread).
     pub fn submit(&self, ev: EventRequest) -> Submitted {
         self.submit_at(ev, Instant::now())
+    }
+
+    /// Submits one Event about an object now if this node is one of its reporters among
+    /// `candidates`; otherwise it is held back as `delegated` (another node writes it).
+    pub fn submit_among(&self, ev: EventRequest, candidates: &Candidates) -> Submitted {
+        if let Some(r) = &self.reporters {
+            if !r.reports(&ev.regarding, candidates) {
+                return self.dropped("delegated");
+            }
+        }
+        self.submit(ev)
     }
 
     /// Submits one Event at `now`.
@@ -491,6 +644,23 @@ mod tests {
                 "VIP conflict: 1.2.3.4:80/TCP is served by a/b",
                 "vip_conflict",
             ),
+            (
+                "ignored invalid externalIP \"x\" (and 2 more)",
+                "ignored_invalid_externalip",
+            ),
+            (
+                "ignored endpoint with invalid address \"10.0.0.999\"",
+                "ignored_endpoint_with_invalid_address",
+            ),
+            (
+                "over the real-server budget (1000001 real servers in its first 3 of 9 ports, \
+                 max 1000000: --max-real-servers-per-service)",
+                "over_the_realserver_budget",
+            ),
+            (
+                "would overfill an ipset (KUBE-LOOP-BACK would hold 65537 members, maxelem 65536)",
+                "would_overfill_an_ipset",
+            ),
             // User text that used to leak into the label: words inside a quoted value.
             ("unknown protocol \"A evil label\"", "other"),
             ("invalid externalIP \"x y z\"", "other"),
@@ -501,6 +671,108 @@ mod tests {
             assert_eq!(got, want, "{reason}");
             assert!(INVALID_REASON_LABELS.contains(&got));
         }
+    }
+
+    /// `n` node names as a real cluster names them.
+    fn node_names(n: usize) -> Vec<String> {
+        (0..n)
+            .map(|i| {
+                format!(
+                    "ip-10-{}-{}-{}.ec2.internal",
+                    i / 65_536,
+                    (i / 256) % 256,
+                    i % 256
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_object_is_reported_by_exactly_k_of_5000_nodes() {
+        let names = node_names(5_000);
+        let candidates = Candidates::new(names.iter().map(String::as_str));
+        assert_eq!(candidates.len(), 5_000);
+        let k = DEFAULT_REPORTERS;
+        let nodes: Vec<Reporters> = names.iter().map(|n| Reporters::new(n, k)).collect();
+        let mut per_node = vec![0usize; nodes.len()];
+        for i in 0..1_000 {
+            let o = Regarding {
+                api_version: "v1",
+                kind: if i % 2 == 0 {
+                    "Service"
+                } else {
+                    "EndpointSlice"
+                },
+                namespace: Some(format!("tenant-{}", i % 7)),
+                name: format!("bad-{i}"),
+            };
+            // Each node decides alone, from the same candidates.
+            let mut writers = 0;
+            for (j, node) in nodes.iter().enumerate() {
+                if node.reports(&o, &candidates) {
+                    writers += 1;
+                    per_node[j] += 1;
+                }
+            }
+            assert_eq!(writers, k, "{o:?}");
+        }
+        // Spread over the nodes: nobody writes for more than a small share of the objects.
+        assert!(
+            per_node.iter().all(|n| *n <= 10),
+            "{:?}",
+            per_node.iter().max()
+        );
+        // A node that is not a candidate (hosts no endpoint) never writes.
+        let outsider = Reporters::new("not-a-candidate", k);
+        assert!(!outsider.reports(&obj("x"), &candidates));
+        // k = 0: everybody; no candidates at all: everybody (nothing is known to rank).
+        assert!(Reporters::new("not-a-candidate", 0).reports(&obj("x"), &candidates));
+        assert!(outsider.reports(&obj("x"), &Candidates::default()));
+        // Fewer candidates than k: all of them write.
+        let few = Candidates::new(["a", "b"]);
+        assert!(["a", "b"]
+            .iter()
+            .all(|n| Reporters::new(n, 3).reports(&obj("x"), &few)));
+    }
+
+    #[test]
+    fn reporter_hash_is_stable() {
+        // Nodes running different versions during a rollout must pick the same reporters: the
+        // hash is fixed (FNV-1a + splitmix64), never std's randomized or unstable hashers.
+        assert_eq!(fnv1a(FNV_BASIS, b""), FNV_BASIS);
+        assert_eq!(fnv1a(FNV_BASIS, b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(mix(0), 0);
+        assert_eq!(object_hash(&obj("web")), object_hash(&obj("web")));
+        assert_ne!(object_hash(&obj("web")), object_hash(&obj("web2")));
+    }
+
+    #[tokio::test]
+    async fn sink_holds_back_events_this_node_does_not_report() {
+        let metrics = Arc::new(Metrics::new());
+        let (sink, mut rx) = EventSink::new(Some(metrics.clone()));
+        let names = node_names(50);
+        let candidates = Candidates::new(names.iter().map(String::as_str));
+        let mine = Reporters::new(&names[0], 3);
+        let sink = sink.with_reporters(mine.clone());
+        let (mut queued, mut delegated) = (0, 0);
+        // About 3 in 50 objects are this node's to report (fewer than the 30 a minute).
+        for i in 0..100 {
+            let ev = req(&format!("s{i}"), "bad");
+            match sink.submit_among(ev.clone(), &candidates) {
+                Submitted::Queued => {
+                    assert!(mine.reports(&ev.regarding, &candidates));
+                    queued += 1;
+                }
+                Submitted::Dropped("delegated") => delegated += 1,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(queued >= 1 && delegated >= 1, "{queued} {delegated}");
+        for _ in 0..queued {
+            rx.recv().await.unwrap();
+        }
+        let line = format!("kube_ipvs_events_dropped_total{{reason=\"delegated\"}} {delegated}");
+        assert!(metrics.encode().unwrap().contains(&line), "{line}");
     }
 
     #[tokio::test]

@@ -1,27 +1,44 @@
-//! Proxy health (`/healthz`, `/livez`) with upstream kube-proxy's semantics.
+//! Proxy health (`/healthz`, `/livez`, and the sync health the health-check node ports use).
 //!
-//! The proxy is healthy unless, for some IP family, an update has been queued
-//! ([`ProxyHealth::queued_update`]) and not applied ([`ProxyHealth::updated`]) for longer than
-//! the health timeout (upstream: 2 × syncPeriod). A proxy that is starting up, or fully synced,
-//! is healthy. `/healthz` is additionally unhealthy when this node is not eligible: its Node has a
-//! deletionTimestamp or the cluster autoscaler's `ToBeDeletedByClusterAutoscaler` taint.
-//! `/livez` ignores the Node. Both answer JSON with `lastUpdated` and `currentTime` (RFC 3339);
-//! `lastUpdated` is the current time when healthy, like upstream (`pkg/proxy/healthcheck`
-//! `ProxyHealthServer.health`).
+//! Health means "this node's kernel state is right", nothing else. Three answers, from one
+//! state:
 //!
-//! Truthful beyond upstream: only a sync with no failure and no retry outstanding counts as an
-//! update ([`ProxyHealth::updated`]); a failed one records which subsystem failed, since when, and
-//! the last error ([`ProxyHealth::sync_failed_at`]). The proxy is unhealthy when, for some family,
-//! changes are pending or syncs are failing and nothing has succeeded for the health timeout, or
-//! when the API source has been failing (watch errors, API server unreachable) for the health
-//! timeout ([`ProxyHealth::source_failing_at`]). The body then says why: `reasons`, one per
-//! subsystem (`ipvs`, `address`, `ipset`, `iptables`, `conntrack`, `source`, or `pending` for
-//! changes not applied without a reported failure, e.g. a hung sync), with `since` and
-//! `lastError` (at most 512 bytes). Starting up is healthy until the timeout has passed.
+//! - **Sync health** ([`ProxyHealth::is_healthy`], upstream's `ProxyHealthServer.IsHealthy` in
+//!   `pkg/proxy/healthcheck/proxy_health.go`, which the health-check node ports use since
+//!   KEP-3836, `hcHandler.ServeHTTP` in `service_health.go`): unhealthy when, for some IP family,
+//!   an update has been queued ([`ProxyHealth::queued_update`]) and not applied
+//!   ([`ProxyHealth::updated`]) for longer than the health timeout (upstream: 2 × syncPeriod);
+//!   beyond upstream, also when a kernel subsystem keeps failing for the timeout (only a sync
+//!   with no failure and no retry outstanding counts as an update; a failed one records which
+//!   subsystem failed, since when, and its last error: [`ProxyHealth::sync_failed_at`]), and
+//!   while the IPVS probe at start keeps failing ([`ProxyHealth::set_blocked`]). A proxy that is
+//!   starting up, or fully synced, is healthy.
+//! - **`/healthz`** (upstream's `healthzHandler`): sync health, and this node is eligible (its
+//!   Node has no deletionTimestamp and no `ToBeDeletedByClusterAutoscaler` taint).
+//! - **`/livez`**: fails only for a wedged process: the sync loop has been inside one step
+//!   (applying changes and syncing) for longer than the liveness bound, or has not woken up for
+//!   the liveness bound after its wake-up was due ([`ProxyHealth::liveness_at`]). The bound is
+//!   2 × syncPeriod, at least [`MIN_LIVENESS_BOUND`]. Upstream's `livezHandler` answers the
+//!   sync health; here a kernel subsystem that keeps failing (another program holding the
+//!   xtables lock) is a `/healthz` matter: a restart would not fix it.
+//!
+//! The API source (watch errors, an unreachable or throttling API server, 410 storms, an object
+//! that cannot be decoded) is never a health failure: no change is queued while it fails, so the
+//! node's kernel state is as right as the last known objects make it, and upstream stays
+//! healthy too. Its failure is reported in `/healthz`'s body (`source`), in the log and in
+//! `kube_ipvs_last_successful_sync_age_seconds{subsystem="source"}`
+//! ([`ProxyHealth::source_failing_at`]).
+//!
+//! Bodies are JSON with `lastUpdated` and `currentTime` (RFC 3339); `lastUpdated` is the current
+//! time when healthy, like upstream. An unhealthy `/healthz` adds `reasons`, one per subsystem
+//! (`ipvs`, `address`, `ipset`, `iptables`, `conntrack`, or `pending` for changes not applied
+//! without a reported failure, e.g. a hung sync), with `family`, `since` and `lastError` (at most
+//! 512 bytes); a wedged `/livez` adds `reasons` with subsystem `sync-loop`.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -33,11 +50,30 @@ use crate::metrics::{CodeLabel, Metrics};
 /// The taint the cluster autoscaler puts on nodes it is about to delete.
 pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
 
+/// The shortest liveness bound: a sync loop step may run this long before `/livez` fails, even
+/// with a short syncPeriod. A first sync of a large cluster, or one program running into its own
+/// time limit (`--iptables-timeout`, `--ipset-timeout`: 30 s), is slow, not wedged.
+pub const MIN_LIVENESS_BOUND: Duration = Duration::from_secs(60);
+
+/// The subsystem a wedged `/livez` names.
+pub const SYNC_LOOP: &str = "sync-loop";
+
 /// A failure that has lasted since `since`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Failing {
-    since: SystemTime,
-    last_error: String,
+pub struct Failing {
+    /// Failing since.
+    pub since: SystemTime,
+    /// The last error (at most 512 bytes).
+    pub last_error: String,
+}
+
+/// What the sync loop is doing (see [`ProxyHealth::loop_working_at`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LoopState {
+    /// Inside a step (applying changes, syncing) since.
+    Working(Instant),
+    /// Waiting for input, due to wake up at the latest at.
+    Waiting(Instant),
 }
 
 #[derive(Debug)]
@@ -46,19 +82,22 @@ struct State {
     oldest_pending: HashMap<Family, SystemTime>,
     /// Failing subsystems per family (a bounded set: families × subsystems).
     failing: BTreeMap<(Family, &'static str), Failing>,
-    /// The API source failing since.
+    /// The API source failing since (reported, never a health failure).
     source: Option<Failing>,
     node_eligible: bool,
     /// Why the proxy cannot start syncing yet (e.g. the IPVS probe keeps failing).
     blocked: Option<String>,
+    /// The sync loop's state (None until it runs).
+    sync_loop: Option<LoopState>,
 }
 
 /// Why the proxy is unhealthy (one per failing subsystem and family).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reason {
-    /// `ipvs`, `address`, `ipset`, `iptables`, `conntrack`, `source`, or `pending`.
+    /// `ipvs`, `address`, `ipset`, `iptables`, `conntrack`, `pending` (`/healthz`), or
+    /// `sync-loop` (`/livez`).
     pub subsystem: &'static str,
-    /// The family (none for `source`).
+    /// The family (none for `sync-loop`).
     pub family: Option<Family>,
     /// Failing (or pending) since.
     pub since: SystemTime,
@@ -73,11 +112,14 @@ const MAX_ERROR: usize = 512;
 #[derive(Debug)]
 pub struct ProxyHealth {
     timeout: Duration,
+    liveness_bound: Duration,
     state: Mutex<State>,
     metrics: Option<Arc<Metrics>>,
+    /// `/livez` last answered wedged (to log the transitions once).
+    wedged: AtomicBool,
 }
 
-/// One health answer.
+/// One sync-health answer (`/healthz`, or the health-check node ports without the node).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthStatus {
     /// Healthy (for `/healthz`: and the node is eligible).
@@ -90,13 +132,26 @@ pub struct HealthStatus {
     pub node_eligible: bool,
     /// Why the proxy is unhealthy (empty when healthy, or when only the node is ineligible).
     pub reasons: Vec<Reason>,
+    /// The API source failing since, with its last error (reported only: never unhealthy).
+    pub source: Option<Failing>,
+}
+
+/// One `/livez` answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Liveness {
+    /// Not wedged.
+    pub live: bool,
+    /// When wedged: how long the loop has been stuck (in a step, or past its wake-up).
+    pub stuck_for: Option<Duration>,
 }
 
 impl ProxyHealth {
-    /// Health state with `timeout` (use 2 × syncPeriod like upstream).
+    /// Health state with `timeout` (use 2 × syncPeriod like upstream); the liveness bound is
+    /// `timeout`, at least [`MIN_LIVENESS_BOUND`].
     pub fn new(timeout: Duration, metrics: Option<Arc<Metrics>>) -> Self {
         Self {
             timeout,
+            liveness_bound: timeout.max(MIN_LIVENESS_BOUND),
             state: Mutex::new(State {
                 last_updated: HashMap::new(),
                 oldest_pending: HashMap::new(),
@@ -105,9 +160,22 @@ impl ProxyHealth {
                 // Eligible until a Node event says otherwise.
                 node_eligible: true,
                 blocked: None,
+                sync_loop: None,
             }),
             metrics,
+            wedged: AtomicBool::new(false),
         }
+    }
+
+    /// The same health state with another liveness bound (tests).
+    pub fn with_liveness_bound(mut self, bound: Duration) -> Self {
+        self.liveness_bound = bound;
+        self
+    }
+
+    /// The liveness bound (see [`Self::liveness_at`]).
+    pub fn liveness_bound(&self) -> Duration {
+        self.liveness_bound
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -169,7 +237,7 @@ impl ProxyHealth {
     }
 
     /// The API source (a watch) has been failing since `since` with `error`; the earliest
-    /// `since` of an ongoing failure is kept.
+    /// `since` of an ongoing failure is kept. Reported in `/healthz`'s body, never unhealthy.
     pub fn source_failing_at(&self, since: SystemTime, error: &str) {
         let mut s = self.lock();
         let since = s.source.as_ref().map_or(since, |f| f.since.min(since));
@@ -184,6 +252,20 @@ impl ProxyHealth {
         self.lock().source = None;
     }
 
+    /// The sync loop woke up at `at` and works (applies changes, syncs) until its next
+    /// [`Self::loop_waiting`]; a step already running keeps its start.
+    pub fn loop_working_at(&self, at: Instant) {
+        let mut s = self.lock();
+        if !matches!(s.sync_loop, Some(LoopState::Working(_))) {
+            s.sync_loop = Some(LoopState::Working(at));
+        }
+    }
+
+    /// The sync loop waits for input and wakes up at the latest at `due`.
+    pub fn loop_waiting(&self, due: Instant) {
+        self.lock().sync_loop = Some(LoopState::Waiting(due));
+    }
+
     /// Updates node eligibility from this node's Node object.
     pub fn sync_node(&self, node: &Node) {
         let deleting = node.metadata.deletion_timestamp.is_some();
@@ -195,9 +277,10 @@ impl ProxyHealth {
         self.lock().node_eligible = !(deleting || tainted);
     }
 
-    /// Marks the proxy unhealthy (`/healthz` and `/livez` 503, the reason in the body) until
-    /// called with `None`: while it cannot start syncing at all (the IPVS probe at start keeps
-    /// failing and is retried).
+    /// Marks the sync health unhealthy (`/healthz` and the health-check node ports 503, the
+    /// reason in `/healthz`'s body) until called with `None`: while the proxy cannot start
+    /// syncing at all (the IPVS probe at start keeps failing and is retried). `/livez` stays 200:
+    /// the process is retrying, and a restart would probe the same kernel again.
     pub fn set_blocked(&self, reason: Option<String>) {
         self.lock().blocked = reason;
     }
@@ -212,12 +295,34 @@ impl ProxyHealth {
         self.lock().node_eligible
     }
 
-    /// Proxy health ignoring the Node (what `/livez` and service health checks use).
+    /// Sync health ignoring the Node: what the health-check node ports answer with (upstream's
+    /// `ProxyHealthServer.IsHealthy`).
     pub fn is_healthy(&self) -> bool {
         self.status_at(SystemTime::now(), false).healthy
     }
 
-    /// Health at `now`; with `with_node`, an ineligible node is unhealthy (`/healthz`).
+    /// Liveness at `now`: wedged when the sync loop has been inside one step for the liveness
+    /// bound or longer, or has been due to wake up for the liveness bound or longer. Live before
+    /// the loop runs (starting up, or the IPVS probe retrying).
+    pub fn liveness_at(&self, now: Instant) -> Liveness {
+        let stuck = match self.lock().sync_loop {
+            Some(LoopState::Working(since)) => now.saturating_duration_since(since),
+            Some(LoopState::Waiting(due)) => now.saturating_duration_since(due),
+            None => {
+                return Liveness {
+                    live: true,
+                    stuck_for: None,
+                }
+            }
+        };
+        let live = stuck < self.liveness_bound;
+        Liveness {
+            live,
+            stuck_for: (!live).then_some(stuck),
+        }
+    }
+
+    /// Sync health at `now`; with `with_node`, an ineligible node is unhealthy (`/healthz`).
     pub fn status_at(&self, now: SystemTime, with_node: bool) -> HealthStatus {
         let s = self.lock();
         let late =
@@ -244,21 +349,8 @@ impl ProxyHealth {
                 });
             }
         }
-        if let Some(src) = s.source.as_ref().filter(|f| late(f.since)) {
-            reasons.push(Reason {
-                subsystem: "source",
-                family: None,
-                since: src.since,
-                last_error: src.last_error.clone(),
-            });
-        }
         let mut healthy = reasons.is_empty();
         let mut last: Option<SystemTime> = None;
-        for updated in s.last_updated.values() {
-            if last.is_none_or(|l| *updated > l) {
-                last = Some(*updated);
-            }
-        }
         let mut upstream_healthy = true;
         for (family, updated) in &s.last_updated {
             if last.is_none_or(|l| *updated > l) {
@@ -289,18 +381,13 @@ impl ProxyHealth {
             healthy = false;
         }
         healthy &= upstream_healthy;
-        if !healthy && upstream_healthy {
-            // Failing (not only late): lastUpdated is the family's last real success.
+        if !healthy && upstream_healthy && !reasons.is_empty() {
+            // Failing (not only late): lastUpdated is the failing families' last real success.
             last = reasons
                 .iter()
                 .filter_map(|r| r.family)
                 .filter_map(|f| s.last_updated.get(&f).copied())
-                .min()
-                .or(if reasons.iter().all(|r| r.family.is_none()) {
-                    last
-                } else {
-                    None
-                });
+                .min();
         }
         let node_eligible = s.node_eligible;
         if with_node {
@@ -312,6 +399,7 @@ impl ProxyHealth {
             current_time: now,
             node_eligible,
             reasons,
+            source: s.source.clone(),
         }
     }
 
@@ -326,6 +414,20 @@ impl ProxyHealth {
                 &m.proxy_healthz_total
             };
             family.get_or_create(&label).inc();
+        }
+    }
+
+    /// Logs a change of liveness once per transition.
+    fn log_liveness(&self, l: Liveness) {
+        let was = self.wedged.swap(!l.live, Ordering::Relaxed);
+        match (was, l.stuck_for) {
+            (false, Some(stuck)) => tracing::error!(
+                stuck_s = stuck.as_secs(),
+                bound_s = self.liveness_bound.as_secs(),
+                "SYNC LOOP WEDGED: no progress within the liveness bound; /livez answers 503"
+            ),
+            (true, None) => tracing::info!("sync loop making progress again; /livez answers 200"),
+            _ => {}
         }
     }
 }
@@ -372,41 +474,89 @@ fn json_response(code: StatusCode, body: String) -> Response {
     r
 }
 
-fn answer(health: &ProxyHealth, livez: bool) -> Response {
-    let st = health.status_at(SystemTime::now(), !livez);
+fn reasons_json(reasons: &[Reason]) -> serde_json::Value {
+    serde_json::Value::Array(
+        reasons
+            .iter()
+            .map(|r| {
+                let mut o = serde_json::json!({
+                    "subsystem": r.subsystem,
+                    "since": rfc3339(Some(r.since)),
+                    "lastError": r.last_error,
+                });
+                if let Some(f) = r.family {
+                    o["family"] = serde_json::Value::String(f.api_name().into());
+                }
+                o
+            })
+            .collect(),
+    )
+}
+
+/// `/healthz`: sync health and node eligibility; the API source's state is reported in the body
+/// (`source`), never as a failure.
+fn answer_healthz(health: &ProxyHealth) -> Response {
+    let st = health.status_at(SystemTime::now(), true);
     let code = if st.healthy {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    health.count(livez, code);
+    health.count(false, code);
     let mut body = serde_json::json!({
         "lastUpdated": rfc3339(st.last_updated),
         "currentTime": rfc3339(Some(st.current_time)),
+        "nodeEligible": st.node_eligible,
+        "source": match &st.source {
+            None => serde_json::json!({"healthy": true}),
+            Some(f) => serde_json::json!({
+                "healthy": false,
+                "since": rfc3339(Some(f.since)),
+                "lastError": f.last_error,
+            }),
+        },
     });
-    if !livez {
-        body["nodeEligible"] = serde_json::Value::Bool(st.node_eligible);
-    }
     if let Some(reason) = health.blocked() {
         body["reason"] = serde_json::Value::String(reason);
     }
     if !st.reasons.is_empty() {
-        body["reasons"] = serde_json::Value::Array(
-            st.reasons
-                .iter()
-                .map(|r| {
-                    let mut o = serde_json::json!({
-                        "subsystem": r.subsystem,
-                        "since": rfc3339(Some(r.since)),
-                        "lastError": r.last_error,
-                    });
-                    if let Some(f) = r.family {
-                        o["family"] = serde_json::Value::String(f.api_name().into());
-                    }
-                    o
-                })
-                .collect(),
-        );
+        body["reasons"] = reasons_json(&st.reasons);
+    }
+    json_response(code, body.to_string())
+}
+
+/// `/livez`: 503 only for a wedged sync loop (see [`ProxyHealth::liveness_at`]).
+fn answer_livez(health: &ProxyHealth) -> Response {
+    let now = SystemTime::now();
+    let l = health.liveness_at(Instant::now());
+    health.log_liveness(l);
+    let code = if l.live {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    health.count(true, code);
+    let last_updated = if l.live {
+        Some(now)
+    } else {
+        health.lock().last_updated.values().max().copied()
+    };
+    let mut body = serde_json::json!({
+        "lastUpdated": rfc3339(last_updated),
+        "currentTime": rfc3339(Some(now)),
+    });
+    if let Some(stuck) = l.stuck_for {
+        let since = now.checked_sub(stuck).unwrap_or(UNIX_EPOCH);
+        body["reasons"] = reasons_json(&[Reason {
+            subsystem: SYNC_LOOP,
+            family: None,
+            since,
+            last_error: format!(
+                "no progress for {}s (liveness bound {}s): a sync or kernel call is hung",
+                stuck.as_secs(),
+                health.liveness_bound.as_secs()
+            ),
+        }]);
     }
     json_response(code, body.to_string())
 }
@@ -419,14 +569,14 @@ pub fn router(health: Arc<ProxyHealth>) -> axum::Router {
             "/healthz",
             axum::routing::get(move || {
                 let h = health.clone();
-                async move { answer(&h, false) }
+                async move { answer_healthz(&h) }
             }),
         )
         .route(
             "/livez",
             axum::routing::get(move || {
                 let h = h2.clone();
-                async move { answer(&h, true) }
+                async move { answer_livez(&h) }
             }),
         )
 }
@@ -470,21 +620,21 @@ mod tests {
     }
 
     #[test]
-    fn blocked_is_unhealthy_for_healthz_and_livez_with_the_reason() {
+    fn blocked_is_unhealthy_for_healthz_not_livez_with_the_reason() {
         let h = Arc::new(ProxyHealth::new(Duration::from_secs(60), None));
         assert!(h.status_at(t(10), true).healthy);
         h.set_blocked(Some("IPVS probe failing".into()));
         assert!(!h.status_at(t(10), true).healthy);
         assert!(!h.status_at(t(10), false).healthy);
         assert!(!h.is_healthy());
-        for livez in [false, true] {
-            let r = answer(&h, livez);
-            assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
-        }
+        let r = answer_healthz(&h);
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        // The process is retrying the probe: not wedged, a restart would not help.
+        assert_eq!(answer_livez(&h).status(), StatusCode::OK);
         assert_eq!(h.blocked().as_deref(), Some("IPVS probe failing"));
         h.set_blocked(None);
         assert!(h.status_at(t(10), true).healthy);
-        assert_eq!(answer(&h, false).status(), StatusCode::OK);
+        assert_eq!(answer_healthz(&h).status(), StatusCode::OK);
     }
 
     #[test]
@@ -520,7 +670,7 @@ mod tests {
                 "iptables-restore: lock held"
             )
         );
-        // /livez too: it is the proxy's health, not the node's.
+        // The health-check node ports too: it is the proxy's sync health, not the node's.
         assert!(!h.status_at(t(1160), false).healthy);
         // A retry still outstanding (no new failure) keeps it unhealthy.
         h.sync_failed_at(Family::Inet, &[], &["iptables"], t(1170));
@@ -549,21 +699,72 @@ mod tests {
     }
 
     #[test]
-    fn source_failing_longer_than_the_window_is_unhealthy() {
+    fn source_failing_is_reported_and_never_unhealthy() {
         let h = ProxyHealth::new(Duration::from_secs(20), None);
-        // Starting up with the API server away: healthy until the window passes.
+        h.updated_at(Family::Inet, t(90));
+        // The API server goes away: reported at once, with the first time and the last error.
         h.source_failing_at(t(100), "connection refused");
-        assert!(h.status_at(t(119), true).healthy);
-        // A later error keeps the first time.
         h.source_failing_at(t(110), "connection refused again");
-        let st = h.status_at(t(120), true);
-        assert!(!st.healthy);
-        assert_eq!(st.reasons[0].subsystem, "source");
-        assert_eq!(st.reasons[0].since, t(100));
-        assert_eq!(st.reasons[0].family, None);
-        assert_eq!(st.reasons[0].last_error, "connection refused again");
+        // Far beyond the window: /healthz and the health-check node ports stay healthy (no
+        // change is queued while the source fails), the body carries the failure.
+        for with_node in [true, false] {
+            let st = h.status_at(t(100_000), with_node);
+            assert!(st.healthy, "{st:?}");
+            assert!(st.reasons.is_empty(), "{st:?}");
+            let src = st.source.unwrap();
+            assert_eq!(src.since, t(100));
+            assert_eq!(src.last_error, "connection refused again");
+        }
+        assert!(h.liveness_at(Instant::now()).live);
         h.source_ok();
-        assert!(h.status_at(t(121), true).healthy);
+        assert_eq!(h.status_at(t(100_001), true).source, None);
+    }
+
+    #[test]
+    fn livez_fails_only_for_a_wedged_sync_loop() {
+        let bound = Duration::from_secs(60);
+        let h = ProxyHealth::new(Duration::from_secs(20), None);
+        assert_eq!(h.liveness_bound(), bound, "2 x 10 s, at least the minimum");
+        let h = h.with_liveness_bound(bound);
+        let i0 = Instant::now();
+        let at = |s: u64| i0 + Duration::from_secs(s);
+        // Before the loop runs (starting up, probing): live.
+        assert!(h.liveness_at(at(10_000)).live);
+        // Sync failures, stale changes and an API outage, all far beyond the windows: /healthz
+        // fails for the kernel's sake, /livez does not.
+        h.queued_update_at(Family::Inet, t(0));
+        h.sync_failed_at(
+            Family::Inet,
+            &[("iptables", "lock".into())],
+            &["iptables"],
+            t(0),
+        );
+        h.source_failing_at(t(0), "connection refused");
+        assert!(!h.status_at(t(10_000), true).healthy);
+        h.loop_waiting(at(5));
+        assert!(h.liveness_at(at(4)).live);
+        assert!(h.liveness_at(at(64)).live, "woke up late, inside the bound");
+        // A step (a sync) that starts and does not finish: live until the bound has passed.
+        h.loop_working_at(at(100));
+        assert!(h.liveness_at(at(159)).live);
+        // Working again (a second call within the same step) keeps the step's start.
+        h.loop_working_at(at(150));
+        let l = h.liveness_at(at(160));
+        assert!(!l.live);
+        assert_eq!(l.stuck_for, Some(bound));
+        // The step ends: live again.
+        h.loop_waiting(at(170));
+        assert!(h.liveness_at(at(165)).live);
+        // The loop never wakes up after its due time: wedged after the bound.
+        assert!(h.liveness_at(at(229)).live);
+        assert!(!h.liveness_at(at(230)).live);
+        h.loop_working_at(at(231));
+        assert!(h.liveness_at(at(231)).live);
+        // The HTTP answer (at the real time: a zero bound is passed at once).
+        let h = ProxyHealth::new(Duration::from_secs(20), None).with_liveness_bound(Duration::ZERO);
+        assert_eq!(answer_livez(&h).status(), StatusCode::OK, "no loop yet");
+        h.loop_working_at(Instant::now());
+        assert_eq!(answer_livez(&h).status(), StatusCode::SERVICE_UNAVAILABLE);
     }
 
     #[test]
@@ -577,7 +778,7 @@ mod tests {
         let long = "x".repeat(10_000);
         h.source_failing_at(t(0), &long);
         let st = h.status_at(t(30), true);
-        let src = st.reasons.iter().find(|r| r.subsystem == "source").unwrap();
+        let src = st.source.unwrap();
         assert!(src.last_error.len() <= 512, "{}", src.last_error.len());
     }
 

@@ -42,6 +42,10 @@ pub fn run(args: Args) -> Result<()> {
     }
     let config = loaded.config;
     match args.action {
+        Action::LoadModules => {
+            probe::load_modules(&config, |m| probe::modprobe(m, probe::MODPROBE_TIMEOUT));
+            Ok(())
+        }
         Action::Plan { diff, section } => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)

@@ -1,9 +1,13 @@
 //! Health-check node ports for `externalTrafficPolicy: Local` services.
 //!
 //! Each such service has a `spec.healthCheckNodePort`; load balancers probe it on every node and
-//! send traffic only to nodes answering 200. Like upstream kube-proxy, one HTTP listener per port
-//! (on every listen address) answers any path with 200 when the node has local endpoints for the
-//! service and the proxy is healthy, else 503, and this JSON body:
+//! send traffic only to nodes answering 200. Like upstream kube-proxy (`hcHandler.ServeHTTP` in
+//! `pkg/proxy/healthcheck/service_health.go`, since KEP-3836), one HTTP listener per port (on
+//! every listen address) answers any path with 200 when the node has local endpoints for the
+//! service and the proxy's sync health is good ([`ProxyHealth::is_healthy`]: queued changes
+//! applied within the health timeout, no kernel subsystem failing for it; never the API source,
+//! so an API outage does not take every node out of every load balancer at once), else 503, and
+//! this JSON body:
 //! `{"service":{"namespace":"ns","name":"name"},"localEndpoints":N,"serviceProxyHealthy":true}`,
 //! with `X-Content-Type-Options: nosniff` and `X-Load-Balancing-Endpoint-Weight: N`.
 //!
@@ -165,15 +169,17 @@ impl ServiceHealthServer {
                 }
             });
             let name = svc.service.clone();
+            let metrics = self.metrics.clone();
             listener.tasks.push(tokio::spawn(async move {
                 tracing::debug!(service = %name, %addr, "serving health check node port");
-                // Header-read timeout, connection cap and age limit (see `crate::http`);
-                // closing the port aborts this task.
+                // Header-read timeout, connection caps (per source and in total) and age limit
+                // (see `crate::http`); closing the port aborts this task.
                 crate::http::serve_limited(
                     "health-check-node-port",
                     tcp,
                     app,
                     crate::http::Limits::default(),
+                    metrics,
                     std::future::pending(),
                 )
                 .await;

@@ -674,6 +674,45 @@ fn process_timeouts_default_to_the_libraries_and_reject_zero() {
     }
 }
 
+/// Issue #32 (c): each Service's budget defaults to the model's defaults, flags change it, it
+/// reaches the model's configuration of both families, and 0 is refused.
+#[test]
+fn service_budget_flags_default_reach_the_model_and_reject_zero() {
+    let c = load(None, &[]).unwrap().config;
+    assert_eq!(c.service_budget, model::ServiceBudget::default());
+    let c = load(
+        None,
+        &[
+            "--max-virtual-servers-per-service=100",
+            "--max-real-servers-per-service",
+            "2000",
+            "--max-ipset-members-per-service=300",
+        ],
+    )
+    .unwrap()
+    .config;
+    let want = model::ServiceBudget {
+        virtual_servers: 100,
+        real_servers: 2000,
+        ipset_members: 300,
+    };
+    assert_eq!(c.service_budget, want);
+    for fam in [ipvs_netlink::Family::Inet, ipvs_netlink::Family::Inet6] {
+        assert_eq!(kube_ipvs::engine::proxy_config(&c, fam).budget, want);
+    }
+    for flag in [
+        "--max-virtual-servers-per-service=0",
+        "--max-real-servers-per-service=0",
+        "--max-ipset-members-per-service=0",
+    ] {
+        let err = load(None, &[flag]).unwrap_err();
+        assert!(
+            err.to_string().contains("out of range 1..="),
+            "{flag}: {err}"
+        );
+    }
+}
+
 /// Issue 17 item 6: no setting is accepted and silently ignored. `detectLocalMode: NodeCIDR`
 /// is applied (the Node's spec.podCIDRs, see controller's detect_local_node_cidr tests) from the
 /// file and the flag alike; `configSyncPeriod` (an informer resync, which kube-ipvs has no
@@ -765,6 +804,90 @@ fn ipvs_scheduler_accepts_exactly_the_kernel_schedulers() {
                  sed, nq, mh, fo, ovf)"
             )),
             "{err}"
+        );
+    }
+}
+
+/// `--protected-node-ports` (issue #32): defaults to `model::DEFAULT_PROTECTED_NODE_PORTS` on
+/// every protocol, takes `PORT` and `PORT/PROTOCOL` entries, rejects anything else naming the
+/// entry; the model's configuration always adds the healthz and metrics ports (TCP).
+/// `--refuse-node-address-vips` defaults to off (upstream serves such claims).
+#[test]
+fn protected_node_ports_and_refusal_flags() {
+    use ipvs_netlink::{Family, Protocol};
+    use kube_ipvs::engine::proxy_config;
+    use model::ProtectedPort;
+    let any = |port| ProtectedPort {
+        port,
+        protocol: None,
+    };
+    let on = |port, p| ProtectedPort {
+        port,
+        protocol: Some(p),
+    };
+    let l = load(Some(KUBEADM), &[]).unwrap();
+    let want: Vec<ProtectedPort> = model::DEFAULT_PROTECTED_NODE_PORTS
+        .iter()
+        .map(|p| any(*p))
+        .collect();
+    assert_eq!(l.config.protected_node_ports, want);
+    assert!(!l.config.refuse_node_address_vips);
+    // The library's default (tests, `plan` without flags) is the flag's default.
+    assert_eq!(
+        model::ProxyConfig::new(Family::Inet).protected_node_ports,
+        want
+    );
+    let p = proxy_config(&l.config, Family::Inet);
+    assert!(!p.refuse_node_address_vips);
+    for port in [22, 6443, 10249, 10250, 10256] {
+        assert!(
+            p.protected_node_ports
+                .iter()
+                .any(|e| e.covers(port, Protocol::Udp)),
+            "{port}"
+        );
+    }
+    let l = load(
+        None,
+        &[
+            "--protected-node-ports",
+            "8443/udp, 9000,7000/SCTP",
+            "--healthz-bind-address=0.0.0.0:12256",
+            "--metrics-bind-address=127.0.0.1:12249",
+            "--refuse-node-address-vips",
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        l.config.protected_node_ports,
+        vec![on(7000, Protocol::Sctp), on(8443, Protocol::Udp), any(9000)]
+    );
+    let p = proxy_config(&l.config, Family::Inet6);
+    assert!(p.refuse_node_address_vips);
+    assert_eq!(
+        p.protected_node_ports,
+        vec![
+            on(7000, Protocol::Sctp),
+            on(8443, Protocol::Udp),
+            any(9000),
+            on(12249, Protocol::Tcp),
+            on(12256, Protocol::Tcp),
+        ]
+    );
+    // Empty: only the proxy's own ports.
+    let l = load(None, &["--protected-node-ports="]).unwrap();
+    assert!(l.config.protected_node_ports.is_empty());
+    let p = proxy_config(&l.config, Family::Inet);
+    assert_eq!(
+        p.protected_node_ports,
+        vec![on(10249, Protocol::Tcp), on(10256, Protocol::Tcp)]
+    );
+    for bad in ["0", "65536", "http", "80/icmp", "80/"] {
+        let err = load(None, &["--protected-node-ports", bad]).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("--protected-node-ports[0]") && text.contains("invalid protected port"),
+            "{bad}: {text}"
         );
     }
 }

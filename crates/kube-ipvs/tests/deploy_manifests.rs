@@ -280,16 +280,118 @@ fn container_is_unprivileged_with_only_the_needed_capabilities() {
             "daemonset.yaml comment should explain {why}"
         );
     }
-    // No /lib/modules mount (IPVS modules autoload); no host root.
+    // No host root; /lib/modules only for the load-modules init container, never for the
+    // long-running one (it has no CAP_SYS_MODULE either).
     let pod = pod_spec();
     for v in pod.volumes.unwrap_or_default() {
         if let Some(hp) = v.host_path {
             assert!(
-                ["/run/xtables.lock", "/proc/sys/net"].contains(&hp.path.as_str()),
+                ["/run/xtables.lock", "/proc/sys/net", "/lib/modules"].contains(&hp.path.as_str()),
                 "unexpected hostPath {}",
                 hp.path
             );
+            if hp.path == "/lib/modules" {
+                assert!(
+                    !c.volume_mounts
+                        .clone()
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|m| m.name == v.name),
+                    "the daemon's container must not mount /lib/modules"
+                );
+            }
         }
+    }
+}
+
+/// The one init container, `load-modules`.
+fn init_container() -> Container {
+    let inits = pod_spec().init_containers.unwrap_or_default();
+    assert_eq!(inits.len(), 1, "one init container: load-modules");
+    let c = inits.into_iter().next().unwrap();
+    assert_eq!(c.name, "load-modules");
+    c
+}
+
+#[test]
+fn init_container_loads_modules_with_only_sys_module_and_read_only_lib_modules() {
+    let init = init_container();
+    let main = container();
+    // The same image as the daemon (kustomize's images[] rewrites both).
+    assert_eq!(init.image, main.image);
+    // Its command is `kube-ipvs load-modules` with the daemon's --config (the scheduler's
+    // module comes from the same ConfigMap).
+    let mut argv = init.command.clone().unwrap_or_default();
+    argv.extend(init.args.clone().unwrap_or_default());
+    assert_eq!(
+        argv[0],
+        command_line()[0],
+        "the binary the Containerfile installs"
+    );
+    let args = kube_ipvs::cli::parse(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    assert_eq!(args.action, kube_ipvs::cli::Action::LoadModules);
+    let main_args = kube_ipvs::cli::parse(command_line()).unwrap();
+    assert_eq!(args.flag("config"), main_args.flag("config"));
+    // Least privilege: only CAP_SYS_MODULE, no privilege escalation, not privileged, read-only
+    // root, the runtime's seccomp profile (which allows finit_module with CAP_SYS_MODULE).
+    let sc = init.security_context.clone().unwrap();
+    assert_ne!(sc.privileged, Some(true), "must not be privileged");
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(
+        sc.run_as_user,
+        Some(0),
+        "added capabilities are effective for root only"
+    );
+    assert_eq!(
+        sc.seccomp_profile.map(|p| p.type_).as_deref(),
+        Some("RuntimeDefault")
+    );
+    let caps = sc.capabilities.unwrap();
+    assert_eq!(caps.drop, Some(vec!["ALL".to_string()]));
+    assert_eq!(
+        caps.add,
+        Some(vec!["SYS_MODULE".to_string()]),
+        "only SYS_MODULE"
+    );
+    // Mounts: the host's /lib/modules and the config, both read-only, nothing else.
+    let mounts = init.volume_mounts.clone().unwrap_or_default();
+    let vols = pod_spec().volumes.unwrap_or_default();
+    let mut paths = BTreeSet::new();
+    for m in &mounts {
+        assert_eq!(
+            m.read_only,
+            Some(true),
+            "{} must be read-only",
+            m.mount_path
+        );
+        paths.insert(m.mount_path.clone());
+        let v = vols.iter().find(|v| v.name == m.name).unwrap();
+        if m.mount_path == "/lib/modules" {
+            assert_eq!(v.host_path.as_ref().unwrap().path, "/lib/modules");
+        } else {
+            assert!(v.config_map.is_some(), "{}: {v:?}", m.mount_path);
+        }
+    }
+    let (dir, _) = args.flag("config").unwrap().rsplit_once('/').unwrap();
+    assert_eq!(
+        paths,
+        ["/lib/modules".to_string(), dir.to_string()].into(),
+        "init container mounts"
+    );
+    // A memory limit (modprobe and the config loader need little).
+    assert!(init
+        .resources
+        .unwrap()
+        .limits
+        .unwrap()
+        .contains_key("memory"));
+    let text = std::fs::read_to_string(deploy_dir().join("daemonset.yaml")).unwrap();
+    for why in ["CAP_SYS_MODULE", "load-modules", "falls back"] {
+        assert!(
+            text.contains(why),
+            "daemonset.yaml comment should explain {why}"
+        );
     }
 }
 
@@ -467,6 +569,29 @@ fn probes_hit_livez_and_healthz_on_the_configured_port() {
     }
 }
 
+/// The kubelet's default probe timeout (1 s) restarted a healthy kube-ipvs on the conformance
+/// run's CPU-starved node (its /livez answered, late): the probes wait 5 s, and the liveness
+/// probe gives a minute of failures before a restart.
+#[test]
+fn probes_tolerate_a_slow_node() {
+    let c = container();
+    for (name, probe) in [
+        ("liveness", c.liveness_probe.clone().unwrap()),
+        ("readiness", c.readiness_probe.clone().unwrap()),
+    ] {
+        assert!(
+            probe.timeout_seconds.unwrap_or(1) >= 5,
+            "{name} probe timeoutSeconds {:?}",
+            probe.timeout_seconds
+        );
+    }
+    let l = c.liveness_probe.unwrap();
+    assert!(
+        l.failure_threshold.unwrap_or(3) * l.period_seconds.unwrap_or(10) >= 60,
+        "{l:?}"
+    );
+}
+
 #[test]
 fn cluster_role_grants_exactly_what_the_proxy_uses() {
     let role: ClusterRole = one("ClusterRole");
@@ -517,13 +642,17 @@ fn containerfile_is_multi_stage_with_the_inspection_tools() {
     // The runtime stage installs the tools kube-ipvs runs and operators inspect with, and the
     // build fails if a backend is missing.
     let runtime = &text[text.find(froms[1]).unwrap()..];
-    for tool in ["ipvsadm", "ipset", "iptables", "conntrack"] {
+    for tool in ["ipvsadm", "ipset", "iptables", "conntrack", "kmod"] {
         assert!(
             runtime.contains(&format!(" {tool} ")),
             "{tool} not installed"
         );
     }
-    for check in ["iptables-nft --version", "iptables-legacy --version"] {
+    for check in [
+        "iptables-nft --version",
+        "iptables-legacy --version",
+        "modprobe --version",
+    ] {
         assert!(runtime.contains(check), "{check}");
     }
     assert!(runtime.contains("COPY --from=build /out/kube-ipvs /usr/local/bin/kube-ipvs"));

@@ -274,15 +274,20 @@ fn kube_ipvs_flags_in_the_docs_exist() {
                 let Some(pos) = seg.find("kube-ipvs ") else {
                     continue;
                 };
-                // `cargo test -p kube-ipvs ...` names the package, not the binary.
+                // `cargo test -p kube-ipvs ...` names the package, not the binary;
+                // `cargo xtask conformance --proxy kube-ipvs ...` names a proxy under test.
                 let before = &seg[..pos];
-                if before.ends_with("-p ") || (before.ends_with('/') && !before.ends_with("./")) {
+                if before.ends_with("-p ")
+                    || before.ends_with("--proxy ")
+                    || (before.ends_with('/') && !before.ends_with("./"))
+                {
                     continue;
                 }
                 let cmdline = &seg[pos..];
                 if !(cmdline.starts_with("kube-ipvs --")
                     || cmdline.starts_with("kube-ipvs plan")
                     || cmdline.starts_with("kube-ipvs config")
+                    || cmdline.starts_with("kube-ipvs load-modules")
                     || cmdline.starts_with("kube-ipvs -"))
                 {
                     continue;

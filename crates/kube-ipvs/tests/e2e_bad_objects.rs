@@ -2,12 +2,14 @@
 //! with good ones, served by the fake API server to the real daemon (`--kubeconfig`).
 //!
 //! Bad objects: a clusterIP that is not an IP, a port out of range, an unknown protocol, duplicate
-//! ports, an EndpointSlice with 10,000 endpoints (the API allows 1,000), an EndpointSlice with an
-//! invalid address, an EndpointSlice with a port out of range. Every good Service carries traffic
-//! (echo through IPVS NAT to the pods), each bad object is logged once with its name and reason,
-//! counted in `kube_ipvs_invalid_objects_total{kind,reason}`, and reported as one
-//! `events.k8s.io/v1` Warning Event (reason `InvalidObject`) that the fake API server records.
-//! The daemon keeps running and exits 0 on SIGTERM.
+//! ports, an EndpointSlice with 10,000 endpoints (the API allows 1,000), an EndpointSlice with a
+//! port out of range; and two used without their invalid values: an EndpointSlice whose only
+//! endpoint has an invalid address, a Service with one garbage externalIP (its ClusterIP and its
+//! other externalIP carry traffic). Every good Service carries traffic (echo through IPVS NAT to
+//! the pods), each bad object is logged once with its name and reason, counted in
+//! `kube_ipvs_invalid_objects_total{kind,reason}`, and reported as one `events.k8s.io/v1`
+//! Warning Event (reason `InvalidObject`, or `InvalidField` for the partial ones) that the fake
+//! API server records. The daemon keeps running and exits 0 on SIGTERM.
 //!
 //! A ClusterIP outside the cluster's service CIDR (172.30.5.5 here, vs 10.96.0.0/12): kube-ipvs
 //! has no service-CIDR setting (kube-proxy has none either; the API server validates it), so it is
@@ -53,23 +55,40 @@ fn tcp(port: i64) -> Value {
     json!([{"name": "http", "port": port, "targetPort": 8080, "protocol": "TCP"}])
 }
 
-/// (kind, name, a piece of the reason the model gives) of every bad object.
+/// (kind, name, a piece of the reason the model gives) of every bad object skipped whole
+/// (Event `InvalidObject`, log `skipping invalid object`) or, for [`PARTIAL`], used without its
+/// invalid values (Event `InvalidField`, log `using object without its invalid values`).
 const BAD: &[(&str, &str, &str)] = &[
     ("Service", "bad-cluster-ip", "invalid clusterIP"),
     ("Service", "bad-port", "out of range"),
     ("Service", "bad-protocol", "unknown protocol"),
     ("Service", "dup-ports", "duplicate port"),
     ("EndpointSlice", "huge-1", "10000 endpoints"),
-    ("EndpointSlice", "bad-addr-1", "invalid endpoint address"),
+    (
+        "EndpointSlice",
+        "bad-addr-1",
+        "ignored endpoint with invalid address \"10.244.0.300\"",
+    ),
     ("EndpointSlice", "bad-slice-port-1", "out of range"),
+    (
+        "Service",
+        "partial-ext",
+        "ignored invalid externalIP \"bogus\"",
+    ),
 ];
 
-/// Good services: (name, VIP) — each reaches the pods.
+/// The objects of [`BAD`] used without their invalid values.
+const PARTIAL: &[&str] = &["bad-addr-1", "partial-ext"];
+
+/// Good services: (name, VIP) — each reaches the pods. `partial-ext` has one garbage
+/// externalIP: its ClusterIP and its other externalIP are served all the same.
 const GOOD: &[(&str, &str)] = &[
     ("good-a", "10.96.0.30:80"),
     ("good-b", "10.96.0.31:81"),
     ("outside-cidr", "172.30.5.5:80"),
     ("good-c", "10.96.0.32:80"),
+    ("partial-ext", "10.96.0.33:80"),
+    ("partial-ext", "203.0.113.33:80"),
 ];
 
 fn objects() -> Vec<Value> {
@@ -115,6 +134,10 @@ fn objects() -> Vec<Value> {
         &["10.244.0.300".to_string()],
     ));
     v.push(slice("bad-slice-port-1", "good-c", 99_999, &pods));
+    let mut partial = service("partial-ext", "10.96.0.33", tcp(80));
+    partial["spec"]["externalIPs"] = json!(["bogus", "203.0.113.33"]);
+    v.push(partial);
+    v.push(slice("partial-ext-1", "partial-ext", 8080, &pods[..1]));
     v
 }
 
@@ -145,6 +168,8 @@ async fn bad_objects() {
             && t.contains("-a -t 10.96.0.31:81 -r 10.244.0.8:8080 -m")
             && t.contains("-a -t 172.30.5.5:80 -r 10.244.0.7:8080 -m")
             && t.contains("-a -t 10.96.0.32:80 -r 10.244.0.7:8080 -m")
+            && t.contains("-a -t 10.96.0.33:80 -r 10.244.0.7:8080 -m")
+            && t.contains("-a -t 203.0.113.33:80 -r 10.244.0.7:8080 -m")
     })
     .await;
     // Nothing of the bad services, and none of the bad slices' endpoints.
@@ -219,7 +244,13 @@ async fn bad_objects() {
         assert_eq!(matching.len(), 1, "{kind} {name}: {events:#?}");
         let e = matching[0];
         assert_eq!(e["type"], "Warning", "{e:#}");
-        assert_eq!(e["reason"], "InvalidObject", "{e:#}");
+        let (reason, action) = if PARTIAL.contains(name) {
+            ("InvalidField", "Ignore")
+        } else {
+            ("InvalidObject", "Skip")
+        };
+        assert_eq!(e["reason"], reason, "{e:#}");
+        assert_eq!(e["action"], action, "{e:#}");
         let note = e["note"]
             .as_str()
             .or(e["message"].as_str())
@@ -267,11 +298,15 @@ async fn bad_objects() {
     assert!(!log.contains("panicked"), "{log}");
     let skipped: Vec<&str> = log
         .lines()
-        .filter(|l| l.contains("skipping invalid object"))
+        .filter(|l| {
+            l.contains("skipping invalid object")
+                || l.contains("using object without its invalid values")
+        })
         .collect();
     let mut logged_once = 0;
     for (kind, name, why) in BAD {
         let key = match *kind {
+            "Service" if PARTIAL.contains(name) => format!("fields default/{name}"),
             "Service" => format!("service default/{name}"),
             _ => format!("endpointslice default/{name}"),
         };
@@ -284,7 +319,7 @@ async fn bad_objects() {
         logged_once += 1;
     }
     println!(
-        "log: {} 'skipping invalid object' lines, {logged_once} of {} bad objects logged exactly once",
+        "log: {} rejection lines, {logged_once} of {} bad objects logged exactly once",
         skipped.len(),
         BAD.len()
     );

@@ -192,3 +192,89 @@ fn failing_ipvs_turns_healthz_503_after_the_window_with_reason_then_200_and_fixe
         "{text}"
     );
 }
+
+/// Issue #32: a Service whose programming the kernel refuses (EINVAL for its virtual server,
+/// every time) is isolated: `/healthz` stays 200 well past the health window, one
+/// `KernelRefused` Event regards the Service, and the refusal is counted under fixed labels.
+#[test]
+fn a_service_the_kernel_refuses_never_makes_healthz_fail_and_is_reported_once() {
+    use proxier::sync_loop::Backend as _;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(ProxyHealth::new(WINDOW, Some(metrics.clone())));
+    let (sink, mut events) = kube_ipvs::events::EventSink::new(Some(metrics.clone()));
+    let observer = Observer {
+        metrics: metrics.clone(),
+        health: health.clone(),
+        service_health: Arc::new(ServiceHealthServer::new(
+            vec!["127.0.0.1".parse().unwrap()],
+            health.clone(),
+            None,
+        )),
+        rt: rt.handle().clone(),
+        rejections: Some(sink),
+        reported: std::sync::Mutex::default(),
+        seen: std::sync::Mutex::default(),
+        first_sync: None,
+    };
+    let (kernel, faults) = FaultKernel::new(FakeKernel::default());
+    faults.refuse_ipvs(
+        ipvs_netlink::ServiceKey::Inet {
+            protocol: ipvs_netlink::Protocol::Tcp,
+            addr: "10.96.0.20".parse().unwrap(),
+            port: 80,
+        },
+        testkit::faults::EINVAL,
+    );
+    let proxier = Proxier::new(
+        ProxyConfig::new(Family::Inet),
+        RulesConfig::default(),
+        "node-1",
+    )
+    .with_retry(RetryPolicy::new(
+        Duration::from_secs(1),
+        Duration::from_secs(30),
+    ));
+    let mut backend = FamilyProxier {
+        proxier,
+        kernel: Box::new(kernel),
+    };
+    let store = store();
+    let wall0 = SystemTime::now();
+    let mut at = Instant::now();
+    // The first sync fails like any (retried), then every retry is refused: isolated.
+    for _ in 0..6 {
+        let r = backend
+            .proxier
+            .sync_at(at, &store, &node_addrs(), backend.kernel.as_mut());
+        observer.synced(Family::Inet, &r, &backend);
+        let refused = backend.take_refusals();
+        if !refused.is_empty() {
+            observer.refused(Family::Inet, &refused);
+        }
+        at = backend.proxier.retry_due().expect("retried with backoff");
+    }
+    assert_eq!(backend.refused_services(), 1);
+    let st = health.status_at(wall0 + WINDOW * 3, true);
+    assert!(st.healthy, "{st:?}");
+    let ev = events.try_recv().expect("one KernelRefused Event");
+    assert_eq!(ev.reason, "KernelRefused");
+    assert_eq!(ev.regarding.kind, "Service");
+    assert_eq!(ev.regarding.namespace.as_deref(), Some("tenant-xyz"));
+    assert_eq!(ev.regarding.name, "secret-name-1234");
+    assert!(ev.note.contains("ipvs"), "{}", ev.note);
+    assert!(events.try_recv().is_err(), "reported once");
+    let text = metrics.encode().unwrap();
+    assert!(
+        text.contains("kube_ipvs_kernel_refusals_total{subsystem=\"ipvs\",reason=\"einval\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("kube_ipvs_refused_services 1"), "{text}");
+    // The error text (which names the Service) never becomes a label.
+    assert!(
+        !text
+            .lines()
+            .any(|l| !l.starts_with('#') && l.contains("secret-name-1234")),
+        "{text}"
+    );
+}

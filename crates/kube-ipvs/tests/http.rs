@@ -9,7 +9,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use common::{free_port, get};
 use ipvs_netlink::Family;
@@ -31,7 +31,7 @@ fn any_port() -> SocketAddr {
 async fn healthz_and_livez_follow_upstream_semantics() {
     let m = Arc::new(Metrics::new());
     let h = Arc::new(ProxyHealth::new(Duration::from_secs(60), Some(m.clone())));
-    let srv = http::serve("healthz", any_port(), health::router(h.clone()))
+    let srv = http::serve("healthz", any_port(), health::router(h.clone()), None)
         .await
         .unwrap();
 
@@ -51,13 +51,25 @@ async fn healthz_and_livez_follow_upstream_semantics() {
     assert_eq!(r.status, 200);
     assert!(r.json().get("nodeEligible").is_none());
 
-    // An update queued two minutes ago and never applied: stale on both endpoints.
+    // An update queued two minutes ago and never applied: /healthz is stale (upstream). /livez
+    // is not: it fails only for a wedged sync loop (issue #32; upstream's /livez answers the
+    // same freshness, which restarts a proxy that cannot fix what holds its syncs back).
     h.updated_at(Family::Inet, SystemTime::now() - Duration::from_secs(300));
     h.queued_update_at(Family::Inet, SystemTime::now() - Duration::from_secs(120));
     let r = get(srv.addr, "/healthz").await.unwrap();
     assert_eq!(r.status, 503, "{r:?}");
     assert_ne!(r.json()["lastUpdated"], r.json()["currentTime"]);
-    assert_eq!(get(srv.addr, "/livez").await.unwrap().status, 503);
+    assert_eq!(get(srv.addr, "/livez").await.unwrap().status, 200);
+    // A sync loop step that started two minutes ago and never ended (bound: 60 s): wedged.
+    h.loop_working_at(
+        Instant::now()
+            .checked_sub(Duration::from_secs(120))
+            .unwrap(),
+    );
+    let r = get(srv.addr, "/livez").await.unwrap();
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(r.json()["reasons"][0]["subsystem"], "sync-loop", "{r:?}");
+    h.loop_waiting(Instant::now() + Duration::from_secs(1));
 
     // Applied: healthy again.
     h.updated(Family::Inet);
@@ -86,7 +98,7 @@ async fn healthz_and_livez_follow_upstream_semantics() {
         "{text}"
     );
     assert!(
-        text.contains("kubeproxy_proxy_livez_total{code=\"200\"} 2"),
+        text.contains("kubeproxy_proxy_livez_total{code=\"200\"} 3"),
         "{text}"
     );
     assert!(
@@ -129,7 +141,7 @@ async fn metrics_endpoint_exposes_upstream_and_own_names() {
             op: "new_service".into(),
         })
         .inc_by(2);
-    let srv = http::serve("metrics", any_port(), metrics::router(m.clone()))
+    let srv = http::serve("metrics", any_port(), metrics::router(m.clone()), None)
         .await
         .unwrap();
     let r = get(srv.addr, "/metrics").await.unwrap();
@@ -207,7 +219,7 @@ async fn bind_failure_is_an_error_naming_the_address() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap();
     let h = Arc::new(ProxyHealth::new(Duration::from_secs(60), None));
-    let err = http::serve("healthz", addr, health::router(h))
+    let err = http::serve("healthz", addr, health::router(h), None)
         .await
         .unwrap_err();
     let msg = err.to_string();

@@ -4,9 +4,10 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
+use crate::budget::ServiceBudget;
 use crate::names::ZONE_LABEL;
 use ipnet::IpNet;
-use ipvs_netlink::Family;
+use ipvs_netlink::{Family, Protocol};
 use k8s_openapi::api::core::v1::Node;
 
 /// Proxy configuration the model depends on (one instance per address family).
@@ -44,10 +45,45 @@ pub struct ProxyConfig {
     pub tcp_fin_timeout: u32,
     /// `--ipvs-udp-timeout` seconds (0 = leave).
     pub udp_timeout: u32,
+    /// Ports of this node no externalIP or load-balancer IP equal to a node address may take
+    /// (`--protected-node-ports`, plus the proxy's own healthz and metrics ports; see
+    /// `desired::vip`). Default [`DEFAULT_PROTECTED_NODE_PORTS`].
+    pub protected_node_ports: Vec<ProtectedPort>,
+    /// `--refuse-node-address-vips`: never serve an externalIP or load-balancer IP equal to
+    /// one of this node's addresses.
+    pub refuse_node_address_vips: bool,
+    /// What one Service may cost this node (`--max-*-per-service`, see [`ServiceBudget`]).
+    pub budget: ServiceBudget,
 }
 
+/// One protected node port: a port, on one protocol or (`None`) on every protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProtectedPort {
+    /// The port.
+    pub port: u16,
+    /// The protocol; `None`: TCP, UDP and SCTP.
+    pub protocol: Option<Protocol>,
+}
+
+impl ProtectedPort {
+    /// True when this entry protects `port` on `protocol`.
+    pub fn covers(&self, port: u16, protocol: Protocol) -> bool {
+        self.port == port && self.protocol.is_none_or(|p| p == protocol)
+    }
+}
+
+/// The ports protected by default on every protocol: what a Kubernetes node serves on its
+/// own addresses by default (the "Ports and Protocols" page of the Kubernetes docs): SSH (22),
+/// etcd (2379, 2380), the API server (6443), kubelet's healthz (10248), API (10250) and
+/// read-only port (10255), kube-proxy's metrics (10249) and healthz (10256), the
+/// controller-manager (10257) and the scheduler (10259).
+pub const DEFAULT_PROTECTED_NODE_PORTS: &[u16] = &[
+    22, 2379, 2380, 6443, 10248, 10249, 10250, 10255, 10256, 10257, 10259,
+];
+
 impl ProxyConfig {
-    /// Defaults for a family: scheduler `rr`, no ranges, no timeouts.
+    /// Defaults for a family: scheduler `rr`, no ranges, no timeouts, the default protected
+    /// node ports.
     pub fn new(family: Family) -> ProxyConfig {
         ProxyConfig {
             family,
@@ -63,6 +99,15 @@ impl ProxyConfig {
             tcp_timeout: 0,
             tcp_fin_timeout: 0,
             udp_timeout: 0,
+            protected_node_ports: DEFAULT_PROTECTED_NODE_PORTS
+                .iter()
+                .map(|&port| ProtectedPort {
+                    port,
+                    protocol: None,
+                })
+                .collect(),
+            refuse_node_address_vips: false,
+            budget: ServiceBudget::default(),
         }
     }
 
@@ -115,7 +160,8 @@ impl NodeInfo {
     }
 
     /// Node info from the Node object (zone label, primary IPs) and local interface addresses.
-    /// Unparsable `status.addresses` entries are ignored (they are informational only).
+    /// Unparsable `status.addresses` entries are ignored (they are informational only);
+    /// addresses are read like upstream's (`netutils.ParseIPSloppy`, see [`crate::addr`]).
     pub fn from_node(name: &str, node: Option<&Node>, addresses: BTreeSet<IpAddr>) -> NodeInfo {
         let zone = node
             .and_then(|n| n.metadata.labels.as_ref())
@@ -129,7 +175,7 @@ impl NodeInfo {
         {
             for kind in ["InternalIP", "ExternalIP"] {
                 for a in addrs.iter().filter(|a| a.type_ == kind) {
-                    if let Ok(ip) = a.address.parse::<IpAddr>() {
+                    if let Some(ip) = crate::addr::parse_ip_sloppy(&a.address) {
                         if !primary_ips.contains(&ip) {
                             primary_ips.push(ip);
                         }
@@ -155,7 +201,7 @@ impl NodeInfo {
         let single = spec.pod_cidr.iter();
         let mut out: Vec<IpNet> = Vec::new();
         for c in listed.chain(single) {
-            if let Ok(n) = c.parse::<IpNet>() {
+            if let Some(n) = crate::addr::parse_cidr_sloppy(c) {
                 if Family::of(&n.addr()) == family && !out.contains(&n) {
                     out.push(n);
                 }

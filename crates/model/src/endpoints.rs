@@ -9,12 +9,13 @@ use std::sync::Arc;
 use ipvs_netlink::Family;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
+use crate::addr::parse_ip_sloppy;
 use crate::names::{
-    Invalid, MAX_ENDPOINTS_PER_SERVICE_PORT, MAX_ENDPOINTS_PER_SLICE, MAX_PORTS_PER_SERVICE,
-    SERVICE_NAME_LABEL,
+    quoted, Invalid, MAX_ENDPOINTS_PER_SERVICE_PORT, MAX_ENDPOINTS_PER_SLICE,
+    MAX_PORTS_PER_SERVICE, SERVICE_NAME_LABEL,
 };
 use crate::objects::{AddressType, Hints, Placement, Slice};
-use crate::service::{parse_ip, parse_port, parse_protocol, NoLocalEndpoints, ServicePort};
+use crate::service::{parse_port, parse_protocol, NoLocalEndpoints, ServicePort};
 
 /// One endpoint (pod address and target port) of a service port.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -64,15 +65,17 @@ fn names_contain(names: &[Arc<str>], name: &str) -> bool {
     names.iter().any(|n| &**n == name)
 }
 
-/// Checks an EndpointSlice as a whole: address type, sizes, addresses, ports, protocols.
-/// `FQDN` slices are not an error (they are ignored by the proxy).
+/// Checks an EndpointSlice as a whole: address type, sizes, ports, protocols.
+/// `FQDN` slices are not an error (they are ignored by the proxy). Endpoint addresses are
+/// checked one endpoint at a time where the slice is converted
+/// ([`crate::objects::Slice::from_slice_in`]): an endpoint whose address is invalid is left
+/// out alone, like upstream.
 pub fn validate_slice(slice: &EndpointSlice) -> Result<(), Invalid> {
-    let fam = match slice.address_type.as_str() {
-        "IPv4" => Family::Inet,
-        "IPv6" => Family::Inet6,
+    match slice.address_type.as_str() {
+        "IPv4" | "IPv6" => {}
         "FQDN" => return Ok(()),
-        o => return Err(Invalid::new(format!("unknown addressType {o:?}"))),
-    };
+        o => return Err(Invalid::new(format!("unknown addressType {}", quoted(o)))),
+    }
     if slice.endpoints.len() > MAX_ENDPOINTS_PER_SLICE {
         return Err(Invalid::new(format!(
             "{} endpoints (max {MAX_ENDPOINTS_PER_SLICE})",
@@ -91,7 +94,10 @@ pub fn validate_slice(slice: &EndpointSlice) -> Result<(), Invalid> {
         }
         let name = p.name.clone().unwrap_or_default();
         if !seen.insert((name.clone(), proto)) {
-            return Err(Invalid::new(format!("duplicate endpoint port {name:?}")));
+            return Err(Invalid::new(format!(
+                "duplicate endpoint port {}",
+                quoted(&name)
+            )));
         }
     }
     for ep in &slice.endpoints {
@@ -101,17 +107,29 @@ pub fn validate_slice(slice: &EndpointSlice) -> Result<(), Invalid> {
                 ep.addresses.len()
             )));
         }
-        for a in &ep.addresses {
-            let ip = parse_ip("endpoint address", a)?;
-            if Family::of(&ip) != fam {
-                return Err(Invalid::new(format!(
-                    "endpoint address {a} does not match addressType {}",
-                    slice.address_type
-                )));
-            }
-        }
     }
     Ok(())
+}
+
+/// The address of one endpoint as the proxy uses it: its first address (the only one that
+/// counts, the API's rule), read like upstream's `addEndpoints`
+/// (pkg/proxy/endpointslicecache.go: `netutils.ParseIPSloppy(endpoint.Addresses[0])`), of the
+/// slice's family. `Err` describes why the endpoint is left out (an endpoint without
+/// addresses, an invalid address, an address of the other family).
+pub fn endpoint_address(addresses: &[String], family: Family) -> Result<IpAddr, String> {
+    let Some(first) = addresses.first() else {
+        return Err("endpoint without addresses".to_string());
+    };
+    let Some(ip) = parse_ip_sloppy(first) else {
+        return Err(format!("endpoint with invalid address {}", quoted(first)));
+    };
+    if Family::of(&ip) != family {
+        return Err(format!(
+            "endpoint address of another family {}",
+            quoted(first)
+        ));
+    }
+    Ok(ip)
 }
 
 /// The annotation the EndpointSlice controller sets to when the change that produced this
@@ -147,7 +165,8 @@ pub fn slice_service_name(slice: &EndpointSlice) -> Option<&str> {
 pub struct MergedEndpoints {
     /// Endpoints, deduplicated by (ip, port), sorted.
     pub endpoints: Vec<Endpoint>,
-    /// Slices skipped, by slice name, with the reason.
+    /// Slices skipped, by slice name, with the reason; and slices used without some of their
+    /// endpoints (reasons starting with [`crate::IGNORED_PREFIX`]).
     pub rejected: Vec<(String, Invalid)>,
 }
 
@@ -172,6 +191,10 @@ pub fn endpoints(slices: &[&Slice], port: &ServicePort, node_name: &str) -> Merg
         if let Some(e) = &slice.invalid {
             rejected.push((slice.name.to_string(), e.clone()));
             continue;
+        }
+        if let Some(e) = &slice.ignored {
+            // Used without the endpoints it names (a partial rejection).
+            rejected.push((slice.name.to_string(), (**e).clone()));
         }
         let target = slice.ports.iter().find(|p| {
             *p.name == port.name.port_name

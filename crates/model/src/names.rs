@@ -1,6 +1,7 @@
 //! Names and limits: the annotations and labels the model reads, its size caps, why an
 //! object is rejected ([`Invalid`]), and the identities of a Service and of one of its ports.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -32,15 +33,17 @@ pub fn scheduler_flags(scheduler: &str, annotation: Option<&str>) -> Result<u32,
             "mh-port" => (F::MH_PORT, "mh"),
             other => {
                 return Err(Invalid::new(format!(
-                    "unknown scheduler flag {other:?} in annotation {SCHEDULER_FLAGS_ANNOTATION} \
-                     (sh-fallback, sh-port, mh-fallback, mh-port)"
+                    "unknown scheduler flag {} in annotation {SCHEDULER_FLAGS_ANNOTATION} \
+                     (sh-fallback, sh-port, mh-fallback, mh-port)",
+                    quoted(other)
                 )))
             }
         };
         if scheduler != needs {
             return Err(Invalid::new(format!(
                 "scheduler flag {word:?} in annotation {SCHEDULER_FLAGS_ANNOTATION} needs \
-                 scheduler {needs:?}, not {scheduler:?}"
+                 scheduler {needs:?}, not {}",
+                quoted(scheduler)
             )));
         }
         bits |= bit;
@@ -69,19 +72,91 @@ pub const MAX_ENDPOINTS_PER_SERVICE_PORT: usize = 20_000;
 /// IPVS schedulers the kernel ships: the one table, shared with `ipvs.scheduler`.
 pub use ipvs_netlink::SCHEDULERS;
 
+/// Most bytes of user text (an annotation value, a field value) the model keeps: a longer value
+/// is cut at conversion and ends with [`CUT_MARKER`] (never valid anywhere, so a cut value is
+/// rejected, not read as a shorter one).
+pub const MAX_USER_TEXT: usize = 1024;
+/// Most bytes of a rejection reason ([`Invalid`]): what is stored, logged and put in Events.
+pub const MAX_REASON_BYTES: usize = 1024;
+/// Most bytes of one value quoted in a reason ([`quoted`]), so a reason can name a few.
+pub const MAX_QUOTED: usize = 128;
+/// What ends a cut text.
+pub const CUT_MARKER: &str = "…[cut]";
+
+/// `s`, or its first `max` bytes (on a character boundary) followed by [`CUT_MARKER`].
+pub fn bounded(s: &str, max: usize) -> Cow<'_, str> {
+    if s.len() <= max {
+        return Cow::Borrowed(s);
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    Cow::Owned(format!("{}{CUT_MARKER}", &s[..end]))
+}
+
+/// `s` quoted and escaped for a reason (`"..."`, like `{:?}`), cut to [`MAX_QUOTED`] bytes.
+pub fn quoted(s: &str) -> String {
+    if s.len() <= MAX_QUOTED {
+        return format!("{s:?}");
+    }
+    let mut end = MAX_QUOTED;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}{CUT_MARKER}", &s[..end])
+}
+
 /// Why an object was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Invalid {
-    /// Human-readable reason, stable for identical input (so it can be logged once).
+    /// Human-readable reason, stable for identical input (so it can be logged once); at most
+    /// [`MAX_REASON_BYTES`] (plus the [`CUT_MARKER`]).
     pub reason: String,
 }
 
 impl Invalid {
-    /// An `Invalid` with the given reason.
+    /// An `Invalid` with the given reason, cut to [`MAX_REASON_BYTES`]: the reason may carry
+    /// user text, and it is stored per object, logged and sent in Events.
     pub fn new(reason: impl Into<String>) -> Invalid {
-        Invalid {
-            reason: reason.into(),
+        let reason = reason.into();
+        let reason = match bounded(&reason, MAX_REASON_BYTES) {
+            Cow::Borrowed(_) => reason,
+            Cow::Owned(cut) => cut,
+        };
+        Invalid { reason }
+    }
+}
+
+/// What starts the reason of a partial rejection: the object is used without the values it
+/// names (an invalid externalIP, load-balancer IP or source range of a Service; invalid
+/// endpoints of an EndpointSlice), like upstream, which skips them with a log line. Reported
+/// with its own Event reason (`InvalidField`), never as the whole object being skipped.
+pub const IGNORED_PREFIX: &str = "ignored ";
+
+/// Values left out of an object: the first one described, and how many there are.
+#[derive(Debug, Default)]
+pub(crate) struct IgnoredValues {
+    first: Option<String>,
+    count: usize,
+}
+
+impl IgnoredValues {
+    /// One more value left out; `what` describes it (only the first is described).
+    pub(crate) fn note(&mut self, what: impl FnOnce() -> String) {
+        if self.first.is_none() {
+            self.first = Some(what());
         }
+        self.count += 1;
+    }
+
+    /// The partial rejection naming them: `ignored <first> (and N more)`.
+    pub(crate) fn into_invalid(self) -> Option<Invalid> {
+        let first = self.first?;
+        Some(Invalid::new(match self.count {
+            0 | 1 => format!("{IGNORED_PREFIX}{first}"),
+            n => format!("{IGNORED_PREFIX}{first} (and {} more)", n - 1),
+        }))
     }
 }
 

@@ -29,9 +29,10 @@ use ipvs_netlink::Family;
 
 pub use crate::interner::Interner;
 
+use crate::names::IgnoredValues;
 use crate::{
-    last_change_trigger_time, slice_service_name, validate_slice, Invalid, ServiceName,
-    SCHEDULER_ANNOTATION, SCHEDULER_FLAGS_ANNOTATION,
+    bounded, endpoint_address, last_change_trigger_time, slice_service_name, validate_slice,
+    Invalid, ServiceName, MAX_USER_TEXT, SCHEDULER_ANNOTATION, SCHEDULER_FLAGS_ANNOTATION,
 };
 
 /// A compact `v1/Service`: the fields the model reads, with the API's names and optionality
@@ -94,13 +95,19 @@ pub struct SvcPort {
     pub node_port: Option<i32>,
 }
 
+/// User text as stored: at most [`MAX_USER_TEXT`] bytes, a longer value cut with
+/// [`crate::CUT_MARKER`] (which makes it invalid wherever it is read, so it is rejected, not
+/// read as a shorter value). A 200 KiB annotation thus costs the store 1 KiB, not 200.
+fn text(s: &str) -> Box<str> {
+    Box::from(bounded(s, MAX_USER_TEXT).as_ref())
+}
+
 fn boxed(s: &Option<String>) -> Option<Box<str>> {
-    s.as_deref().map(Box::from)
+    s.as_deref().map(text)
 }
 
 fn boxed_all(v: &Option<Vec<String>>) -> Option<Vec<Box<str>>> {
-    v.as_ref()
-        .map(|v| v.iter().map(|s| Box::from(s.as_str())).collect())
+    v.as_ref().map(|v| v.iter().map(|s| text(s)).collect())
 }
 
 impl Svc {
@@ -124,7 +131,7 @@ impl Svc {
                 .annotations
                 .as_ref()
                 .and_then(|a| a.get(k))
-                .map(|v| Box::from(v.as_str()))
+                .map(|v| text(v))
         };
         let mut shared = |s: &Option<String>| s.as_deref().map(&mut *share);
         let spec = svc.spec.as_ref().map(|s| {
@@ -137,7 +144,7 @@ impl Svc {
                 .flatten()
                 .filter_map(|i| {
                     let ip = i.ip.as_deref()?;
-                    Some((Box::from(ip), boxed(&i.ip_mode)))
+                    Some((text(ip), boxed(&i.ip_mode)))
                 })
                 .collect();
             Box::new(SvcSpec {
@@ -305,10 +312,13 @@ pub struct Slice {
     pub address_type: AddressType,
     /// `ports`.
     pub ports: Vec<SlicePort>,
-    /// `endpoints` (empty when the slice is invalid).
+    /// `endpoints` (empty when the slice is invalid; without the endpoints left out).
     pub endpoints: Vec<SliceEndpoint>,
     /// Why the slice is invalid ([`validate_slice`]), if it is.
     pub invalid: Option<Invalid>,
+    /// The endpoints left out of a valid slice ([`endpoint_address`]: no address, an invalid
+    /// one, one of the other family), as a partial rejection ([`crate::IGNORED_PREFIX`]).
+    pub ignored: Option<Box<Invalid>>,
     /// The last-change-trigger-time annotation, parsed.
     pub trigger_time: Option<SystemTime>,
 }
@@ -324,37 +334,50 @@ impl Slice {
             _ => AddressType::Other,
         };
         let invalid = validate_slice(slice).err();
-        let endpoints = if invalid.is_some() || address_type == AddressType::Other {
-            Vec::new()
-        } else {
-            let mut eps = Vec::with_capacity(slice.endpoints.len());
-            eps.extend(slice.endpoints.iter().filter_map(|ep| {
-                // Only the first address counts (the API's rule for EndpointSlices).
-                let ip = ep.addresses.first()?.parse::<IpAddr>().ok()?;
-                let cond = ep.conditions.as_ref();
-                let mut hints = Hints::default();
-                if let Some(h) = ep.hints.as_ref() {
-                    hints.zones = h
-                        .for_zones
-                        .as_ref()
-                        .filter(|z| !z.is_empty())
-                        .map(|z| z.iter().map(|z| names.intern(&z.name)).collect());
-                    hints.nodes = h
-                        .for_nodes
-                        .as_ref()
-                        .filter(|n| !n.is_empty())
-                        .map(|n| n.iter().map(|n| names.intern(&n.name)).collect());
-                }
-                let node_name = ep.node_name.as_deref().map(|n| names.intern(n));
-                Some(SliceEndpoint {
-                    ip,
-                    placement: Placement::of(node_name, hints).map(|p| names.placement(p)),
-                    ready: cond.and_then(|c| c.ready),
-                    serving: cond.and_then(|c| c.serving),
-                    terminating: cond.and_then(|c| c.terminating),
-                })
-            }));
-            eps
+        let mut ignored = IgnoredValues::default();
+        let family = match address_type {
+            AddressType::V4 => Some(Family::Inet),
+            AddressType::V6 => Some(Family::Inet6),
+            AddressType::Other => None,
+        };
+        let endpoints = match family {
+            Some(family) if invalid.is_none() => {
+                let mut eps = Vec::with_capacity(slice.endpoints.len());
+                eps.extend(slice.endpoints.iter().filter_map(|ep| {
+                    // Only the first address counts (the API's rule for EndpointSlices).
+                    let ip = match endpoint_address(&ep.addresses, family) {
+                        Ok(ip) => ip,
+                        Err(why) => {
+                            ignored.note(|| why);
+                            return None;
+                        }
+                    };
+                    let cond = ep.conditions.as_ref();
+                    let mut hints = Hints::default();
+                    if let Some(h) = ep.hints.as_ref() {
+                        hints.zones = h
+                            .for_zones
+                            .as_ref()
+                            .filter(|z| !z.is_empty())
+                            .map(|z| z.iter().map(|z| names.intern(&z.name)).collect());
+                        hints.nodes = h
+                            .for_nodes
+                            .as_ref()
+                            .filter(|n| !n.is_empty())
+                            .map(|n| n.iter().map(|n| names.intern(&n.name)).collect());
+                    }
+                    let node_name = ep.node_name.as_deref().map(|n| names.intern(n));
+                    Some(SliceEndpoint {
+                        ip,
+                        placement: Placement::of(node_name, hints).map(|p| names.placement(p)),
+                        ready: cond.and_then(|c| c.ready),
+                        serving: cond.and_then(|c| c.serving),
+                        terminating: cond.and_then(|c| c.terminating),
+                    })
+                }));
+                eps
+            }
+            _ => Vec::new(),
         };
         let namespace = names.intern(slice.metadata.namespace.as_deref().unwrap_or("default"));
         Slice {
@@ -378,6 +401,7 @@ impl Slice {
                 .collect(),
             endpoints,
             invalid,
+            ignored: ignored.into_invalid().map(Box::new),
             trigger_time: last_change_trigger_time(slice),
         }
     }

@@ -1,6 +1,6 @@
 //! Rejected objects remembered so each reason is logged and counted once ([`Rejections`]).
 
-use crate::names::Invalid;
+use crate::names::{Invalid, IGNORED_PREFIX};
 use std::collections::{BTreeSet, HashMap};
 
 /// Remembers rejected objects so each reason is logged once and counted once.
@@ -8,7 +8,8 @@ use std::collections::{BTreeSet, HashMap};
 /// Rejections of objects that belong to another one (EndpointSlices of a Service) are recorded
 /// per owner with [`Rejections::replace_owned`], so a slice that is fixed or deleted is cleared
 /// when its Service is next derived, and every slice of a deleted Service is cleared with it
-/// ([`Rejections::clear_owned`]): the map holds only objects rejected now.
+/// ([`Rejections::clear_owned`]): the map holds only objects rejected now, so it is bounded by
+/// the objects in the store, and each reason by [`crate::MAX_REASON_BYTES`].
 #[derive(Debug, Default, Clone)]
 pub struct Rejections {
     current: HashMap<String, Invalid>,
@@ -30,7 +31,11 @@ impl Rejections {
         self.current.insert(key.to_string(), why.clone());
         self.total += 1;
         self.fresh.push((key.to_string(), why.clone()));
-        tracing::warn!(object = key, reason = %why, "skipping invalid object");
+        if why.reason.starts_with(IGNORED_PREFIX) {
+            tracing::warn!(object = key, reason = %why, "using object without its invalid values");
+        } else {
+            tracing::warn!(object = key, reason = %why, "skipping invalid object");
+        }
         true
     }
 

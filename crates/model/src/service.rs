@@ -7,12 +7,13 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use ipvs_netlink::{Family, Protocol};
 
+use crate::addr::{is_zero_cidr, parse_cidr_sloppy, parse_ip_sloppy};
 use crate::config::ProxyConfig;
 use crate::endpoints::is_vip_mode;
 use crate::names::{
-    scheduler_flags, Invalid, ServicePortName, DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT,
-    MAX_PORTS_PER_SERVICE, MAX_SOURCE_RANGES, MAX_VIPS_PER_SERVICE, SCHEDULERS,
-    SCHEDULER_ANNOTATION,
+    quoted, scheduler_flags, IgnoredValues, Invalid, ServicePortName, DEFAULT_AFFINITY_TIMEOUT,
+    MAX_AFFINITY_TIMEOUT, MAX_PORTS_PER_SERVICE, MAX_SOURCE_RANGES, MAX_VIPS_PER_SERVICE,
+    SCHEDULERS, SCHEDULER_ANNOTATION,
 };
 use crate::objects::Svc;
 
@@ -31,10 +32,11 @@ pub struct ServicePort {
     pub external_ips: Vec<IpAddr>,
     /// `status.loadBalancer.ingress[].ip` of this family (LoadBalancer services).
     pub load_balancer_ips: Vec<IpAddr>,
-    /// `spec.loadBalancerSourceRanges` of this family.
+    /// `spec.loadBalancerSourceRanges` of this family (empty when one of them is `/0`).
     pub source_ranges: Vec<IpNet>,
-    /// True when the service has source ranges at all (in any family): with none in this
-    /// family the firewall is on and admits nobody.
+    /// True when the service has source ranges at all (in any family, valid or not): with none
+    /// in this family the firewall is on and admits nobody. False in a family one of whose
+    /// ranges is `/0`, which admits every source (see [`service_ports`]).
     pub firewall: bool,
     /// externalTrafficPolicy Local (NodePort / LoadBalancer services only).
     pub external_local: bool,
@@ -97,7 +99,7 @@ pub(crate) fn parse_protocol(p: Option<&str>) -> Result<Protocol, Invalid> {
     match p {
         None => Ok(Protocol::Tcp),
         Some(name) => Protocol::from_api_name(name)
-            .ok_or_else(|| Invalid::new(format!("unknown protocol {name:?}"))),
+            .ok_or_else(|| Invalid::new(format!("unknown protocol {}", quoted(name)))),
     }
 }
 
@@ -108,27 +110,62 @@ pub(crate) fn parse_port(what: &str, p: i32) -> Result<u16, Invalid> {
     }
 }
 
+/// An address read like upstream's `netutils.ParseIPSloppy` ([`crate::addr`]).
 pub(crate) fn parse_ip(what: &str, s: &str) -> Result<IpAddr, Invalid> {
-    s.parse::<IpAddr>()
-        .map_err(|_| Invalid::new(format!("invalid {what} {s:?}")))
+    parse_ip_sloppy(s).ok_or_else(|| Invalid::new(format!("invalid {what} {}", quoted(s))))
 }
 
-pub(crate) fn parse_cidr(s: &str) -> Result<IpNet, Invalid> {
+/// A source range read like upstream's `MapCIDRsByIPFamily` (trimmed, `ParseCIDRSloppy`); a
+/// bare address (which the static source may hold) is a host route.
+pub(crate) fn parse_cidr(s: &str) -> Option<IpNet> {
     let t = s.trim();
-    if let Ok(n) = t.parse::<IpNet>() {
-        return Ok(n.trunc());
+    parse_cidr_sloppy(t).or_else(|| parse_ip_sloppy(t).map(IpNet::from))
+}
+
+/// The values of `svc` that [`service_ports`] leaves out as invalid while it programs the
+/// rest, as one partial rejection ([`crate::IGNORED_PREFIX`]), or `None`: externalIPs,
+/// load-balancer ingress IPs and `loadBalancerSourceRanges` that are no address or range.
+///
+/// Upstream skips them the same way, with a log line (`MapIPsByIPFamily`,
+/// `MapCIDRsByIPFamily` in pkg/proxy/util, `newBaseServiceInfo` in pkg/proxy/serviceport.go);
+/// empty values are skipped silently, as there ("ExternalIPs may not be validated by the API
+/// server"). One bad value never costs the Service its ClusterIP or its other addresses.
+pub fn ignored_fields(svc: &Svc) -> Option<Invalid> {
+    let spec = svc.spec.as_deref()?;
+    let lb = spec.type_.as_deref() == Some("LoadBalancer");
+    let mut ignored = IgnoredValues::default();
+    for s in spec.external_ips.iter().flatten() {
+        if !s.trim().is_empty() && parse_ip_sloppy(s).is_none() {
+            ignored.note(|| format!("invalid externalIP {}", quoted(s)));
+        }
     }
-    // A bare address is accepted as a host route, as the API does.
-    t.parse::<IpAddr>()
-        .map(IpNet::from)
-        .map_err(|_| Invalid::new(format!("invalid loadBalancerSourceRange {s:?}")))
+    if lb {
+        for (s, mode) in &spec.ingress {
+            if is_vip_mode(mode.as_deref()) && !s.is_empty() && parse_ip_sloppy(s).is_none() {
+                ignored.note(|| format!("invalid load-balancer ingress IP {}", quoted(s)));
+            }
+        }
+        for s in spec.load_balancer_source_ranges.iter().flatten() {
+            if !s.trim().is_empty() && parse_cidr(s).is_none() {
+                ignored.note(|| format!("invalid loadBalancerSourceRange {}", quoted(s)));
+            }
+        }
+    }
+    ignored.into_invalid()
 }
 
 /// The ServicePorts of one Service for `cfg.family`.
 ///
 /// Returns `Ok(vec![])` for services the proxy does not handle: headless (`clusterIP: None`),
 /// `ExternalName`, no ClusterIP of this family, or no ports. Returns `Err` for bad input; the
-/// whole Service is then skipped.
+/// whole Service is then skipped. An invalid externalIP, load-balancer IP or source range is
+/// left out alone ([`ignored_fields`] names it).
+///
+/// A `/0` source range of this family (`0.0.0.0/0`, `::/0`) admits every source: the family's
+/// ranges are dropped and its firewall is off, like upstream's `newBaseServiceInfo` since
+/// k/k#132722 ("zero-masked cidr means allow any, which same as the empty
+/// loadBalancerSourceRanges"). The kernel refuses a `/0` member of a `hash:net` set, so without
+/// this the allow rule never matched and the load-balancer IP dropped everything.
 pub fn service_ports(svc: &Svc, cfg: &ProxyConfig) -> Result<Vec<ServicePort>, Invalid> {
     let Some(spec) = svc.spec.as_deref() else {
         return Ok(Vec::new());
@@ -141,7 +178,12 @@ pub fn service_ports(svc: &Svc, cfg: &ProxyConfig) -> Result<Vec<ServicePort>, I
     match type_ {
         "ExternalName" => return Ok(Vec::new()),
         "ClusterIP" | "NodePort" | "LoadBalancer" => {}
-        other => return Err(Invalid::new(format!("unknown service type {other:?}"))),
+        other => {
+            return Err(Invalid::new(format!(
+                "unknown service type {}",
+                quoted(other)
+            )))
+        }
     }
     // Cluster IPs: clusterIPs (dual-stack) or clusterIP.
     let mut ips: Vec<&str> = spec
@@ -195,16 +237,15 @@ pub fn service_ports(svc: &Svc, cfg: &ProxyConfig) -> Result<Vec<ServicePort>, I
             ext.len() + ingress.len()
         )));
     }
+    // Invalid values are left out (reported by `ignored_fields`).
     let mut external_ips = Vec::new();
-    for s in ext {
-        let ip = parse_ip("externalIP", s)?;
+    for ip in ext.iter().filter_map(|s| parse_ip_sloppy(s)) {
         if Family::of(&ip) == cfg.family && !external_ips.contains(&ip) {
             external_ips.push(ip);
         }
     }
     let mut load_balancer_ips = Vec::new();
-    for s in ingress {
-        let ip = parse_ip("load-balancer ingress IP", s)?;
+    for ip in ingress.iter().filter_map(|s| parse_ip_sloppy(s)) {
         if Family::of(&ip) == cfg.family && !load_balancer_ips.contains(&ip) {
             load_balancer_ips.push(ip);
         }
@@ -223,26 +264,43 @@ pub fn service_ports(svc: &Svc, cfg: &ProxyConfig) -> Result<Vec<ServicePort>, I
         )));
     }
     let mut source_ranges = Vec::new();
-    for s in ranges {
-        let n = parse_cidr(s)?;
-        let fam = Family::of(&n.addr());
-        if fam == cfg.family && !source_ranges.contains(&n) {
+    let mut admits_all = false;
+    for n in ranges.iter().filter_map(|s| parse_cidr(s)) {
+        if Family::of(&n.addr()) != cfg.family {
+            continue;
+        }
+        if is_zero_cidr(&n) {
+            admits_all = true;
+        } else if !source_ranges.contains(&n) {
             source_ranges.push(n);
         }
     }
-    let firewall = !ranges.is_empty();
+    if admits_all {
+        source_ranges.clear();
+    }
+    let firewall = !ranges.is_empty() && !admits_all;
 
     let externally = type_ == "NodePort" || type_ == "LoadBalancer";
     let external_local = externally
         && match spec.external_traffic_policy.as_deref() {
             None | Some("Cluster") => false,
             Some("Local") => true,
-            Some(o) => return Err(Invalid::new(format!("unknown externalTrafficPolicy {o:?}"))),
+            Some(o) => {
+                return Err(Invalid::new(format!(
+                    "unknown externalTrafficPolicy {}",
+                    quoted(o)
+                )))
+            }
         };
     let internal_local = match spec.internal_traffic_policy.as_deref() {
         None | Some("Cluster") => false,
         Some("Local") => true,
-        Some(o) => return Err(Invalid::new(format!("unknown internalTrafficPolicy {o:?}"))),
+        Some(o) => {
+            return Err(Invalid::new(format!(
+                "unknown internalTrafficPolicy {}",
+                quoted(o)
+            )))
+        }
     };
     let affinity_timeout = match spec.session_affinity.as_deref() {
         None | Some("None") => None,
@@ -253,13 +311,19 @@ pub fn service_ports(svc: &Svc, cfg: &ProxyConfig) -> Result<Vec<ServicePort>, I
                 _ => return Err(Invalid::new(format!("affinity timeout {t} out of range"))),
             },
         },
-        Some(o) => return Err(Invalid::new(format!("unknown sessionAffinity {o:?}"))),
+        Some(o) => {
+            return Err(Invalid::new(format!(
+                "unknown sessionAffinity {}",
+                quoted(o)
+            )))
+        }
     };
     let scheduler = match svc.scheduler.as_deref() {
         Some(s) if SCHEDULERS.contains(&s) => s.to_string(),
         Some(s) => {
             return Err(Invalid::new(format!(
-                "unknown scheduler {s:?} in annotation {SCHEDULER_ANNOTATION}"
+                "unknown scheduler {} in annotation {SCHEDULER_ANNOTATION}",
+                quoted(s)
             )))
         }
         None => cfg.scheduler.clone(),
@@ -284,7 +348,10 @@ pub fn service_ports(svc: &Svc, cfg: &ProxyConfig) -> Result<Vec<ServicePort>, I
             return Err(Invalid::new(format!("duplicate port {port}/{protocol:?}")));
         }
         if !seen_name.insert(port_name.clone()) {
-            return Err(Invalid::new(format!("duplicate port name {port_name:?}")));
+            return Err(Invalid::new(format!(
+                "duplicate port name {}",
+                quoted(&port_name)
+            )));
         }
         let node_port = match (externally, p.node_port) {
             (true, Some(np)) => {

@@ -202,7 +202,7 @@ impl<K: Kernel> Kernel for Timed<K> {
     fn read_ipsets(&mut self, owned: &[String]) -> Result<IpsetState, KernelError> {
         timed(&mut self.spent.ipset, || self.inner.read_ipsets(owned))
     }
-    fn apply_ipsets(&mut self, diff: &IpsetDiff) -> Result<Vec<String>, KernelError> {
+    fn apply_ipsets(&mut self, diff: &IpsetDiff) -> Result<Vec<ipset::Rejected>, KernelError> {
         timed(&mut self.spent.ipset, || self.inner.apply_ipsets(diff))
     }
     fn apply_iptables(

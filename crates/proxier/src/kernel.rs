@@ -98,9 +98,9 @@ pub trait Kernel {
     }
     /// The sets the proxy owns (by name), as the kernel has them.
     fn read_ipsets(&mut self, owned: &[String]) -> Result<IpsetState, KernelError>;
-    /// Applies an ipset diff in one batch; returns the rejected lines as messages naming their
-    /// owner (the rest of the batch is applied).
-    fn apply_ipsets(&mut self, diff: &IpsetDiff) -> Result<Vec<String>, KernelError>;
+    /// Applies an ipset diff in one batch; returns the lines the kernel rejected, each with
+    /// its owner (the rest of the batch is applied).
+    fn apply_ipsets(&mut self, diff: &IpsetDiff) -> Result<Vec<ipset::Rejected>, KernelError>;
     /// Applies the iptables rules; only tables whose text changed are restored unless `force`.
     /// Returns true when a restore ran.
     fn apply_iptables(
@@ -293,21 +293,8 @@ impl Kernel for NodeKernel {
         Ok(self.ipset.read(owned)?)
     }
 
-    fn apply_ipsets(&mut self, diff: &IpsetDiff) -> Result<Vec<String>, KernelError> {
-        let report = self.ipset.apply(diff)?;
-        Ok(report
-            .rejected
-            .iter()
-            .map(|r| {
-                format!(
-                    "{}: `{}` rejected by ipset: {} (owner {})",
-                    r.set,
-                    r.line,
-                    r.message,
-                    if r.owner.is_empty() { "-" } else { &r.owner }
-                )
-            })
-            .collect())
+    fn apply_ipsets(&mut self, diff: &IpsetDiff) -> Result<Vec<ipset::Rejected>, KernelError> {
+        Ok(self.ipset.apply(diff)?.rejected)
     }
 
     fn apply_iptables(

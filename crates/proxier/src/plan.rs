@@ -241,7 +241,7 @@ impl Kernel for DryRun<'_> {
         self.inner.read_ipsets(owned)
     }
 
-    fn apply_ipsets(&mut self, diff: &IpsetDiff) -> Result<Vec<String>, KernelError> {
+    fn apply_ipsets(&mut self, diff: &IpsetDiff) -> Result<Vec<ipset::Rejected>, KernelError> {
         for line in ipset::render_restore(diff).lines() {
             self.writes.push(format!("ipset {line}"));
         }

@@ -19,13 +19,23 @@ use std::time::{Duration, Instant, SystemTime};
 
 use ipvs_netlink::Family;
 
-use crate::ipvs_mode::{Proxier, SyncKind, SyncReport};
+use crate::ipvs_mode::{Proxier, Refusal, SyncKind, SyncReport};
 use crate::kernel::Kernel;
 use desired::HealthCheck;
 use model::ServiceName;
 
 use model::event::{Kind, Object, SourceEvent};
 use model::store::{Changes, Store};
+
+/// A backend for a family that could not be served at start and now can (see
+/// [`Input::AddBackend`]).
+pub struct NewBackend(pub Box<dyn Backend + Send>);
+
+impl std::fmt::Debug for NewBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("NewBackend").field(&self.0.family()).finish()
+    }
+}
 
 /// What the loop receives.
 #[derive(Debug)]
@@ -34,8 +44,14 @@ pub enum Input {
     Source(SourceEvent),
     /// The node's addresses (other than kube-ipvs0's) changed.
     NodeAddresses(BTreeSet<IpAddr>),
+    /// The node's addresses are not known (the tracker has not dumped them yet): until the
+    /// next [`Input::NodeAddresses`], syncs use the Node object's addresses (see
+    /// [`node_object_addresses`]).
+    NodeAddressesUnknown,
     /// kube-ipvs0 was deleted behind our back: repair now instead of at the next resync.
     LinkDeleted,
+    /// Serve one more family from now on (its first sync is a full one, like any start).
+    AddBackend(NewBackend),
     /// Stop after the current step (SIGTERM): kernel state stays as it is.
     Shutdown,
 }
@@ -168,12 +184,24 @@ pub trait SyncObserver {
     /// A sync of one family finished.
     fn synced(&self, _family: Family, _report: &SyncReport, _backend: &dyn Backend) {}
     /// Objects newly rejected as invalid by a sync of `family`: `(key, reason)`, where the key
-    /// is `service ns/name` or `endpointslice ns/name` (each rejection reported once).
-    fn rejected(&self, _family: Family, _rejected: &[(String, String)]) {}
+    /// is `service ns/name` or `endpointslice ns/name` (each rejection reported once); `store`
+    /// is what the sync saw.
+    fn rejected(&self, _family: Family, _rejected: &[(String, String)], _store: &Store) {}
+    /// Services newly isolated by a sync of `family` because the kernel refuses their
+    /// programming (each reported once per isolation; see `ipvs_mode::refusal`).
+    fn refused(&self, _family: Family, _refused: &[Refusal]) {}
+    /// A family's backend joined the loop ([`Input::AddBackend`]).
+    fn family_added(&self, _family: Family) {}
     /// A sync of `family` without error programmed the EndpointSlice changes triggered at
     /// `triggers` (their last-change-trigger-time annotations, see [`ProgrammingTriggers`]):
     /// upstream's `metrics.NetworkProgrammingLatency.Observe` in `syncProxyRules`.
     fn network_programmed(&self, _family: Family, _triggers: &[SystemTime]) {}
+    /// The loop is about to wait for input; it wakes up at the latest at `until` (its next
+    /// timed work: a retry, the periodic full sync, the end of the Node wait).
+    fn waiting(&self, _until: Instant) {}
+    /// The loop woke up and works (applies inputs, syncs) until its next [`Self::waiting`]. A
+    /// step that never ends, or a wake-up that never comes, is a wedged loop (`/livez`).
+    fn working(&self) {}
 }
 
 /// The most trigger times kept between two syncs of a family (a bound on memory while syncs
@@ -280,6 +308,14 @@ pub trait Backend {
     fn ipvs_requests(&self) -> ipvs_netlink::OpCounts {
         ipvs_netlink::OpCounts::default()
     }
+    /// Services isolated now because the kernel refuses their programming (IPVS mode).
+    fn refused_services(&self) -> usize {
+        0
+    }
+    /// Services newly isolated since the last call.
+    fn take_refusals(&mut self) -> Vec<Refusal> {
+        Vec::new()
+    }
 }
 
 /// An observer that does nothing.
@@ -349,6 +385,12 @@ impl Backend for FamilyProxier {
     fn ipvs_requests(&self) -> ipvs_netlink::OpCounts {
         self.kernel.counters().ipvs_requests
     }
+    fn refused_services(&self) -> usize {
+        self.proxier.refused_services()
+    }
+    fn take_refusals(&mut self) -> Vec<Refusal> {
+        self.proxier.take_refusals()
+    }
 }
 
 impl std::fmt::Debug for FamilyProxier {
@@ -375,7 +417,7 @@ pub enum Exit {
 pub fn run(
     rx: &Receiver<Input>,
     store: &mut Store,
-    families: &mut [Box<dyn Backend + Send>],
+    families: &mut Vec<Box<dyn Backend + Send>>,
     mut node_addresses: BTreeSet<IpAddr>,
     cfg: LoopConfig,
     observer: &dyn SyncObserver,
@@ -387,6 +429,8 @@ pub fn run(
     let mut pending_endpoints: BTreeSet<ServiceName> = BTreeSet::new();
     let mut gate = NodeGate::new(cfg.node_wait);
     let mut triggers = ProgrammingTriggers::new(SystemTime::now());
+    // False while the tracker has not told the node's addresses (Input::NodeAddressesUnknown).
+    let mut addresses_known = true;
     loop {
         let now = Instant::now();
         let ready = store.synced() && gate.open(store, now);
@@ -401,12 +445,14 @@ pub fn run(
         let first = if deadline <= now {
             None
         } else {
+            observer.waiting(deadline);
             match rx.recv_timeout(deadline - now) {
                 Ok(m) => Some(m),
                 Err(RecvTimeoutError::Timeout) => None,
                 Err(RecvTimeoutError::Disconnected) => return Exit::Shutdown,
             }
         };
+        observer.working();
         // Apply everything queued so far (a burst becomes one sync).
         let mut batch: Vec<Input> = first.into_iter().collect();
         while let Ok(m) = rx.try_recv() {
@@ -430,8 +476,21 @@ pub fn run(
                         }
                     }
                 }
+                Input::NodeAddressesUnknown => {
+                    if addresses_known {
+                        tracing::warn!(
+                            "the node's addresses are not known: NodePorts use the Node \
+                             object's addresses until they are"
+                        );
+                        addresses_known = false;
+                        for f in families.iter_mut() {
+                            f.note_node_addresses();
+                        }
+                    }
+                }
                 Input::NodeAddresses(addrs) => {
-                    if addrs != node_addresses {
+                    if addrs != node_addresses || !addresses_known {
+                        addresses_known = true;
                         node_addresses = addrs;
                         for f in families.iter_mut() {
                             f.note_node_addresses();
@@ -443,6 +502,17 @@ pub fn run(
                     for f in families.iter_mut() {
                         f.request_full();
                     }
+                }
+                Input::AddBackend(NewBackend(mut b)) => {
+                    let family = b.family();
+                    if families.iter().any(|f| f.family() == family) {
+                        tracing::warn!(family = ?family, "a backend for this family runs already");
+                        continue;
+                    }
+                    tracing::info!(family = ?family, "serving one more IP family");
+                    b.request_full();
+                    observer.family_added(family);
+                    families.push(b);
                 }
                 Input::Shutdown => return Exit::Shutdown,
             }
@@ -470,12 +540,19 @@ pub fn run(
         // first sync longer than the period (10,000 services in the emulated benchmark VM) was
         // followed at once by a second full read of everything it had just programmed.
         let mut all_full_ok = true;
+        let fallback;
+        let addresses = if addresses_known {
+            &node_addresses
+        } else {
+            fallback = node_object_addresses(store);
+            &fallback
+        };
         for f in families.iter_mut() {
             if !f.pending(now) {
                 continue;
             }
             let programmed = triggers.take(f.family());
-            let report = f.sync(store, &node_addresses);
+            let report = f.sync(store, addresses);
             log_report(f.family(), &report);
             all_ok &= report.ok();
             all_full_ok &= report.ok() && report.kind == SyncKind::Full;
@@ -485,7 +562,11 @@ pub fn run(
             }
             let rejected = f.take_rejections();
             if !rejected.is_empty() {
-                observer.rejected(f.family(), &rejected);
+                observer.rejected(f.family(), &rejected, store);
+            }
+            let refused = f.take_refusals();
+            if !refused.is_empty() {
+                observer.refused(f.family(), &refused);
             }
         }
         last_sync = Some(Instant::now());
@@ -504,6 +585,17 @@ pub fn run(
     }
 }
 
+/// The Node object's InternalIP and ExternalIP addresses: the node's addresses while the
+/// tracker does not know them (its first dump failed). Upstream kube-proxy takes the node IPs
+/// from the Node object (`cmd/kube-proxy/app/server.go`, `getNodeIPs` / `detectNodeIPs`); the
+/// tracker's live addresses replace them as soon as it has some.
+pub fn node_object_addresses(store: &Store) -> BTreeSet<IpAddr> {
+    model::NodeInfo::from_node("", store.node(), BTreeSet::new())
+        .primary_ips
+        .into_iter()
+        .collect()
+}
+
 fn log_report(family: Family, r: &SyncReport) {
     tracing::info!(
         family = ?family,
@@ -515,6 +607,7 @@ fn log_report(family: Family, r: &SyncReport) {
         ipset_changes = r.ipset_changes,
         iptables_restored = r.iptables_restored,
         errors = r.errors.len(),
+        refused = r.refused.values().sum::<usize>(),
         elapsed_ms = r.duration.as_millis() as u64,
         phases = %r.phases_text(),
         "sync done"
@@ -624,6 +717,80 @@ mod tests {
         // Before: the period had run out during the first sync, so a second full sync (another
         // 1.5 s) started right after it.
         assert_eq!(*log.lock().unwrap(), vec![SyncKind::Full]);
+    }
+
+    /// Records the loop's liveness hooks and its syncs, in order.
+    #[derive(Default)]
+    struct Steps(std::sync::Mutex<Vec<(&'static str, Option<Duration>)>>);
+
+    impl SyncObserver for Steps {
+        fn waiting(&self, until: Instant) {
+            let left = until.saturating_duration_since(Instant::now());
+            self.0.lock().unwrap().push(("waiting", Some(left)));
+        }
+        fn working(&self) {
+            self.0.lock().unwrap().push(("working", None));
+        }
+        fn synced(&self, _: Family, _: &SyncReport, _: &dyn Backend) {
+            self.0.lock().unwrap().push(("synced", None));
+        }
+    }
+
+    /// `/livez` relies on these hooks: every sync runs inside a step the loop announced with
+    /// `working` (so a sync that never returns leaves the loop "working" since its start), and
+    /// every wait announces its deadline, at most a sync period away.
+    #[test]
+    fn syncs_run_inside_working_steps_and_waits_announce_bounded_deadlines() {
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut families: Vec<Box<dyn Backend + Send>> = vec![Box::new(SlowBackend {
+            full: true,
+            delay: Duration::ZERO,
+            log: log.clone(),
+        })];
+        let cfg = LoopConfig {
+            min_sync_period: Duration::from_millis(10),
+            sync_period: Duration::from_secs(1),
+            once: false,
+            node_wait: Duration::ZERO,
+        };
+        let (tx, rx) = std::sync::mpsc::sync_channel(16);
+        let steps = Steps::default();
+        let watcher = {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                // List, then stop after two syncs (the second is the periodic full one).
+                for k in [Kind::Service, Kind::EndpointSlice] {
+                    tx.send(Input::Source(SourceEvent::Init(k))).unwrap();
+                    tx.send(Input::Source(SourceEvent::InitDone(k))).unwrap();
+                }
+                while log.lock().unwrap().len() < 2 {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                tx.send(Input::Shutdown).unwrap();
+            })
+        };
+        let mut store = Store::new();
+        let exit = run(&rx, &mut store, &mut families, BTreeSet::new(), cfg, &steps);
+        watcher.join().unwrap();
+        assert!(matches!(exit, Exit::Shutdown));
+        let seen = steps.0.lock().unwrap().clone();
+        assert_eq!(
+            seen.iter().filter(|(h, _)| *h == "synced").count(),
+            2,
+            "{seen:?}"
+        );
+        let mut last_hook = None;
+        for (hook, left) in &seen {
+            match *hook {
+                "synced" => assert_eq!(last_hook, Some("working"), "{seen:?}"),
+                "waiting" => {
+                    assert!(left.is_some_and(|l| l <= cfg.sync_period), "{seen:?}");
+                    last_hook = Some("waiting");
+                }
+                _ => last_hook = Some("working"),
+            }
+        }
+        assert_eq!(seen.first().map(|s| s.0), Some("waiting"), "{seen:?}");
     }
 
     #[test]

@@ -490,3 +490,53 @@ fn two_chunk_store(n: usize) -> model::store::Store {
         .collect();
     synced_store(svcs, slices)
 }
+
+/// Issue #32: a targeted IPVS repair applies its diff through graceful termination exactly as a
+/// sync does. One update of `web` moves its endpoint from .7 (a live connection) to .17; the
+/// batch fails (EBUSY), so the kernel still has .7 at weight 1. The repair's re-read shows .7
+/// as unwanted: before the fix the repair deleted it (the held connection was cut); now its
+/// weight goes to 0 and it drains like any leaving real server.
+#[test]
+fn repair_after_a_failed_request_drains_the_leaving_real_server_instead_of_deleting_it() {
+    let (mut store, mut p, mut k, h, t0) = programmed();
+    let old = (ip("10.244.0.7"), 8080);
+    let new = (ip("10.244.0.17"), 8080);
+    // A held connection on the endpoint about to leave.
+    {
+        let vs = k.inner.ipvs.get_mut(&web_key()).expect("web programmed");
+        let mut d = vs
+            .real_servers
+            .get_mut(&old)
+            .expect("endpoint .7 programmed");
+        d.active_conns = 1;
+    }
+    h.inject(Fault::errno(KernelOp::ApplyIpvs, EBUSY, Calls::Nth(1)));
+    let ch = store.apply(SourceEvent::Apply(Object::from(
+        slice("default", "web", "web-1")
+            .port("http", 8080, "TCP")
+            .ep("10.244.0.17", "node-b", C::Ready)
+            .build(),
+    )));
+    p.note(&ch);
+    let r = p.sync_at(t0, &store, &node_addrs(), &mut k);
+    assert_eq!(failed(&r), [Subsystem::Ipvs], "{:?}", r.errors);
+    let reals = &k.inner.ipvs[&web_key()].real_servers;
+    assert_eq!(
+        reals.get(&old).map(|d| d.weight),
+        Some(1),
+        "the batch failed"
+    );
+    assert!(reals.get(&new).is_none());
+
+    let due = assert_delay(p.retry_due_of(Subsystem::Ipvs), t0, 1);
+    let r = p.sync_at(due, &store, &node_addrs(), &mut k);
+    assert!(r.healthy(), "{:?}", r.errors);
+    let reals = &k.inner.ipvs[&web_key()].real_servers;
+    let drained = reals
+        .get(&old)
+        .expect("the repair deleted a real server with a live connection");
+    assert_eq!(drained.weight, 0, "it drains: no new connection picks it");
+    assert_eq!(drained.active_conns, 1);
+    assert_eq!(reals.get(&new).map(|d| d.weight), Some(1));
+    assert_eq!(p.draining(), 1);
+}

@@ -625,3 +625,67 @@ fn a_burst_far_beyond_the_channel_capacity_loses_nothing() {
     // Syncs ran while the burst was going on (back-pressure, not a stall).
     assert!(kernel.lock().unwrap().counters.ipvs_writes > 0);
 }
+
+/// Issue #32: the node-address tracker could not dump the node's addresses at start
+/// (`Input::NodeAddressesUnknown`): the syncs use the Node object's InternalIP instead of an
+/// empty set (which would program no NodePort, and delete those a previous run left); once the
+/// tracker has the addresses, they replace the Node's.
+#[test]
+fn unknown_node_addresses_use_the_node_objects_until_the_tracker_has_them() {
+    let kernel = Arc::new(Mutex::new(FakeKernel::default()));
+    let mut families: Vec<Box<dyn Backend + Send>> = vec![Box::new(FamilyProxier {
+        proxier: Proxier::new(cfg4(), RulesConfig::default(), NODE),
+        kernel: Box::new(SharedFakeKernel(kernel.clone())),
+    })];
+    let cfg = LoopConfig {
+        min_sync_period: Duration::ZERO,
+        sync_period: Duration::from_secs(30),
+        once: true,
+        node_wait: Duration::ZERO,
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    tx.send(Input::NodeAddressesUnknown).unwrap();
+    lists_without_node(&tx);
+    for ev in [
+        SourceEvent::Init(Kind::Node),
+        SourceEvent::InitApply(Object::Node(Box::new(node_obj(
+            NODE,
+            "zone-a",
+            "192.168.0.77",
+        )))),
+        SourceEvent::InitDone(Kind::Node),
+    ] {
+        tx.send(Input::Source(ev)).unwrap();
+    }
+    let mut store = Store::new();
+    let exit = sync_loop::run(
+        &rx,
+        &mut store,
+        &mut families,
+        BTreeSet::new(),
+        cfg,
+        &NoObserver,
+    );
+    assert_eq!(exit, Exit::Once { ok: true });
+    assert_eq!(
+        real_servers(&kernel, &node_port_key("192.168.0.77", 30090)),
+        vec![ip("10.244.3.1")],
+        "the Node object's address serves the NodePort"
+    );
+
+    // The tracker has the node's addresses now: they replace the Node's.
+    let (tx, rx) = std::sync::mpsc::channel();
+    tx.send(Input::NodeAddresses(node_addrs())).unwrap();
+    let exit = sync_loop::run(
+        &rx,
+        &mut store,
+        &mut families,
+        BTreeSet::new(),
+        cfg,
+        &NoObserver,
+    );
+    assert_eq!(exit, Exit::Once { ok: true });
+    let k = kernel.lock().unwrap();
+    assert!(k.ipvs.contains_key(&node_port_key("192.168.0.10", 30090)));
+    assert!(!k.ipvs.contains_key(&node_port_key("192.168.0.77", 30090)));
+}

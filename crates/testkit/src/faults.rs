@@ -13,6 +13,12 @@
 //! on the Nth call, every call from the Nth, calls N..=M, or every call ([`Calls`]). A fault counts
 //! the calls of its operation (or subsystem) made after it was injected, from 1. The handle is
 //! cloned into the test, so faults can be added and cleared while the code under test runs.
+//!
+//! A kernel that refuses one object's programming while accepting the rest is set up with
+//! [`FaultHandle::refuse_ipvs`] (every IPVS request for one virtual server fails with an errno,
+//! the others go through) and [`FaultHandle::reject_ipset_entry`] (that member's line is
+//! rejected, the rest of the diff is applied), like a kernel that answers one request with
+//! EINVAL or rejects one `ipset restore` line.
 
 use std::collections::HashMap;
 use std::io;
@@ -26,6 +32,15 @@ use ipvs_netlink::{Op, OpKind, ServiceKey};
 use proxier::iptables_mode::RestoreRunner;
 use proxier::kernel::{Kernel, KernelCounters, KernelError};
 use proxier::retry::Subsystem;
+
+/// The virtual server an IPVS operation is about.
+fn op_key(op: &Op) -> Option<ServiceKey> {
+    match op {
+        Op::NewService(s) | Op::SetService(s) => Some(s.key),
+        Op::DelService(k) | Op::NewDest(k, _) | Op::SetDest(k, _) | Op::DelDest(k, ..) => Some(*k),
+        Op::Flush | Op::SetTimeouts(_) => None,
+    }
+}
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
@@ -37,6 +52,10 @@ pub const EBUSY: i32 = 16;
 pub const ENOMEM: i32 = 12;
 /// `EPERM` on Linux.
 pub const EPERM: i32 = 1;
+/// `ENOENT` on Linux (IPVS: no such destination, or the scheduler's module is missing).
+pub const ENOENT: i32 = 2;
+/// `EINVAL` on Linux.
+pub const EINVAL: i32 = 22;
 
 /// One operation of the kernel boundary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -153,6 +172,10 @@ struct State {
     op_calls: HashMap<KernelOp, u64>,
     subsystem_calls: HashMap<Subsystem, u64>,
     injected: HashMap<KernelOp, u64>,
+    /// Virtual servers whose requests (of one kind, or all: `None`) fail with an errno.
+    refuse_ipvs: HashMap<(ServiceKey, Option<OpKind>), i32>,
+    /// Set members whose lines are rejected.
+    reject_ipset: BTreeSet<ipset::Entry>,
 }
 
 /// The shared, run-time configuration of a [`FaultKernel`] / [`FaultRunner`].
@@ -179,9 +202,48 @@ impl FaultHandle {
         s.faults.push((fault, base));
     }
 
-    /// Removes every fault.
+    /// Removes every fault (refusals and rejections included).
     pub fn clear(&self) {
-        self.lock().faults.clear();
+        let mut s = self.lock();
+        s.faults.clear();
+        s.refuse_ipvs.clear();
+        s.reject_ipset.clear();
+    }
+
+    /// Every IPVS request for `key` fails with `errno` (the kernel refuses it); the requests
+    /// for other virtual servers in the same batch are applied.
+    pub fn refuse_ipvs(&self, key: ServiceKey, errno: i32) {
+        self.lock().refuse_ipvs.insert((key, None), errno);
+    }
+
+    /// Requests of kind `op` for `key` fail with `errno` (the others for `key` go through,
+    /// unless [`FaultHandle::refuse_ipvs`] says otherwise).
+    pub fn refuse_ipvs_op(&self, key: ServiceKey, op: OpKind, errno: i32) {
+        self.lock().refuse_ipvs.insert((key, Some(op)), errno);
+    }
+
+    /// Stops refusing the requests for `key` (of every kind).
+    pub fn accept_ipvs(&self, key: &ServiceKey) {
+        self.lock().refuse_ipvs.retain(|(k, _), _| k != key);
+    }
+
+    /// A line adding `entry` (to any set) is rejected, as `ipset restore` reports a line the
+    /// kernel refused; the rest of the diff is applied.
+    pub fn reject_ipset_entry(&self, entry: ipset::Entry) {
+        self.lock().reject_ipset.insert(entry);
+    }
+
+    fn refused_errno(&self, op: &Op) -> Option<i32> {
+        let s = self.lock();
+        let k = op_key(op)?;
+        s.refuse_ipvs
+            .get(&(k, Some(op.kind())))
+            .or_else(|| s.refuse_ipvs.get(&(k, None)))
+            .copied()
+    }
+
+    fn rejected(&self, entry: &ipset::Entry) -> bool {
+        self.lock().reject_ipset.contains(entry)
     }
 
     /// Calls of `op` so far (hit or not).
@@ -321,7 +383,30 @@ impl<K: Kernel> Kernel for FaultKernel<K> {
                     }))
                 })
                 .collect(),
-            None => self.inner.apply_ipvs(ops),
+            None => {
+                let refused: Vec<Option<i32>> =
+                    ops.iter().map(|op| self.handle.refused_errno(op)).collect();
+                if refused.iter().all(Option::is_none) {
+                    return self.inner.apply_ipvs(ops);
+                }
+                let accepted: Vec<Op> = ops
+                    .iter()
+                    .zip(&refused)
+                    .filter(|(_, r)| r.is_none())
+                    .map(|(op, _)| op.clone())
+                    .collect();
+                let mut results = self.inner.apply_ipvs(&accepted).into_iter();
+                ops.iter()
+                    .zip(refused)
+                    .map(|(op, r)| match r {
+                        Some(errno) => Err(KernelError::Ipvs(ipvs_netlink::Error::Kernel {
+                            op: op.kind(),
+                            errno,
+                        })),
+                        None => results.next().unwrap_or(Ok(())),
+                    })
+                    .collect()
+            }
         }
     }
     fn ensure_link(&mut self) -> Result<bool, KernelError> {
@@ -356,10 +441,31 @@ impl<K: Kernel> Kernel for FaultKernel<K> {
             None => self.inner.read_ipsets(owned),
         }
     }
-    fn apply_ipsets(&mut self, diff: &IpsetDiff) -> Result<Vec<String>, KernelError> {
+    fn apply_ipsets(&mut self, diff: &IpsetDiff) -> Result<Vec<ipset::Rejected>, KernelError> {
         match self.handle.decide(KernelOp::ApplyIpsets) {
             Some(e) => Err(error_for(KernelOp::ApplyIpsets, e)),
-            None => self.inner.apply_ipsets(diff),
+            None => {
+                let (refused, adds): (Vec<_>, Vec<_>) = diff
+                    .adds
+                    .iter()
+                    .cloned()
+                    .partition(|c| self.handle.rejected(&c.entry));
+                let accepted = IpsetDiff {
+                    adds,
+                    ..diff.clone()
+                };
+                let mut out = self.inner.apply_ipsets(&accepted)?;
+                out.extend(refused.into_iter().map(|c| ipset::Rejected {
+                    line: format!("add {} {}", c.set, c.entry),
+                    set: c.set.to_string(),
+                    entry: Some(c.entry),
+                    owner: c.owner.to_string(),
+                    message: "Kernel error received: hash is full, cannot add more elements                               (injected)"
+                        .to_string(),
+                    skipped: 0,
+                }));
+                Ok(out)
+            }
         }
     }
     fn apply_iptables(

@@ -71,20 +71,33 @@ impl Short {
     }
 }
 
-/// How many services hold each ipset member.
+/// How many services hold each ipset member, and how many members each set has.
 #[derive(Debug, Clone, Default)]
 pub(super) struct EntryCounts {
     short: HashMap<Short, u32>,
     other: HashMap<IpsetEntry, u32>,
+    /// Members per set, by `SetKind as usize`.
+    sizes: [usize; SetKind::ALL.len()],
 }
 
 impl EntryCounts {
     /// True when some service holds `e`.
     pub(super) fn contains(&self, e: &IpsetEntry) -> bool {
+        self.holders(e) > 0
+    }
+
+    /// How many services hold `e`.
+    pub(super) fn holders(&self, e: &IpsetEntry) -> u32 {
         match Short::of(e) {
-            Some(s) => self.short.contains_key(&s),
-            None => self.other.contains_key(e),
+            Some(s) => self.short.get(&s).copied(),
+            None => self.other.get(e).copied(),
         }
+        .unwrap_or(0)
+    }
+
+    /// Members of `set`.
+    pub(super) fn size(&self, set: SetKind) -> usize {
+        self.sizes[set as usize]
     }
 
     /// One more holder of `e`.
@@ -93,14 +106,21 @@ impl EntryCounts {
             Some(s) => self.short.entry(s).or_insert(0),
             None => self.other.entry(e.clone()).or_insert(0),
         };
+        if *c == 0 {
+            self.sizes[e.set as usize] += 1;
+        }
         *c = c.saturating_add(1);
     }
 
     /// One holder of `e` fewer (the member goes with its last holder).
     pub(super) fn release(&mut self, e: &IpsetEntry) {
-        match Short::of(e) {
+        let gone = match Short::of(e) {
             Some(s) => release(&mut self.short, &s),
             None => release(&mut self.other, e),
+        };
+        if gone {
+            let n = &mut self.sizes[e.set as usize];
+            *n = n.saturating_sub(1);
         }
     }
 
@@ -110,13 +130,16 @@ impl EntryCounts {
     }
 }
 
-fn release<K: std::hash::Hash + Eq>(counts: &mut HashMap<K, u32>, k: &K) {
+/// One holder of `k` fewer; true when that was its last holder (it is gone).
+fn release<K: std::hash::Hash + Eq>(counts: &mut HashMap<K, u32>, k: &K) -> bool {
     if let Some(c) = counts.get_mut(k) {
         *c = c.saturating_sub(1);
         if *c == 0 {
             counts.remove(k);
+            return true;
         }
     }
+    false
 }
 
 #[cfg(test)]
@@ -175,6 +198,9 @@ mod tests {
         for e in all.iter().chain(all.iter()) {
             c.acquire(e);
         }
+        assert_eq!(c.size(SetKind::LoopBack), 2, "each member once");
+        assert_eq!(c.size(SetKind::IpvsIps), 2);
+        assert_eq!(c.holders(&all[0]), 2);
         let mut held: Vec<IpsetEntry> = c.entries().collect();
         held.sort();
         let mut want = all.clone();
@@ -190,5 +216,6 @@ mod tests {
             c.release(e); // releasing an absent member is harmless
         }
         assert_eq!(c.entries().count(), 0);
+        assert!(SetKind::ALL.iter().all(|k| c.size(*k) == 0));
     }
 }

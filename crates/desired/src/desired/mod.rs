@@ -35,8 +35,11 @@ use crate::types::{
 use model::sorted::SortedVec;
 use model::{ProxyConfig, ServiceName, ServicePortName};
 
+mod capacity;
 mod counts;
 mod views;
+
+pub use capacity::SetGrowth;
 
 use counts::EntryCounts;
 

@@ -17,7 +17,7 @@ pub use entry::{Entry, Protocol};
 pub use io::{
     netlink_eligible, ApplyReport, Ipset, Rejected, Runner, DEFAULT_TIMEOUT, NETLINK_MAX_MEMBERS,
 };
-pub use set::{Family, SetKind, SetSpec, SetType, MAX_NAME_LEN};
+pub use set::{Family, SetKind, SetSpec, SetType, MAX_ELEM, MAX_NAME_LEN};
 pub use state::{
     diff, parse_save, render_restore, render_save, restore_lines, EntryChange, IpsetDiff,
     IpsetState, LineOrigin, SetState,

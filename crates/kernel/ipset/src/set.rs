@@ -247,6 +247,10 @@ impl SetKind {
     }
 }
 
+/// `maxelem` of every hash set kube-ipvs creates (upstream's default): the kernel refuses a
+/// member beyond it.
+pub const MAX_ELEM: u32 = 65536;
+
 /// How a set is (to be) created.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SetSpec {
@@ -270,7 +274,7 @@ impl SetSpec {
             set_type,
             family,
             hash_size: 1024,
-            max_elem: 65536,
+            max_elem: MAX_ELEM,
         }
     }
 

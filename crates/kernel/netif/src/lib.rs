@@ -9,7 +9,9 @@
 //!   (address and link groups) after one initial dump, and publishes them as a
 //!   [`NodeAddressSet`] through a `tokio::sync::watch` channel. The set answers "which IPs serve
 //!   NodePorts" ([`NodePortAddresses`]), "is this IP local", and notices when `kube-ipvs0` is
-//!   deleted behind our back.
+//!   deleted behind our back. A failed or ended subscription never empties the set: the last
+//!   known addresses stay, the failure is reported ([`TrackerStatus`]) and the tracker
+//!   subscribes again with backoff.
 
 mod batch;
 mod diff;
@@ -19,7 +21,9 @@ mod nodeaddr;
 
 pub use diff::{diff_addresses, host_prefix_len, AddrDiff};
 pub use link::{LinkState, Netif};
-pub use monitor::NodeAddresses;
+pub use monitor::{
+    EventStream, NodeAddresses, Subscriber, Subscription, TrackerConfig, TrackerStatus,
+};
 pub use nodeaddr::{event_from_message, AddrEvent, LinkAddrs, NodeAddressSet, NodePortAddresses};
 
 /// Name of the dummy link every service VIP is bound to (same as kube-proxy).

@@ -188,10 +188,21 @@ pub struct Config {
     pub ipset_timeout: Duration,
     /// Time limit of one `iptables-save` / `iptables-restore` (`--iptables-timeout`).
     pub iptables_timeout: Duration,
+    /// Nodes that write the Event about an invalid object (`--event-reporters`; 0: every node).
+    pub event_reporters: usize,
+    /// What one Service may cost this node (`--max-virtual-servers-per-service`,
+    /// `--max-real-servers-per-service`, `--max-ipset-members-per-service`).
+    pub service_budget: model::ServiceBudget,
     /// Root of the sysctl tree (`--sysctl-root`, default `/proc/sys`).
     pub sysctl_root: PathBuf,
     /// Root of sysfs (`--sysfs-root`, default `/sys`).
     pub sysfs_root: PathBuf,
+    /// Ports of this node no externalIP or load-balancer IP on a node address may take
+    /// (`--protected-node-ports`; the healthz and metrics ports are added by
+    /// [`crate::engine::proxy_config`]).
+    pub protected_node_ports: Vec<model::ProtectedPort>,
+    /// `--refuse-node-address-vips`: no externalIP or load-balancer IP on a node address.
+    pub refuse_node_address_vips: bool,
     /// This node's primary IP override (`bindAddress`; unspecified if unset).
     pub bind_address: IpAddr,
     /// `/healthz` + `/livez` server address.

@@ -43,8 +43,16 @@ pub(super) fn build(cx: &mut Ctx, hostname: impl FnOnce() -> Result<String>) -> 
     let drain_timeout = cx.duration("drain-timeout");
     let ipset_timeout = positive(cx, "ipset-timeout");
     let iptables_timeout = positive(cx, "iptables-timeout");
+    let event_reporters = cx.int("event-reporters", 0, 1000) as usize;
+    let service_budget = model::ServiceBudget {
+        virtual_servers: cx.int("max-virtual-servers-per-service", 1, i64::from(u32::MAX)) as usize,
+        real_servers: cx.int("max-real-servers-per-service", 1, i64::from(u32::MAX)) as usize,
+        ipset_members: cx.int("max-ipset-members-per-service", 1, i64::from(u32::MAX)) as usize,
+    };
     let sysctl_root = cx.string("sysctl-root");
     let sysfs_root = cx.string("sysfs-root");
+    let protected_node_ports = protected_node_ports(cx);
+    let refuse_node_address_vips = cx.boolean("refuse-node-address-vips");
     let config_file = cx.string("config");
     let once = cx.boolean("once");
     let cleanup = cx.boolean("cleanup");
@@ -67,8 +75,12 @@ pub(super) fn build(cx: &mut Ctx, hostname: impl FnOnce() -> Result<String>) -> 
         drain_timeout,
         ipset_timeout,
         iptables_timeout,
+        event_reporters,
+        service_budget,
         sysctl_root: path_or(sysctl_root, "/proc/sys"),
         sysfs_root: path_or(sysfs_root, sysctl::SYS),
+        protected_node_ports,
+        refuse_node_address_vips,
         bind_address,
         healthz_bind_address,
         metrics_bind_address,
@@ -290,6 +302,43 @@ pub(super) fn node_port_addresses(cx: &mut Ctx) -> Vec<NodePortAddress> {
         }
     }
     node_port_addresses
+}
+
+/// `--protected-node-ports`: `PORT` (every protocol) or `PORT/PROTOCOL` entries, sorted.
+pub(super) fn protected_node_ports(cx: &mut Ctx) -> Vec<model::ProtectedPort> {
+    let key = "protected-node-ports";
+    let mut out = Vec::new();
+    for (i, entry) in cx.list(key).iter().enumerate() {
+        let (port, proto) = match entry.split_once('/') {
+            Some((p, proto)) => (p, Some(proto)),
+            None => (entry.as_str(), None),
+        };
+        let port = port.trim().parse::<u16>().ok().filter(|p| *p > 0);
+        let protocol =
+            proto.map(|p| ipvs_netlink::Protocol::from_api_name(&p.trim().to_ascii_uppercase()));
+        match (port, protocol) {
+            (Some(port), None) => out.push(model::ProtectedPort {
+                port,
+                protocol: None,
+            }),
+            (Some(port), Some(Some(p))) => out.push(model::ProtectedPort {
+                port,
+                protocol: Some(p),
+            }),
+            _ => {
+                let field = format!("{}[{i}]", cx.name(key));
+                cx.errors.push(FieldError {
+                    field,
+                    message: format!(
+                        "invalid protected port {entry:?} (PORT 1-65535, or PORT/TCP, PORT/UDP, PORT/SCTP)"
+                    ),
+                });
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// `clientConnection` and `master`, with the daemon's API time limits.

@@ -120,3 +120,31 @@ pub async fn forward_source_health(
         }
     }
 }
+
+/// How long the start waits to read this node's Node object (for its families).
+const NODE_FACTS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// This node's Node object's addresses and podCIDRs, read once at start (one list with a
+/// `metadata.name` field selector: the DaemonSet may list and watch Nodes, not get them), for
+/// at most 10 s; empty when it cannot be read (the families are then decided from the
+/// configuration and the node's addresses).
+pub async fn read_node_facts(client: &kube::Client, node_name: &str) -> crate::engine::NodeFacts {
+    let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    let params = kube::api::ListParams::default().fields(&format!("metadata.name={node_name}"));
+    match tokio::time::timeout(NODE_FACTS_TIMEOUT, api.list(&params)).await {
+        Ok(Ok(list)) => list
+            .items
+            .first()
+            .map(crate::engine::NodeFacts::of)
+            .unwrap_or_default(),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot read this node's Node object for its IP families");
+            crate::engine::NodeFacts::default()
+        }
+        Err(_) => {
+            tracing::warn!(after = ?NODE_FACTS_TIMEOUT,
+                "reading this node's Node object for its IP families timed out");
+            crate::engine::NodeFacts::default()
+        }
+    }
+}

@@ -94,7 +94,7 @@ impl Daemon {
             ),
         ];
         for (what, addr, router) in wanted {
-            match http::serve(what, addr, router).await {
+            match http::serve(what, addr, router, Some(metrics.clone())).await {
                 Ok(s) => servers.push(s),
                 Err(e) if config.bind_address_hard_fail => {
                     for s in servers {

@@ -10,7 +10,7 @@ use proxier::sync_loop::Backend;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::{forward_source_health, kube_client, node_address_tracker, shutdown_signal};
+use super::{forward_source_health, kube_client, shutdown_signal};
 use super::{Daemon, NODE_WAIT};
 use crate::config::{Config, ProxyMode};
 use crate::error::{Error, Result};
@@ -61,14 +61,58 @@ pub async fn run_daemon(config: Config) -> Result<()> {
     tracing::info!(mode = mode.as_str(), "proxy mode selected");
     let config = daemon.config.clone();
 
-    // The node, its families, and the other mode's leftovers (removed after the first
-    // successful sync of this mode, never before: see crate::handover).
-    let tracker = node_address_tracker().await;
-    let node_ips = tracker
-        .as_ref()
-        .map(|t| t.current().node_ips())
-        .unwrap_or_default();
-    let families = crate::engine::families(&config, &node_ips);
+    // Never fails: without a first dump the addresses are unknown (the loop then uses the
+    // Node object's) and the tracker keeps trying with backoff.
+    let tracker = netif::NodeAddresses::spawn().await;
+    let node_ips = tracker.current().node_ips();
+    // The Kubernetes client (none with --source-dir): the source, and Events for invalid objects.
+    let client = match &config.source_dir {
+        Some(_) => None,
+        None => Some(kube_client(&config.kube).await?),
+    };
+    let node = match &client {
+        Some(c) => super::read_node_facts(c, &config.node_name).await,
+        None => crate::engine::NodeFacts::default(),
+    };
+
+    // The families: the primary one must work (an error otherwise, like upstream's "no support
+    // for primary IP family" in cmd/kube-proxy/app/server.go); the other is served when the
+    // node uses it and supports it (upstream: when its tools work, `platformCheckSupported` in
+    // server_linux.go), else later, when both hold; never an exit for it.
+    let (primary, from) = crate::engine::primary_family(&config, &node, &node_ips);
+    let secondary = crate::engine::other_family(primary);
+    let mut backends = match backends(&config, mode, &[primary]).await {
+        Ok(b) => b,
+        Err(e) => {
+            daemon.stop().await;
+            return Err(e);
+        }
+    };
+    let mut families = vec![primary];
+    if crate::engine::family_signalled(&config, &node, &node_ips, secondary) {
+        match family_backend(&config, mode, secondary).await {
+            Ok(b) => {
+                backends.push(b);
+                families.push(secondary);
+            }
+            Err(why) => tracing::warn!(
+                family = ?secondary,
+                reason = %why,
+                "no support for the secondary IP family: serving it later, once the node \
+                 supports it (retried with backoff)"
+            ),
+        }
+    }
+    if families.len() == 2 {
+        tracing::info!(primary = ?primary, from = from.as_str(), "kube-ipvs running in dual-stack mode");
+    } else {
+        tracing::info!(family = ?primary, from = from.as_str(), "kube-ipvs running in single-stack mode");
+    }
+    for f in [primary, secondary] {
+        daemon.metrics.set_family_served(f, families.contains(&f));
+    }
+    // The other mode's leftovers go after this mode's first successful sync, never before
+    // (see crate::handover).
     let first_sync = crate::handover::FirstSync::new(&families);
     daemon.metrics.init_families(&families);
     let handover = crate::handover::spawn_cleanup(
@@ -78,24 +122,17 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         netif::Netif::new().await.ok(),
         first_sync.clone(),
     );
-    let backends = match backends(&config, mode, &families).await {
-        Ok(b) => b,
-        Err(e) => {
-            daemon.stop().await;
-            return Err(e);
-        }
-    };
-    // The Kubernetes client (none with --source-dir): the source, and Events for invalid objects.
-    let client = match &config.source_dir {
-        Some(_) => None,
-        None => Some(kube_client(&config.kube).await?),
-    };
     if let Some(c) = &client {
         publish_start_events(c, &config, fallback_reason.as_ref(), conntrack_warning);
     }
-    // Events for invalid objects: deduplicated, rate limited, through a bounded queue.
+    // Events for invalid objects: written by a few nodes per object, deduplicated, rate limited,
+    // through a bounded queue.
     let (rejections_tx, rejections_rx) =
         crate::events::EventSink::new(Some(daemon.metrics.clone()));
+    let rejections_tx = rejections_tx.with_reporters(crate::events::Reporters::new(
+        &config.node_name,
+        config.event_reporters,
+    ));
     let publisher = client.clone().map(|c| {
         tokio::spawn(crate::events::publish_events(
             c,
@@ -125,15 +162,28 @@ pub async fn run_daemon(config: Config) -> Result<()> {
         },
         observer,
     );
-    let forwarder = tracker
-        .as_ref()
-        .map(|t| crate::engine::forward_node_addresses(t, engine.sender()));
+    let forwarder = Some(crate::engine::forward_node_addresses(
+        &tracker,
+        engine.sender(),
+        daemon.metrics.clone(),
+    ));
+    // The secondary family, once the node uses and supports it.
+    let later = (!families.contains(&secondary)).then(|| {
+        tokio::spawn(add_family_later(
+            config.clone(),
+            mode,
+            secondary,
+            node.clone(),
+            tracker.subscribe(),
+            engine.sender(),
+        ))
+    });
 
     let (tx, rx) = mpsc::channel::<SourceEvent>(1024);
     let (source, source_health_task) = start_source(&config, client, &daemon, tx)?;
     let result = serve(&mut daemon, &engine, rx, &mut signal, Box::pin(restart)).await;
     source.abort();
-    for task in [source_health_task, publisher, forwarder]
+    for task in [source_health_task, publisher, forwarder, later]
         .into_iter()
         .flatten()
     {
@@ -216,6 +266,86 @@ async fn backends(
         });
     }
     Ok(backends)
+}
+
+/// The backend of one more family (the primary one's sysctls and IPVS timeouts are set
+/// already): an error text when the kernel lacks the family or its tools fail (e.g. no
+/// `ip6tables`).
+async fn family_backend(
+    config: &Config,
+    mode: ProxyMode,
+    family: ipvs_netlink::Family,
+) -> std::result::Result<Box<dyn Backend + Send>, String> {
+    if let Some(why) = crate::engine::family_unsupported(config, family) {
+        return Err(why);
+    }
+    let built = match mode {
+        ProxyMode::Ipvs => crate::engine::ipvs_backend(config, family).await,
+        ProxyMode::Iptables => crate::engine::iptables_backend(config, family),
+    };
+    built.map_err(|e| e.to_string())
+}
+
+/// Adds `family` to the running loop once the node uses it ([`crate::engine::family_signalled`]:
+/// checked again whenever the node's addresses change) and supports it (retried with the one
+/// backoff policy, minSyncPeriod to syncPeriod, while it is used and not supported).
+async fn add_family_later(
+    config: Config,
+    mode: ProxyMode,
+    family: ipvs_netlink::Family,
+    node: crate::engine::NodeFacts,
+    mut addresses: tokio::sync::watch::Receiver<netif::NodeAddressSet>,
+    tx: proxier::sync_loop::InputSender,
+) {
+    let mut backoff = proxier::retry::Backoff::new(crate::engine::retry_policy(&config, mode));
+    let mut tracked = true;
+    loop {
+        let used = {
+            let ips = addresses.borrow_and_update().node_ips();
+            crate::engine::family_signalled(&config, &node, &ips, family)
+        };
+        let now = std::time::Instant::now();
+        if used && backoff.ready(now) {
+            match family_backend(&config, mode, family).await {
+                Ok(b) => {
+                    tracing::info!(family = ?family,
+                        "the node now uses and supports this IP family: kube-ipvs running in \
+                         dual-stack mode");
+                    let _ = tx
+                        .send(proxier::sync_loop::Input::AddBackend(
+                            proxier::sync_loop::NewBackend(b),
+                        ))
+                        .await;
+                    return;
+                }
+                Err(why) => {
+                    let delay = backoff.failed(now);
+                    // Loud the first time and then every tenth attempt (the metric says it
+                    // all along: kube_ipvs_ip_family_served 0).
+                    if backoff.failures() % 10 == 1 {
+                        tracing::warn!(family = ?family, reason = %why,
+                            retry_in_ms = delay.as_millis() as u64,
+                            "no support for the secondary IP family yet: running single-stack");
+                    }
+                }
+            }
+        }
+        let wait = match (used, backoff.due()) {
+            (true, Some(due)) => due.saturating_duration_since(std::time::Instant::now()),
+            _ => std::time::Duration::from_secs(3600),
+        };
+        if tracked {
+            tokio::select! {
+                changed = addresses.changed() => tracked = changed.is_ok(),
+                _ = tokio::time::sleep(wait) => {}
+            }
+        } else if used {
+            tokio::time::sleep(wait).await;
+        } else {
+            // Nothing can signal the family any more (the tracker is gone).
+            return;
+        }
+    }
 }
 
 /// The start's Events on the Node: the fallback to iptables mode (loud, in three places: the

@@ -1,5 +1,5 @@
 //! The sync loop's observer: sync reports become metrics, `/healthz` state, health-check node
-//! ports and (rate-limited) Events about rejected objects.
+//! ports and (rate-limited) Events about rejected objects; the loop's steps become `/livez`.
 
 use super::*;
 
@@ -37,10 +37,37 @@ pub struct FamilySeen {
     health: BTreeMap<ServiceName, HealthCheck>,
     /// External VIP claims lost to another Service.
     vip_conflicts: usize,
+    /// External claims on node addresses the node keeps.
+    node_address_conflicts: desired::vip::NodeConflicts,
     /// IPVS requests already counted (the kernel keeps running totals per command).
     ipvs_requests: ipvs_netlink::OpCounts,
     /// IPVS virtual servers and real servers programmed.
     ipvs_programmed: (usize, usize),
+    /// Services isolated because the kernel refuses their programming.
+    refused: usize,
+}
+
+/// The Event on a Service whose programming the kernel refuses: reason `KernelRefused`,
+/// action `Program` (fixed words); the note names the subsystem and the kernel's answer
+/// (sanitized and cut by the sink).
+pub fn refusal_event(r: &Refusal) -> crate::events::EventRequest {
+    crate::events::EventRequest {
+        regarding: crate::events::Regarding {
+            api_version: "v1",
+            kind: "Service",
+            namespace: Some(r.service.namespace.to_string()),
+            name: r.service.name.to_string(),
+        },
+        reason: "KernelRefused",
+        action: "Program",
+        note: format!(
+            "the kernel refuses this Service's {} programming ({}): {}; what the node holds \
+             for it is kept and it is retried with backoff",
+            r.subsystem.as_str(),
+            r.reason,
+            r.error
+        ),
+    }
 }
 
 /// An object skipped as invalid, to be reported as a Kubernetes Event.
@@ -58,13 +85,34 @@ pub struct Rejection {
 
 impl Rejection {
     /// The Event reporting this rejection (`InvalidObject`, action `Skip`; the note is
-    /// sanitized by the sink). A VIP conflict is reported as `VIPConflict`.
+    /// sanitized by the sink). A VIP conflict is reported as `VIPConflict`, a claim on a node
+    /// address the node keeps as `NodeAddressConflict`.
     pub fn event(&self) -> crate::events::EventRequest {
         let (api_version, kind) = match self.kind.as_str() {
             "EndpointSlice" => ("discovery.k8s.io/v1", "EndpointSlice"),
             _ => ("v1", "Service"),
         };
         let conflict = self.reason.starts_with(desired::vip::CONFLICT_PREFIX);
+        let node_conflict = self.reason.starts_with(desired::vip::NODE_CONFLICT_PREFIX);
+        let partial = self.reason.starts_with(model::IGNORED_PREFIX);
+        let (reason, action, note) = if conflict {
+            ("VIPConflict", "Skip", "kube-ipvs skipped this object")
+        } else if node_conflict {
+            (
+                "NodeAddressConflict",
+                "Skip",
+                "kube-ipvs skipped this object",
+            )
+        } else if partial {
+            // The object is programmed without the values the reason names.
+            (
+                "InvalidField",
+                "Ignore",
+                "kube-ipvs programs this object without some values",
+            )
+        } else {
+            ("InvalidObject", "Skip", "kube-ipvs skipped this object")
+        };
         crate::events::EventRequest {
             regarding: crate::events::Regarding {
                 api_version,
@@ -72,21 +120,18 @@ impl Rejection {
                 namespace: Some(self.namespace.clone()),
                 name: self.name.clone(),
             },
-            reason: if conflict {
-                "VIPConflict"
-            } else {
-                "InvalidObject"
-            },
-            action: "Skip",
-            note: format!("kube-ipvs skipped this object: {}", self.reason),
+            reason,
+            action,
+            note: format!("{note}: {}", self.reason),
         }
     }
 
-    /// Splits a rejection key (`service ns/name`, `endpointslice ns/name`) and a reason.
+    /// Splits a rejection key (`service ns/name`, `vip ns/name`, `fields ns/name`,
+    /// `endpointslice ns/name`) and a reason.
     pub fn from_key(key: &str, reason: &str) -> Option<Rejection> {
         let (kind, rest) = key.split_once(' ')?;
         let kind = match kind {
-            "service" | "vip" => "Service",
+            "service" | "vip" | "nodeaddress" | "fields" => "Service",
             "endpointslice" => "EndpointSlice",
             _ => return None,
         };
@@ -110,16 +155,21 @@ pub const INVALID_REASON_LABELS: &[&str] = &[
     "duplicate_nodeport",
     "duplicate_port",
     "duplicate_port_name",
-    "endpoint_address_does_not_match_addresstype",
     "endpoint_port_out_of_range",
     "endpoint_with_addresses",
     "healthchecknodeport_out_of_range",
+    "ignored_endpoint_address_of_another_family",
+    "ignored_endpoint_with_invalid_address",
+    "ignored_endpoint_without_addresses",
+    "ignored_invalid_externalip",
+    "ignored_invalid_loadbalancer_ingress_ip",
+    "ignored_invalid_loadbalancersourcerange",
     "invalid_clusterip",
-    "invalid_endpoint_address",
-    "invalid_externalip",
-    "invalid_loadbalancer_ingress_ip",
-    "invalid_loadbalancersourcerange",
+    "node_address_conflict",
     "nodeport_out_of_range",
+    "over_the_ipsetmember_budget",
+    "over_the_realserver_budget",
+    "over_the_virtualserver_budget",
     "port_out_of_range",
     "ports",
     "service_port_would_exceed_endpoints",
@@ -136,6 +186,7 @@ pub const INVALID_REASON_LABELS: &[&str] = &[
     "unknown_service_type",
     "unknown_sessionaffinity",
     "vip_conflict",
+    "would_overfill_an_ipset",
     "other",
 ];
 
@@ -147,6 +198,9 @@ pub const INVALID_REASON_LABELS: &[&str] = &[
 pub fn reason_label(reason: &str) -> &'static str {
     if reason.starts_with(desired::vip::CONFLICT_PREFIX) {
         return "vip_conflict";
+    }
+    if reason.starts_with(desired::vip::NODE_CONFLICT_PREFIX) {
+        return "node_address_conflict";
     }
     let words: Vec<String> = reason
         .split_whitespace()
@@ -173,6 +227,24 @@ pub fn reason_label(reason: &str) -> &'static str {
         .find(|l| **l == label)
         .copied()
         .unwrap_or("other")
+}
+
+/// The node names of the endpoints of every Service's EndpointSlices: the nodes that may write
+/// Events about objects (see [`crate::events`]). The same on every node with the same store.
+pub fn endpoint_nodes(store: &Store) -> crate::events::Candidates {
+    let mut names: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    for service in store.service_names() {
+        for slice in store.slices_of(service) {
+            names.extend(
+                slice
+                    .endpoints
+                    .iter()
+                    .filter_map(|e| e.node_name())
+                    .map(|n| &**n),
+            );
+        }
+    }
+    crate::events::Candidates::new(names)
 }
 
 impl std::fmt::Debug for Observer {
@@ -222,8 +294,9 @@ impl SyncObserver for Observer {
         if report.healthy() {
             self.health.updated(family);
         } else {
-            // A failed sync is not an update: /healthz turns 503 if this lasts for the
-            // health timeout, naming the subsystems.
+            // A failed sync is not an update: /healthz and the health-check node ports turn
+            // 503 if this lasts for the health timeout, naming the subsystems (/livez does not:
+            // the loop is making progress).
             let failed: Vec<(&'static str, String)> = report
                 .failed
                 .iter()
@@ -269,6 +342,11 @@ impl SyncObserver for Observer {
         }
         this.ipvs_requests = requests;
         this.ipvs_programmed = backend.ipvs_programmed();
+        this.refused = backend.refused_services();
+        let refused: usize = seen.values().map(|f| f.refused).sum();
+        self.metrics
+            .refused_services
+            .set(i64::try_from(refused).unwrap_or(i64::MAX));
         let (services, destinations) = seen.values().fold((0, 0), |(s, d), f| {
             (s + f.ipvs_programmed.0, d + f.ipvs_programmed.1)
         });
@@ -298,6 +376,7 @@ impl SyncObserver for Observer {
         self.metrics
             .vip_conflicts
             .set(i64::try_from(conflicts).unwrap_or(i64::MAX));
+        this_node_address_conflicts(&mut seen, family, report, &self.metrics);
         for (f, v) in seen.iter() {
             self.metrics
                 .set_no_local_endpoints(*f, v.no_local.0, v.no_local.1);
@@ -337,11 +416,36 @@ impl SyncObserver for Observer {
         self.metrics.record_network_programmed(family, triggers);
     }
 
-    fn rejected(&self, _family: Family, rejected: &[(String, String)]) {
+    fn waiting(&self, until: std::time::Instant) {
+        self.health.loop_waiting(until);
+    }
+
+    fn working(&self) {
+        self.health.loop_working_at(std::time::Instant::now());
+    }
+
+    fn refused(&self, _family: Family, refused: &[Refusal]) {
+        for r in refused {
+            self.metrics
+                .kernel_refusals_total
+                .get_or_create(&crate::metrics::RefusalLabels {
+                    subsystem: r.subsystem.as_str().to_string(),
+                    reason: r.reason.to_string(),
+                })
+                .inc();
+            if let Some(sink) = &self.rejections {
+                sink.submit(refusal_event(r));
+            }
+        }
+    }
+
+    fn rejected(&self, _family: Family, rejected: &[(String, String)], store: &Store) {
         let mut reported = match self.reported.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
+        // The nodes that may write Events (built once, when a new rejection needs one).
+        let mut candidates: Option<crate::events::Candidates> = None;
         for (key, reason) in rejected {
             // Both families see the same objects; report each (object, reason) once. The set
             // is bounded: past 10,000 entries it starts over (a repeat is reported again).
@@ -362,8 +466,144 @@ impl SyncObserver for Observer {
                 })
                 .inc();
             if let Some(sink) = &self.rejections {
-                sink.submit(r.event());
+                let c = candidates.get_or_insert_with(|| endpoint_nodes(store));
+                sink.submit_among(r.event(), c);
             }
         }
+    }
+}
+
+/// Records one family's node-address conflicts and sets the node-wide gauge (both families
+/// summed), one series per fixed reason.
+fn this_node_address_conflicts(
+    seen: &mut BTreeMap<Family, FamilySeen>,
+    family: Family,
+    report: &SyncReport,
+    metrics: &Metrics,
+) {
+    seen.entry(family).or_default().node_address_conflicts = report.node_address_conflicts;
+    let sum = seen
+        .values()
+        .fold(desired::vip::NodeConflicts::default(), |a, f| {
+            a.plus(f.node_address_conflicts)
+        });
+    for (reason, n) in sum.by_reason() {
+        metrics
+            .node_address_conflicts
+            .get_or_create(&crate::metrics::ReasonLabel {
+                reason: reason.to_string(),
+            })
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+}
+
+#[cfg(test)]
+mod node_address_tests {
+    use super::*;
+
+    /// A node-address conflict (rejection key `nodeaddress ns/name`) is an Event on the
+    /// Service with its own fixed reason word and a fixed metric label, not a VIP conflict.
+    #[test]
+    fn a_node_address_conflict_is_its_own_event_reason_and_label() {
+        let lost = std::collections::BTreeMap::from([(
+            desired::vip::Vip {
+                ip: std::net::Ipv4Addr::new(192, 168, 0, 10).into(),
+                port: 10250,
+                protocol: ipvs_netlink::Protocol::Tcp,
+            },
+            desired::vip::NodeLoss::Protected,
+        )]);
+        let why = desired::vip::node_conflict_reason(&lost).map(|i| i.reason);
+        let why = why.as_deref().unwrap_or_default();
+        let r = Rejection::from_key("nodeaddress aa/kubelet", why);
+        let ev = r.as_ref().map(|r| r.event());
+        assert_eq!(ev.as_ref().map(|e| e.reason), Some("NodeAddressConflict"));
+        assert_eq!(
+            ev.as_ref().map(|e| e.regarding.kind),
+            Some("Service"),
+            "{ev:?}"
+        );
+        assert!(
+            ev.is_some_and(|e| e
+                .note
+                .contains("192.168.0.10:10250/TCP is a protected node port")),
+            "{why}"
+        );
+        assert_eq!(reason_label(why), "node_address_conflict");
+        assert!(INVALID_REASON_LABELS.contains(&"node_address_conflict"));
+    }
+
+    /// The gauge sums the families and keeps one series per fixed reason.
+    #[test]
+    fn node_address_conflicts_are_summed_over_families() {
+        let metrics = Metrics::new();
+        let mut seen = BTreeMap::new();
+        let mut report = SyncReport::new(proxier::ipvs_mode::SyncKind::Full);
+        report.node_address_conflicts = desired::vip::NodeConflicts {
+            node_port: 2,
+            protected_port: 1,
+            refused: 0,
+        };
+        this_node_address_conflicts(&mut seen, Family::Inet, &report, &metrics);
+        report.node_address_conflicts.node_port = 1;
+        this_node_address_conflicts(&mut seen, Family::Inet6, &report, &metrics);
+        let text = metrics.encode().unwrap_or_default();
+        for line in [
+            "kube_ipvs_node_address_conflicts{reason=\"node_port\"} 3",
+            "kube_ipvs_node_address_conflicts{reason=\"protected_port\"} 2",
+            "kube_ipvs_node_address_conflicts{reason=\"refused\"} 0",
+        ] {
+            assert!(text.contains(line), "{line}:\n{text}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(key: &str, reason: &str) -> crate::events::EventRequest {
+        Rejection::from_key(key, reason).unwrap().event()
+    }
+
+    #[test]
+    fn each_kind_of_rejection_gets_its_event() {
+        let e = event("service ns/a", "port 0 out of range 1..65535");
+        assert_eq!(
+            (e.reason, e.action, e.regarding.kind),
+            ("InvalidObject", "Skip", "Service")
+        );
+        // A partial rejection: the object is programmed without the values named.
+        let e = event("fields ns/a", "ignored invalid externalIP \"x\"");
+        assert_eq!(
+            (
+                e.reason,
+                e.action,
+                e.regarding.kind,
+                e.regarding.name.as_str()
+            ),
+            ("InvalidField", "Ignore", "Service", "a")
+        );
+        assert!(
+            e.note.ends_with(": ignored invalid externalIP \"x\""),
+            "{}",
+            e.note
+        );
+        let e = event(
+            "endpointslice ns/s",
+            "ignored endpoint with invalid address \"y\"",
+        );
+        assert_eq!(
+            (e.reason, e.regarding.kind),
+            ("InvalidField", "EndpointSlice")
+        );
+        let e = event("vip ns/a", "VIP conflict: 1.2.3.4:80/TCP is served by ns/b");
+        assert_eq!((e.reason, e.regarding.kind), ("VIPConflict", "Service"));
+        let e = event(
+            "service ns/a",
+            "over the virtual-server budget (70000 virtual servers)",
+        );
+        assert_eq!(e.reason, "InvalidObject");
+        assert!(Rejection::from_key("other ns/a", "x").is_none());
     }
 }

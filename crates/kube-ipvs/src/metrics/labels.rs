@@ -92,6 +92,17 @@ pub struct OpLabel {
     pub op: String,
 }
 
+/// `subsystem` and `reason` labels of `kube_ipvs_kernel_refusals_total`: a subsystem of
+/// [`proxier::retry::Subsystem::ALL`] and a fixed word (an errno name of
+/// `proxier::ipvs_mode::refusal_label`, or `ipset_rejected`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    /// The subsystem that refused.
+    pub subsystem: String,
+    /// The fixed word of its answer.
+    pub reason: String,
+}
+
 /// `result` label of `kube_ipvs_events_published_total`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -100,7 +111,35 @@ pub struct ResultLabel {
 }
 
 /// The fixed `reason` values of `kube_ipvs_events_dropped_total`.
-pub const EVENT_DROP_REASONS: &[&str] = &["duplicate", "rate_limited", "queue_full", "closed"];
+pub const EVENT_DROP_REASONS: &[&str] = &[
+    "delegated",
+    "duplicate",
+    "rate_limited",
+    "queue_full",
+    "closed",
+];
+
+/// The fixed `server` values of the HTTP connection metrics (anything else is `other`).
+pub const HTTP_SERVERS: &[&str] = &["healthz", "metrics", "health-check-node-port", "other"];
+
+/// The fixed `reason` values of `kube_ipvs_http_connections_refused_total`.
+pub const HTTP_REFUSE_REASONS: &[&str] = &["per_source", "total"];
+
+/// `server` and `reason` labels of `kube_ipvs_http_connections_refused_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpRefusedLabels {
+    /// One of [`HTTP_SERVERS`].
+    pub server: String,
+    /// One of [`HTTP_REFUSE_REASONS`].
+    pub reason: String,
+}
+
+/// `server` label of `kube_ipvs_http_connections_evicted_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServerLabel {
+    /// One of [`HTTP_SERVERS`].
+    pub server: String,
+}
 
 /// `reason` label of `kube_ipvs_drained_destinations_total`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]

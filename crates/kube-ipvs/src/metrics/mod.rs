@@ -121,8 +121,8 @@ pub struct Metrics {
     /// `kube_ipvs_drained_destinations_total{reason}`: drained real servers deleted, because
     /// their last connection ended (`drained`) or the drain cap passed (`cap`).
     pub drained_destinations_total: Family<ReasonLabel, Counter>,
-    /// `kube_ipvs_events_dropped_total{reason}`: Kubernetes Events held back (`duplicate`,
-    /// `rate_limited`, `queue_full`, `closed`; see [`crate::events`]).
+    /// `kube_ipvs_events_dropped_total{reason}`: Kubernetes Events held back (`delegated`,
+    /// `duplicate`, `rate_limited`, `queue_full`, `closed`; see [`crate::events`]).
     pub events_dropped_total: Family<ReasonLabel, Counter>,
     /// `kube_ipvs_events_published_total{result}`: Events sent to the API server (`ok`,
     /// `error`).
@@ -130,6 +130,32 @@ pub struct Metrics {
     /// `kube_ipvs_vip_conflicts`: external/load-balancer VIP claims lost to an older Service
     /// (see `proxier::vip`).
     pub vip_conflicts: Gauge,
+    /// `kube_ipvs_node_address_conflicts{reason}`: externalIP / load-balancer IP claims on this
+    /// node's addresses not served because the node keeps the address and port: `node_port`
+    /// (a NodePort or health-check node port), `protected_port`, `refused`
+    /// (see `desired::vip::node`).
+    pub node_address_conflicts: Family<ReasonLabel, Gauge>,
+    /// `kube_ipvs_http_connections_refused_total{server,reason}`: connections closed at once by
+    /// the per-source cap (`per_source`) or a full server (`total`), see [`crate::http`].
+    pub http_connections_refused_total: Family<HttpRefusedLabels, Counter>,
+    /// `kube_ipvs_http_connections_evicted_total{server}`: connections closed to admit one from
+    /// a source holding fewer (a full server), see [`crate::http`].
+    pub http_connections_evicted_total: Family<ServerLabel, Counter>,
+    /// `kube_ipvs_kernel_refusals_total{subsystem,reason}`: Services isolated because the
+    /// kernel refused their programming (counted once per isolation; see
+    /// `proxier::ipvs_mode::refusal`).
+    pub kernel_refusals_total: Family<RefusalLabels, Counter>,
+    /// `kube_ipvs_refused_services`: Services isolated now (both families summed).
+    pub refused_services: Gauge,
+    /// `kube_ipvs_node_address_tracking`: 1 while the node-address tracker follows changes,
+    /// 0 while it does not (the last known addresses, or the Node object's, are used).
+    pub node_address_tracking: Gauge,
+    /// `kube_ipvs_node_address_resubscriptions_total`: the tracker's subscriptions after a
+    /// failure or the end of its event stream.
+    pub node_address_resubscriptions_total: Counter,
+    /// `kube_ipvs_ip_family_served{ip_family}`: 1 for each family served, 0 for the other
+    /// (not supported by the node, or not used by it yet).
+    pub ip_family_served: Family<IpFamilyLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -139,6 +165,21 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Sets whether `family` is served.
+    pub fn set_family_served(&self, family: AddressFamily, served: bool) {
+        self.ip_family_served
+            .get_or_create(&IpFamilyLabel::of(family))
+            .set(i64::from(served));
+    }
+
+    /// Records the node-address tracker's state and `resubscriptions` more subscriptions.
+    pub fn record_node_address_tracker(&self, status: &netif::TrackerStatus, resubscriptions: u64) {
+        self.node_address_tracking
+            .set(i64::from(status.known && status.tracking));
+        self.node_address_resubscriptions_total
+            .inc_by(resubscriptions);
+    }
+
     /// Creates the per-family series of `families` at 0, so they are visible
     /// before the first sync (upstream sets the no-local-endpoints gauges every sync).
     pub fn init_families(&self, families: &[AddressFamily]) {
@@ -270,6 +311,31 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts one HTTP connection refused by `server` (one of [`HTTP_SERVERS`], else `other`)
+    /// for `reason` (one of [`HTTP_REFUSE_REASONS`], else `total`).
+    pub fn record_http_refused(&self, server: &str, reason: &str) {
+        let reason = HTTP_REFUSE_REASONS
+            .iter()
+            .find(|r| **r == reason)
+            .copied()
+            .unwrap_or("total");
+        self.http_connections_refused_total
+            .get_or_create(&HttpRefusedLabels {
+                server: http_server_label(server).to_string(),
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts one HTTP connection evicted by `server` (see [`Self::record_http_refused`]).
+    pub fn record_http_evicted(&self, server: &str) {
+        self.http_connections_evicted_total
+            .get_or_create(&ServerLabel {
+                server: http_server_label(server).to_string(),
+            })
+            .inc();
+    }
+
     /// Counts one Event sent (`ok`) or failed.
     pub fn record_event_published(&self, ok: bool) {
         self.events_published_total
@@ -388,4 +454,13 @@ pub fn router(metrics: std::sync::Arc<Metrics>) -> axum::Router {
             }
         }),
     )
+}
+
+/// `server` as one of [`HTTP_SERVERS`] (`other` for anything else).
+fn http_server_label(server: &str) -> &'static str {
+    HTTP_SERVERS
+        .iter()
+        .find(|s| **s == server)
+        .copied()
+        .unwrap_or("other")
 }

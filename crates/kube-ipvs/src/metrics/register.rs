@@ -46,6 +46,14 @@ impl Metrics {
             events_dropped_total: Family::default(),
             events_published_total: Family::default(),
             vip_conflicts: Gauge::default(),
+            node_address_conflicts: Family::default(),
+            http_connections_refused_total: Family::default(),
+            http_connections_evicted_total: Family::default(),
+            kernel_refusals_total: Family::default(),
+            refused_services: Gauge::default(),
+            node_address_tracking: Gauge::default(),
+            node_address_resubscriptions_total: Counter::default(),
+            ip_family_served: Family::default(),
             registry: Registry::default(),
         };
         let k = "kubeproxy_";
@@ -235,7 +243,7 @@ impl Metrics {
         }
         r.register(
             format!("{o}events_dropped"),
-            "Kubernetes Events held back: duplicate, rate_limited, queue_full, closed",
+            "Kubernetes Events held back: delegated (another node reports it), duplicate, rate_limited, queue_full, closed",
             m.events_dropped_total.clone(),
         );
         for result in ["ok", "error"] {
@@ -250,10 +258,85 @@ impl Metrics {
             "Kubernetes Events sent to the API server, by result",
             m.events_published_total.clone(),
         );
+        for server in HTTP_SERVERS.iter().filter(|s| **s != "other") {
+            for reason in HTTP_REFUSE_REASONS {
+                m.http_connections_refused_total
+                    .get_or_create(&HttpRefusedLabels {
+                        server: server.to_string(),
+                        reason: reason.to_string(),
+                    })
+                    .inc_by(0);
+            }
+            m.http_connections_evicted_total
+                .get_or_create(&ServerLabel {
+                    server: server.to_string(),
+                })
+                .inc_by(0);
+        }
+        r.register(
+            format!("{o}http_connections_refused"),
+            "HTTP connections closed at once: per_source (the source's cap) or total (server full)",
+            m.http_connections_refused_total.clone(),
+        );
+        r.register(
+            format!("{o}http_connections_evicted"),
+            "HTTP connections closed to admit one from a source holding fewer (server full)",
+            m.http_connections_evicted_total.clone(),
+        );
         r.register(
             format!("{o}vip_conflicts"),
             "externalIP / load-balancer IP claims (IP, port, protocol) lost to an older Service or a ClusterIP",
             m.vip_conflicts.clone(),
+        );
+        for reason in ["node_port", "protected_port", "refused"] {
+            // Every series exists from the start (0), so alerts see them.
+            m.node_address_conflicts
+                .get_or_create(&ReasonLabel {
+                    reason: reason.to_string(),
+                })
+                .set(0);
+        }
+        r.register(
+            format!("{o}node_address_conflicts"),
+            "externalIP / load-balancer IP claims on this node's addresses not served: the node keeps the address and port (node_port, protected_port) or refuses node addresses (refused)",
+            m.node_address_conflicts.clone(),
+        );
+        for (subsystem, reason) in proxier::ipvs_mode::refusal_labels() {
+            // Every series exists from the start (0), so rate() and alerts see them.
+            m.kernel_refusals_total
+                .get_or_create(&RefusalLabels {
+                    subsystem: subsystem.as_str().to_string(),
+                    reason: reason.to_string(),
+                })
+                .inc_by(0);
+        }
+        r.register(
+            format!("{o}kernel_refusals"),
+            "Services isolated because the kernel refused their programming (what it holds for them is kept; retried with backoff), by subsystem and answer",
+            m.kernel_refusals_total.clone(),
+        );
+        r.register(
+            format!("{o}refused_services"),
+            "Services isolated now because the kernel refuses their programming (both families)",
+            m.refused_services.clone(),
+        );
+        r.register(
+            format!("{o}node_address_tracking"),
+            "1 while the node-address tracker follows rtnetlink changes; 0 while it does not (the last known addresses, or the Node object's, are used)",
+            m.node_address_tracking.clone(),
+        );
+        r.register(
+            format!("{o}node_address_resubscriptions"),
+            "Subscriptions of the node-address tracker after a failure or the end of its event stream",
+            m.node_address_resubscriptions_total.clone(),
+        );
+        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+            m.set_family_served(family, false);
+        }
+        r.register(
+            format!("{o}ip_family_served"),
+            "1 for each IP family served; 0 for a family the node does not support or use (yet)",
+            m.ip_family_served.clone(),
         );
         r.register(
             format!("{o}build"),

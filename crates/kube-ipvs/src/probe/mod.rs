@@ -19,6 +19,11 @@
 //!   (1 s doubling to 30 s) for as long as it takes, a warning and
 //!   `kube_ipvs_ipvs_probe_failures_total{kind}` per failed attempt, `/healthz` and `/livez` 503
 //!   with the reason until the probe succeeds. Nothing is removed meanwhile.
+//! - [`load_modules`]: `kube-ipvs load-modules`, the DaemonSet's init container (only
+//!   `CAP_SYS_MODULE`, the host's `/lib/modules` read-only), loads upstream's module list and the
+//!   configured scheduler's before the daemon starts, for kernels whose `ip_vs` does not
+//!   autoload; it never fails, so a node without the modules still starts the daemon, which
+//!   then falls back loudly.
 //! - The test-only fault hook `KUBE_IPVS_FAULT_PROBE` ([`FaultPlan`]) makes the real binary's
 //!   probe fail on purpose; inert unless set, logged loudly when set.
 
@@ -333,6 +338,75 @@ mod tests {
             assert!(absent);
         }
         assert_eq!(Prober::new("rr", None).take_fault(), None);
+    }
+
+    #[test]
+    fn required_modules_are_upstreams_list_plus_the_scheduler() {
+        assert_eq!(
+            required_modules("rr"),
+            ["ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_sh", "nf_conntrack"]
+        );
+        assert_eq!(
+            required_modules("mh"),
+            [
+                "ip_vs",
+                "ip_vs_rr",
+                "ip_vs_wrr",
+                "ip_vs_sh",
+                "ip_vs_mh",
+                "nf_conntrack"
+            ]
+        );
+    }
+
+    fn config(flags: &[(&str, &str)]) -> Config {
+        let flags: Vec<_> = flags
+            .iter()
+            .map(|(f, v)| {
+                let st = crate::settings::SETTINGS
+                    .iter()
+                    .find(|s| s.flag == Some(*f))
+                    .unwrap();
+                (st, v.to_string())
+            })
+            .collect();
+        crate::config::from_sources(None, &flags, || Ok("node-a".into()))
+            .unwrap()
+            .config
+    }
+
+    #[test]
+    fn load_modules_tries_every_module_and_never_fails() {
+        let cfg = config(&[("ipvs-scheduler", "lc")]);
+        let mut tried = Vec::new();
+        let report = load_modules(&cfg, |m| {
+            tried.push(m.to_string());
+            if m == "ip_vs_lc" || m == "nf_conntrack" {
+                ModuleLoad::Failed(Some(1))
+            } else {
+                ModuleLoad::Loaded
+            }
+        });
+        assert_eq!(
+            tried,
+            [
+                "ip_vs",
+                "ip_vs_rr",
+                "ip_vs_wrr",
+                "ip_vs_sh",
+                "ip_vs_lc",
+                "nf_conntrack"
+            ]
+        );
+        assert_eq!(report.failed(), ["ip_vs_lc", "nf_conntrack"]);
+        // Nothing loads (no capability): every module is still tried, one report each.
+        let report = load_modules(&cfg, |_| ModuleLoad::NoModprobe);
+        assert_eq!(report.modules.len(), 6);
+        assert_eq!(report.failed().len(), 6);
+        // iptables mode needs nothing.
+        let cfg = config(&[("proxy-mode", "iptables")]);
+        let report = load_modules(&cfg, |m| panic!("loaded {m} in iptables mode"));
+        assert!(report.modules.is_empty());
     }
 
     #[test]

@@ -149,7 +149,8 @@ pub async fn select_mode(
                     state = ?state,
                     "IPVS IS NOT USABLE: FALLING BACK TO IPTABLES MODE (set --ipvs-fallback=false \
                      to fail instead); IPVS-mode state is removed only after the first successful \
-                     iptables-mode sync"
+                     iptables-mode sync; on a kernel that does not autoload ip_vs, the DaemonSet's \
+                     load-modules init container loads it (see its log)"
                 );
                 health.set_blocked(None);
                 return Ok(Selected::Mode(ProxyMode::Iptables, Some(e)));

@@ -51,6 +51,9 @@ pub fn service_port_rules(
 ) -> Result<PortRules, Invalid> {
     let ports = service_ports(svc, cfg)?;
     let node_ips: Vec<IpAddr> = node.ips_of(cfg.family).collect();
+    // The Service's budget, counted as in IPVS mode (see `model::BudgetTally`).
+    let node_port_ips = node.node_port_ips(cfg).len();
+    let mut budget = model::BudgetTally::start(cfg.budget, &ports, node_port_ips)?;
     let mut out = Vec::with_capacity(ports.len());
     let mut rejected = Vec::new();
     for sp in &ports {
@@ -65,6 +68,18 @@ pub fn service_port_rules(
         both.internal_local = false;
         both.external_local = false;
         let sel = select_endpoints(&both, &merged.endpoints, &node.name, node.zone.as_deref());
+        let policy = |local: bool| {
+            if local {
+                sel.local.len()
+            } else {
+                sel.cluster.len()
+            }
+        };
+        budget.port(
+            model::port_virtual_servers(sp, node_port_ips),
+            policy(sp.internal_local),
+            policy(sp.external_local),
+        )?;
         let no_local = NoLocalEndpoints::of(
             sp.internal_local,
             sp.external_local,
@@ -114,33 +129,40 @@ impl IptablesProxier {
     ) -> BTreeMap<ServiceName, Option<Vec<PortState>>> {
         let mut changed = BTreeMap::new();
         // Services whose external VIP claims change hands are derived too (see `desired::vip`).
-        let names = self.vips.update(store, &self.cfg, names);
+        let names = self.vips.update(store, &self.cfg, node, names);
         report.vip_conflicts = self.vips.conflicts();
+        report.node_address_conflicts = self.vips.node_conflicts();
         for name in names {
             report.services_derived += 1;
             let key = format!("service {name}");
             let vip_key = format!("vip {name}");
+            let node_key = format!("nodeaddress {name}");
+            let fields_key = format!("fields {name}");
             let new = match store.service(&name) {
                 None => {
                     self.rejections.clear(&key);
                     self.to_adopt.remove(&name);
                     self.rejections.clear(&vip_key);
+                    self.rejections.clear(&node_key);
+                    self.rejections.clear(&fields_key);
                     self.rejections.clear_owned(&key);
                     None
                 }
                 Some(svc) => {
                     let slices = store.slices_of(&name);
                     let lost = self.vips.lost(&name);
+                    let node_lost = self.vips.node_lost(&name);
                     match service_port_rules(svc, &slices, &self.cfg, node) {
                         Ok((mut ports, rejected)) => {
-                            // Claims another Service wins are not rendered.
+                            // Claims another Service wins, or the node keeps, are not rendered.
                             for p in ports.iter_mut().map(|d| &mut d.rules) {
                                 let won = |ip: &IpAddr| {
-                                    !lost.contains_key(&desired::vip::Vip {
+                                    let vip = desired::vip::Vip {
                                         ip: *ip,
                                         port: p.port,
                                         protocol: p.protocol,
-                                    })
+                                    };
+                                    !lost.contains_key(&vip) && !node_lost.contains_key(&vip)
                                 };
                                 let (ext, lb): (Vec<IpAddr>, Vec<IpAddr>) = (
                                     p.external_ips.iter().copied().filter(won).collect(),
@@ -154,6 +176,12 @@ impl IptablesProxier {
                                     self.rejections.reject(&vip_key, &why);
                                 }
                                 None => self.rejections.clear(&vip_key),
+                            }
+                            match desired::vip::node_conflict_reason(&node_lost) {
+                                Some(why) => {
+                                    self.rejections.reject(&node_key, &why);
+                                }
+                                None => self.rejections.clear(&node_key),
                             }
                             self.rejections
                                 .replace_slices(&key, &name.namespace, &rejected);
@@ -181,6 +209,16 @@ impl IptablesProxier {
                                 None => {
                                     self.rejections.clear(&key);
                                     self.to_adopt.remove(&name);
+                                    // Values left out of a Service it programs.
+                                    match (!states.is_empty())
+                                        .then(|| model::ignored_fields(svc))
+                                        .flatten()
+                                    {
+                                        Some(why) => {
+                                            self.rejections.reject(&fields_key, &why);
+                                        }
+                                        None => self.rejections.clear(&fields_key),
+                                    }
                                     if states.is_empty() {
                                         None
                                     } else {

@@ -15,6 +15,15 @@ pub(super) struct IpvsSender {
     skipped: usize,
 }
 
+/// One rejected ipset line as an error text naming its set, line, message and owner.
+fn rejected_text(r: &ipset::Rejected) -> String {
+    let owner = if r.owner.is_empty() { "-" } else { &r.owner };
+    format!(
+        "{}: `{}` rejected by ipset: {} (owner {owner})",
+        r.set, r.line, r.message
+    )
+}
+
 impl Proxier {
     /// Re-reads the sets, and applies what differs (after a failed ipset apply).
     pub(super) fn repair_sets(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
@@ -32,8 +41,11 @@ impl Proxier {
         };
         self.recheck_sets = false;
         let (grow, shrink) = split_set_diff(ipset::diff(&self.desired.ipset_state(), &actual));
+        // The sets were re-read: a member the kernel rejects now is refused (see `refusal`).
+        let was = std::mem::replace(&mut self.repairing, true);
         self.apply_sets(&grow, kernel, report);
         self.apply_sets(&shrink, kernel, report);
+        self.repairing = was;
         if !self.recheck_sets {
             self.retry.ipset.succeeded();
         }
@@ -99,14 +111,35 @@ impl Proxier {
         report.ipset_changes += diff.len();
         match kernel.apply_ipsets(diff) {
             Ok(rejected) => {
-                if rejected.is_empty() {
-                    return;
-                }
+                let mut failed = false;
                 for r in rejected {
-                    tracing::warn!(error = %r, "ipset entry rejected");
-                    report.fail(Subsystem::Ipset, r);
+                    let text = rejected_text(&r);
+                    // A member line names the Service it came from (when known): its refusal
+                    // is that Service's, isolated; anything else is the subsystem's failure.
+                    let owner = r
+                        .owner
+                        .split_once('/')
+                        .map(|(ns, name)| ServiceName::new(ns, name))
+                        .filter(|n| self.desired.service(n).is_some());
+                    match (owner, r.entry) {
+                        (Some(o), Some(member)) if self.isolates(&o) => self.isolate(
+                            o,
+                            refusal::Refused::Member(r.set, member),
+                            Subsystem::Ipset,
+                            IPSET_REJECTED,
+                            text,
+                            report,
+                        ),
+                        _ => {
+                            tracing::warn!(error = %text, "ipset entry rejected");
+                            report.fail(Subsystem::Ipset, text);
+                            failed = true;
+                        }
+                    }
                 }
-                self.set_recheck(self.now);
+                if failed {
+                    self.set_recheck(self.now);
+                }
             }
             Err(e) => {
                 tracing::error!(error = %e, "ipset apply failed; re-reading the sets with backoff");
@@ -297,6 +330,14 @@ impl Proxier {
         results: Vec<Result<(), KernelError>>,
         report: &mut SyncReport,
     ) {
+        // A virtual server with a transient failure in this batch is not refused: its other
+        // requests' definite errors (ESRCH after a NewService that hit ENOMEM) follow from it.
+        let transient: BTreeSet<ServiceKey> = ops
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| r.as_ref().is_err_and(|e| refusal_label(e).is_none()))
+            .filter_map(|(op, _)| op_key(op))
+            .collect();
         for (op, res) in ops.iter().zip(results) {
             if let (
                 Ok(()),
@@ -320,11 +361,23 @@ impl Proxier {
             }
             if let Err(e) = res {
                 let key = op_key(op);
+                let service = key.and_then(|k| self.desired.owner_of(&k).cloned());
+                if let (Some(k), Some(o), Some(label)) = (key, &service, refusal_label(&e)) {
+                    if self.isolates(o) && !transient.contains(&k) {
+                        let text = format!("{o}: {op:?}: {e}");
+                        self.isolate(
+                            o.clone(),
+                            refusal::Refused::Key(k),
+                            Subsystem::Ipvs,
+                            label,
+                            text,
+                            report,
+                        );
+                        continue;
+                    }
+                }
                 report.ipvs_failures += 1;
-                let owner = key
-                    .map(|k| self.desired.owner_of(&k).map(|n| n.to_string()))
-                    .unwrap_or_default()
-                    .unwrap_or_else(|| "-".to_string());
+                let owner = service.map_or_else(|| "-".to_string(), |n| n.to_string());
                 tracing::warn!(service = %owner, op = ?op, error = %e, "IPVS operation failed; will re-check");
                 report.fail(Subsystem::Ipvs, format!("{owner}: {e}"));
                 if let Some(k) = key {
@@ -447,9 +500,16 @@ impl Proxier {
             let only_keys = |k: &ServiceKey| keys.contains(k) && owned(k);
             diff_ipvs(&desired, &actual, &only_keys)
         };
+        // A repair honours graceful termination exactly as a sync does: a real server that
+        // left drains at weight 0 (its weight set to 0 again when the failed request was that
+        // one), never deleted with live connections.
+        let ops = self.graceful(ops, Some(&actual));
         let failures_before = report.ipvs_failures;
+        // The kernel was re-read: a definite error now is a refusal (see `refusal`).
+        self.repairing = true;
         self.apply_ipvs(&ops.apply, kernel, report);
         self.apply_ipvs(&ops.remove, kernel, report);
+        self.repairing = false;
         if report.ipvs_failures > failures_before {
             self.retry.ipvs.failed(self.now);
         } else if self.repair.is_empty() {

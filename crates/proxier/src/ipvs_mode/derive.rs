@@ -32,8 +32,15 @@ impl Proxier {
         self.vips.conflicts()
     }
 
+    /// External claims on this node's addresses the node keeps (the
+    /// `kube_ipvs_node_address_conflicts` gauge).
+    pub fn node_address_conflicts(&self) -> desired::vip::NodeConflicts {
+        self.vips.node_conflicts()
+    }
+
     /// Derives the given services (and those whose VIP claims they affect); invalid ones keep
-    /// their last good state.
+    /// their last good state. A Service whose members would overfill an ipset
+    /// ([`Desired::ipset_room`]) is rejected like an invalid one.
     pub(super) fn derive(
         &mut self,
         store: &Store,
@@ -42,31 +49,61 @@ impl Proxier {
         report: &mut SyncReport,
     ) -> Vec<(ServiceName, Option<desired::ServiceDesired>)> {
         let mut changes = Vec::new();
-        let names = self.vips.update(store, &self.cfg, names);
+        let mut room = desired::SetGrowth::default();
+        let names = self.vips.update(store, &self.cfg, node, names);
         for name in names {
             report.services_derived += 1;
             let key = format!("service {name}");
             let vip_key = format!("vip {name}");
+            let node_key = format!("nodeaddress {name}");
+            let fields_key = format!("fields {name}");
             let Some(svc) = store.service(&name) else {
                 self.rejections.clear(&key);
                 self.to_adopt.remove(&name);
+                self.rejected.remove(&name);
                 self.rejections.clear(&vip_key);
+                self.rejections.clear(&node_key);
+                self.rejections.clear(&fields_key);
                 self.rejections.clear_owned(&key);
                 changes.push((name, None));
                 continue;
             };
             let slices = store.slices_of(&name);
             let lost = self.vips.lost(&name);
-            let lost_vips: BTreeSet<desired::vip::Vip> = lost.keys().copied().collect();
-            match service_desired_except(svc, &slices, &self.cfg, node, &lost_vips) {
+            let node_lost = self.vips.node_lost(&name);
+            let lost_vips: BTreeSet<desired::vip::Vip> =
+                lost.keys().chain(node_lost.keys()).copied().collect();
+            let derived = service_desired_except(svc, &slices, &self.cfg, node, &lost_vips)
+                .and_then(|d| match &d.desired {
+                    Some(sd) => self
+                        .desired
+                        .ipset_room(&name, sd, ipset::MAX_ELEM as usize, &mut room)
+                        .map(|()| d),
+                    None => Ok(d),
+                });
+            match derived {
                 Ok(d) => {
                     self.rejections.clear(&key);
                     self.to_adopt.remove(&name);
+                    self.rejected.remove(&name);
                     match desired::vip::conflict_reason(&lost) {
                         Some(why) => {
                             self.rejections.reject(&vip_key, &why);
                         }
                         None => self.rejections.clear(&vip_key),
+                    }
+                    match desired::vip::node_conflict_reason(&node_lost) {
+                        Some(why) => {
+                            self.rejections.reject(&node_key, &why);
+                        }
+                        None => self.rejections.clear(&node_key),
+                    }
+                    // Values left out of a Service it programs (a partial rejection).
+                    match d.desired.as_ref().and_then(|_| model::ignored_fields(svc)) {
+                        Some(why) => {
+                            self.rejections.reject(&fields_key, &why);
+                        }
+                        None => self.rejections.clear(&fields_key),
                     }
                     self.rejections
                         .replace_slices(&key, &name.namespace, &d.rejected_slices);
@@ -77,8 +114,9 @@ impl Proxier {
                     // and with none (a restart) the kernel's state is adopted at a full sync.
                     self.rejections.reject(&key, &why);
                     if self.desired.service(&name).is_none() {
-                        self.to_adopt.insert(name);
+                        self.to_adopt.insert(name.clone());
                     }
+                    self.rejected.insert(name);
                 }
             }
         }
@@ -88,6 +126,8 @@ impl Proxier {
     pub(super) fn dirty_names(&mut self, store: &Store, node: &NodeInfo) -> BTreeSet<ServiceName> {
         let mut names = std::mem::take(&mut self.dirty);
         if std::mem::take(&mut self.node_dirty) {
+            // A rejected Service may fit its budget with the node's new addresses.
+            names.extend(self.rejected.iter().cloned());
             if node.zone != self.zone {
                 self.zone = node.zone.clone();
                 names.extend(store.service_names().cloned());

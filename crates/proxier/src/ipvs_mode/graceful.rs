@@ -25,16 +25,25 @@ impl Proxier {
         ops.retain_mut(|op| match op {
             Op::DelDest(k, a, p) if enabled && drains(k) => {
                 let key = (*k, *a, *p);
-                if draining.contains_key(&key) {
-                    return false; // already draining: the drain check deletes it
-                }
-                draining.insert(key, now);
-                let already_zero = actual
+                let weight = actual
                     .and_then(|t| t.get(&key.0))
                     .and_then(|vs| vs.real_servers.get(&(key.1, key.2)))
-                    .is_some_and(|d| d.weight == 0);
-                if already_zero {
-                    return false;
+                    .map(|d| d.weight);
+                match draining.entry(key) {
+                    // Already draining: the drain check deletes it. Unless the kernel shows it
+                    // still taking new connections (the weight-0 request failed, or someone
+                    // reset it): then the weight goes to 0 again, never a delete.
+                    std::collections::btree_map::Entry::Occupied(_) => {
+                        if weight.is_none_or(|w| w == 0) {
+                            return false;
+                        }
+                    }
+                    std::collections::btree_map::Entry::Vacant(v) => {
+                        v.insert(now);
+                        if weight == Some(0) {
+                            return false;
+                        }
+                    }
                 }
                 let mut d = Destination::new(key.1, key.2);
                 d.weight = 0;

@@ -39,12 +39,14 @@ mod apply;
 mod derive;
 mod graceful;
 mod ops;
+mod refusal;
 mod report;
 mod rules;
 mod sync;
 
 use ops::*;
 
+pub use refusal::{refusal_label, refusal_labels, Refusal, IPSET_REJECTED};
 pub use report::{truncate_text, SubsystemFailure, SyncKind, SyncReport, MAX_ERROR_LEN};
 pub use rules::RulesConfig;
 
@@ -58,6 +60,8 @@ struct Retries {
     ipset: Backoff,
     iptables: Backoff,
     conntrack: Backoff,
+    /// Retries of the Services isolated because the kernel refuses their programming.
+    refused: Backoff,
 }
 
 impl Retries {
@@ -69,6 +73,7 @@ impl Retries {
             ipset: Backoff::new(p),
             iptables: Backoff::new(p),
             conntrack: Backoff::new(p),
+            refused: Backoff::new(p),
         }
     }
 }
@@ -104,6 +109,10 @@ pub struct Proxier {
     /// Invalid Services in the store with no last-good state: their kernel state is adopted
     /// at the next full sync (see [`crate::adopt`]).
     to_adopt: BTreeSet<ServiceName>,
+    /// Services rejected now (invalid, over their budget, or overfilling an ipset): derived
+    /// again at every full sync and node change, so one that fits again (room in a set, fewer
+    /// node addresses) is taken in without waiting for a change of its own.
+    rejected: BTreeSet<ServiceName>,
     retry: Retries,
     /// An ipset apply failed: re-read and repair the sets when the backoff allows.
     recheck_sets: bool,
@@ -113,6 +122,14 @@ pub struct Proxier {
     full_failed: BTreeSet<Subsystem>,
     /// The time the current sync runs at (see [`Proxier::sync_at`]).
     now: Instant,
+    /// Services isolated because the kernel refuses their programming (see [`refusal`]).
+    refused: BTreeMap<ServiceName, refusal::Isolated>,
+    /// During a retry of the isolated Services: those isolated before it.
+    refused_before: BTreeMap<ServiceName, refusal::Isolated>,
+    /// Newly isolated Services not yet taken by [`Proxier::take_refusals`].
+    new_refusals: Vec<Refusal>,
+    /// A repair (which re-read the kernel first) is applying: a definite error is a refusal.
+    repairing: bool,
 }
 
 /// Graceful termination of real servers.
@@ -183,12 +200,17 @@ impl Proxier {
             conntrack: Vec::new(),
             last_rules: None,
             to_adopt: BTreeSet::new(),
+            rejected: BTreeSet::new(),
             retry: Retries::new(RetryPolicy::default()),
             recheck_sets: false,
             recheck_rules: false,
             pod_cidrs: Vec::new(),
             full_failed: BTreeSet::new(),
             now: Instant::now(),
+            refused: BTreeMap::new(),
+            refused_before: BTreeMap::new(),
+            new_refusals: Vec::new(),
+            repairing: false,
         }
     }
 
@@ -330,6 +352,7 @@ impl Proxier {
             || (adopted && self.recheck_rules && self.retry.iptables.ready(now))
             || (!self.repair.is_empty() && self.retry.ipvs.ready(now))
             || (!self.conntrack.is_empty() && self.retry.conntrack.ready(now))
+            || (adopted && !self.refused.is_empty() && self.retry.refused.ready(now))
             || self.drain_due.is_some_and(|t| now >= t)
     }
 
@@ -342,6 +365,7 @@ impl Proxier {
             (self.recheck_sets, &self.retry.ipset),
             (self.recheck_rules, &self.retry.iptables),
             (!self.conntrack.is_empty(), &self.retry.conntrack),
+            (!self.refused.is_empty(), &self.retry.refused),
         ];
         waiting
             .iter()
@@ -407,6 +431,10 @@ impl Proxier {
             self.retry_repairs(kernel, &mut report);
             repaired = true;
         }
+        if self.applied_once && !self.refused.is_empty() && self.retry.refused.ready(self.now) {
+            self.retry_refused(kernel, &mut report);
+            repaired = true;
+        }
         let t = if repaired { report.lap("repair", t) } else { t };
         let t = if self.drain_due.is_some_and(|t| Instant::now() >= t) {
             self.check_drains(kernel, &mut report);
@@ -419,6 +447,7 @@ impl Proxier {
             report.lap("conntrack", t);
         }
         report.vip_conflicts = self.vips.conflicts();
+        report.node_address_conflicts = self.vips.node_conflicts();
         report.retrying = self.retrying();
         report.duration = start.elapsed();
         report

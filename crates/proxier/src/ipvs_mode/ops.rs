@@ -9,20 +9,25 @@ use super::*;
 /// subsystem: IPVS operations on virtual servers the changes did not touch, ipset members and
 /// set (re)creations or destructions the changes did not ask for, addresses the changes did not
 /// bind or unbind.
+///
+/// What the kernel refuses for isolated Services (`isolated`: their virtual servers and set
+/// members) differs at every full sync and is not drift either.
 pub(super) fn unexplained(
     expected: &Delta,
     fam: ipset::Family,
     ipvs: Option<&IpvsOps>,
     sets: Option<&IpsetDiff>,
     (addr_add, addr_del): (&[IpAddr], &[IpAddr]),
+    isolated: &(BTreeSet<ServiceKey>, BTreeSet<(String, ipset::Entry)>),
 ) -> (usize, usize, usize) {
-    let keys: BTreeSet<ServiceKey> = expected
+    let mut keys: BTreeSet<ServiceKey> = expected
         .ipvs
         .apply
         .iter()
         .chain(&expected.ipvs.remove)
         .filter_map(op_key)
         .collect();
+    keys.extend(isolated.0.iter().copied());
     let n_ipvs = ipvs.map_or(0, |ops| {
         ops.apply
             .iter()
@@ -30,12 +35,13 @@ pub(super) fn unexplained(
             .filter(|op| op_key(op).is_none_or(|k| !keys.contains(&k)))
             .count()
     });
-    let members: BTreeSet<(String, ipset::Entry)> = expected
+    let mut members: BTreeSet<(String, ipset::Entry)> = expected
         .ipset_add
         .iter()
         .chain(&expected.ipset_del)
         .map(|e| (e.set.name(fam), e.entry.clone()))
         .collect();
+    members.extend(isolated.1.iter().cloned());
     let n_sets = sets.map_or(0, |d| {
         let changed = d
             .adds

@@ -47,6 +47,9 @@ pub struct SyncReport {
     pub errors: Vec<String>,
     /// Subsystems that failed in this sync (a fixed set: metric labels, health reasons).
     pub failed: BTreeMap<Subsystem, SubsystemFailure>,
+    /// Requests the kernel refused for Services isolated by it, per subsystem (see
+    /// [`super::refusal`]): not failures, the node stays healthy.
+    pub refused: BTreeMap<Subsystem, usize>,
     /// Subsystems with a retry outstanding after this sync (failed now or earlier, not yet
     /// repaired). A sync is healthy only when this is empty.
     pub retrying: BTreeSet<Subsystem>,
@@ -54,6 +57,8 @@ pub struct SyncReport {
     pub duration: Duration,
     /// External VIP claims lost to another Service after this sync (see [`desired::vip`]).
     pub vip_conflicts: usize,
+    /// External claims on this node's addresses the node keeps (see `desired::vip::node`).
+    pub node_address_conflicts: desired::vip::NodeConflicts,
     /// Where the wall time went, phase by phase in the order they ran (for the log: which
     /// part of a slow sync was slow).
     pub phases: Vec<(&'static str, Duration)>,
@@ -101,9 +106,11 @@ impl SyncReport {
             drift: BTreeMap::new(),
             errors: Vec::new(),
             failed: BTreeMap::new(),
+            refused: BTreeMap::new(),
             retrying: BTreeSet::new(),
             duration: Duration::ZERO,
             vip_conflicts: 0,
+            node_address_conflicts: desired::vip::NodeConflicts::default(),
             phases: Vec::new(),
         }
     }

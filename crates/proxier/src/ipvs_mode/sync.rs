@@ -54,6 +54,7 @@ impl Proxier {
             names.extend(store.service_names().cloned());
         } else {
             names.extend(self.desired.node_dependent_services());
+            names.extend(self.rejected.iter().cloned());
         }
         let changes = self.derive(store, &node, names, &mut report);
         let drift_counted = self.applied_once;
@@ -167,6 +168,7 @@ impl Proxier {
                 ipvs_ops.as_ref(),
                 set_diff.as_ref(),
                 (&addr_add, &addr_del),
+                &self.isolated(),
             );
             for (k, n) in [("ipvs", n_ipvs), ("ipset", n_sets), ("address", n_addr)] {
                 if n > 0 {
