@@ -573,10 +573,11 @@ fn run_proxy(
         }
         if last_report.elapsed() > Duration::from_secs(60) {
             eprintln!(
-                "peers-bench: {} after {:.0} s: {}",
+                "peers-bench: {} after {:.0} s: {}; its log: {}",
                 p.name(),
                 t0.elapsed().as_secs_f64(),
-                progress.json()
+                progress.json(),
+                proxy.log_tail(1)
             );
             last_report = Instant::now();
         }
@@ -697,8 +698,9 @@ fn run_proxy(
     row["metrics"] = sync_metrics();
     if let Some(st) = proxy.exited() {
         row["exited"] = json!(st);
-        row["log_tail"] = json!(proxy.log_tail(20));
     }
+    // What the proxy said last (kube-ipvs logs each sync's phases): the why of the figures.
+    row["log_tail"] = json!(proxy.log_tail(40));
     proxy.stop();
     revert(rt, slices, &plan)?;
     Ok(row)
