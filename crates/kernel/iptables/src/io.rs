@@ -31,18 +31,7 @@ pub const XTABLES_WAIT_INTERVAL_MICROS: u32 = 100_000;
 /// one that is slow) hits it, and it is no longer than the default `syncPeriod`, so a stuck
 /// program fails its sync before the next one is due. Upstream kube-proxy bounds only the lock
 /// wait, not the program. `--iptables-timeout` changes it.
-///
-/// A limit can still be too short for a node's work: iptables mode's first restore at 1,000
-/// Services x 10 endpoints (31,000 rules) took 1.8 s on the 2-core host and more than 30 s in
-/// the emulated VM (`cargo xtask bench peers`), where a fixed limit killed every attempt and the
-/// mode never converged. So each program killed at its limit gives the next one of the same
-/// [`Iptables`] twice as long, up to [`MAX_TIMEOUT_STRETCH`] times the configured limit; the
-/// limit does not shrink again (the node's work does not either).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// How far [`Iptables`] stretches its time limit after programs killed at it: at most this
-/// many times the configured limit (8 minutes with the default 30 s).
-pub const MAX_TIMEOUT_STRETCH: u32 = 16;
 
 /// How programs are started: directly or inside `ip netns exec NAME`, and how long one may
 /// run (default [`DEFAULT_TIMEOUT`]): the `exec` crate's runner, which the ipset crate uses too.
@@ -86,9 +75,6 @@ pub struct ApplyOutcome {
 #[derive(Debug)]
 pub struct Iptables {
     runner: Runner,
-    /// The longest the runner's time limit may be stretched to ([`MAX_TIMEOUT_STRETCH`] times
-    /// the configured one).
-    max_timeout: Duration,
     backend: Backend,
     family: Family,
     last: BTreeMap<Table, String>,
@@ -180,7 +166,6 @@ impl Iptables {
     /// An applier for a known backend.
     pub fn new(backend: Backend, family: Family, runner: Runner) -> Iptables {
         Iptables {
-            max_timeout: runner.timeout.saturating_mul(MAX_TIMEOUT_STRETCH),
             runner,
             backend,
             family,
@@ -279,22 +264,7 @@ impl Iptables {
         stdin: Option<&str>,
     ) -> Result<(bool, String, String, String)> {
         self.spawned += 1;
-        let r = run(&self.runner, prog, args, stdin);
-        if let Err(Error::Timeout { command, limit }) = &r {
-            let next = limit.saturating_mul(2).min(self.max_timeout);
-            if next > self.runner.timeout {
-                tracing::warn!(%command, ?limit, next = ?next,
-                    "iptables program killed at its time limit; the next one may run twice as long");
-                self.runner.timeout = next;
-            }
-        }
-        r
-    }
-
-    /// The time limit the next program runs with (the configured one, stretched after
-    /// programs killed at it).
-    pub fn timeout(&self) -> Duration {
-        self.runner.timeout
+        run(&self.runner, prog, args, stdin)
     }
 
     /// The iptables version of this backend (e.g. (1, 8, 9)); no process when detection
@@ -589,33 +559,6 @@ mod tests {
         assert!(split_tables("").is_empty());
         // A section cut off before COMMIT is not a table read.
         assert!(split_tables("*nat\n:PREROUTING ACCEPT [0:0]\n").is_empty());
-    }
-
-    /// A program killed at its time limit gives the next one twice as long, up to 16 times the
-    /// configured limit, and the stretch stays (iptables mode's big first restore under a slow
-    /// CPU never finished within a fixed 30 s: every attempt was killed). The limits are read
-    /// from the errors, not timed.
-    #[test]
-    fn a_program_killed_at_its_limit_gives_the_next_one_twice_as_long_up_to_a_cap() {
-        let base = Duration::from_millis(50);
-        let mut ipt = Iptables::new(Backend::Nft, Family::Inet, Runner::new().with_timeout(base));
-        let mut limits = Vec::new();
-        for _ in 0..6 {
-            match ipt.run("sleep", &["60"], None) {
-                Err(Error::Timeout { limit, .. }) => limits.push(limit),
-                other => panic!("expected a timeout, got {other:?}"),
-            }
-        }
-        let ms = |n: u64| Duration::from_millis(n);
-        assert_eq!(
-            limits,
-            [ms(50), ms(100), ms(200), ms(400), ms(800), ms(800)]
-        );
-        assert_eq!(ipt.timeout(), ms(800));
-        // A program that finishes does not shrink it back.
-        let (ok, ..) = ipt.run("true", &[], None).unwrap();
-        assert!(ok);
-        assert_eq!(ipt.timeout(), ms(800));
     }
 
     #[test]

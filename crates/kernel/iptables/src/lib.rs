@@ -13,8 +13,8 @@ mod rules;
 
 pub use backend::{parse_version, pick_backend, random_fully_supported, Backend};
 pub use io::{
-    ApplyOutcome, Iptables, Runner, DEFAULT_TIMEOUT, MAX_TIMEOUT_STRETCH,
-    XTABLES_WAIT_INTERVAL_MICROS, XTABLES_WAIT_SECONDS,
+    ApplyOutcome, Iptables, Runner, DEFAULT_TIMEOUT, XTABLES_WAIT_INTERVAL_MICROS,
+    XTABLES_WAIT_SECONDS,
 };
 pub use ipset::Family;
 pub use ipvs_mode::{
