@@ -310,6 +310,8 @@ impl Goal {
     }
 }
 
+/// A peer's figure; for a peer that did not converge, its time is its cap (a lower bound, as
+/// are the CPU seconds and peak RSS it had reached when stopped).
 fn figure(r: &Value, key: &str) -> f64 {
     if key == "converge_s" && r["converged"] != true {
         // A lower bound: the peer had not converged at its cap.
@@ -385,7 +387,8 @@ pub fn goals(rows: &[Value]) -> Vec<Goal> {
                     "churn_cpu_s",
                 ]
             } else {
-                &["converge_s"]
+                // Stopped at the cap: its time, CPU and peak RSS so far are lower bounds.
+                &["converge_s", "cpu_s", "rss_peak_mib"]
             };
             for key in keys {
                 push(
@@ -763,6 +766,22 @@ mod tests {
             .iter()
             .all(|x| x.what != "change_p99_ms vs upstream-nftables change_p50_ms"));
         assert!(get("converge_s vs upstream-ipvs").pass());
+        // A peer stopped at the cap: its time, CPU and peak RSS are lower bounds, compared too.
+        let stopped = vec![
+            rows[0].clone(),
+            json!({"proxy": "upstream-ipvs", "services": 5000, "endpoints": 10, "converged": false,
+                "cap_s": 600, "cpu_s": 637.0, "rss_peak_mib": 87.0}),
+        ];
+        let s = goals(&stopped);
+        assert_eq!(
+            s.iter().map(|g| g.what.as_str()).collect::<Vec<_>>(),
+            [
+                "converge_s vs upstream-ipvs",
+                "cpu_s vs upstream-ipvs",
+                "rss_peak_mib vs upstream-ipvs"
+            ]
+        );
+        assert!(s.iter().all(Goal::pass));
         assert!(!get("change_p99_ms vs upstream-ipvs").pass());
         assert_eq!(
             g.iter()

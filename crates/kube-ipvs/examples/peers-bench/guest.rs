@@ -3,9 +3,8 @@
 //! Per proxy:
 //! 1. The node is wiped ([`kernel::wipe`]) and the proxy started with the same
 //!    KubeProxyConfiguration file as every other (kubeadm-like: kubeconfig, hostname, cluster
-//!    CIDR, `conntrack.maxPerCore: 0`, the mode; sync periods left at their defaults, which
-//!    kube-ipvs shares with upstream: 30 s full resync, minimum 1 s between syncs in iptables
-//!    and nftables mode, 0 s in IPVS mode).
+//!    CIDR, `conntrack.maxPerCore: 0`, the mode; the same sync periods in every mode's
+//!    section: 30 s full resync, at most one sync per second, kube-proxy's iptables default).
 //! 2. Converged: the kernel counts of [`kernel::Counter`] polled from process start until all
 //!    reach their targets (the time is the end of the first complete round, so it includes
 //!    that round's own duration, `check_s`), or the cap passes (`converged: false`, with the
@@ -127,6 +126,8 @@ pub struct Options {
     pub kube_proxy: String,
     /// kube-ipvs.
     pub kube_ipvs: String,
+    /// `minSyncPeriod` of every mode.
+    pub min_sync: Duration,
 }
 
 impl Options {
@@ -143,6 +144,7 @@ impl Options {
             churn_secs: 60,
             kube_proxy: "/k/kube-proxy".into(),
             kube_ipvs: "/k/kube-ipvs".into(),
+            min_sync: Duration::from_secs(1),
         }
     }
 }
@@ -166,11 +168,21 @@ pub fn percentile(v: &[f64], p: f64) -> f64 {
     s[rank.min(s.len()) - 1]
 }
 
+/// The KubeProxyConfiguration every proxy gets (only `mode` differs): kubeadm's (kubeconfig,
+/// cluster CIDR; the node name it passes as a flag) with `conntrack.maxPerCore: 0` (the VM
+/// has no conntrack table to size) and the same sync periods written into every mode's
+/// section: 30 s between full resyncs, at most one sync per `min_sync` (kube-proxy's iptables
+/// default, 1 s).
 fn config(o: &Options, p: Proxy) -> String {
+    let periods = format!(
+        "  syncPeriod: 30s\n  minSyncPeriod: {}ms\n",
+        o.min_sync.as_millis()
+    );
     format!(
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
          clientConnection:\n  kubeconfig: {kc}\nhostnameOverride: {node}\nclusterCIDR: {cidr}\n\
-         mode: {mode}\nconntrack:\n  maxPerCore: 0\n",
+         mode: {mode}\nconntrack:\n  maxPerCore: 0\niptables:\n{periods}ipvs:\n{periods}\
+         nftables:\n{periods}",
         kc = o.kubeconfig,
         node = objects::NODE,
         cidr = objects::CLUSTER_CIDR,
@@ -561,10 +573,11 @@ fn run_proxy(
         }
         if last_report.elapsed() > Duration::from_secs(60) {
             eprintln!(
-                "peers-bench: {} after {:.0} s: {}",
+                "peers-bench: {} after {:.0} s: {}; its log: {}",
                 p.name(),
                 t0.elapsed().as_secs_f64(),
-                progress.json()
+                progress.json(),
+                proxy.log_tail(1)
             );
             last_report = Instant::now();
         }
@@ -685,8 +698,9 @@ fn run_proxy(
     row["metrics"] = sync_metrics();
     if let Some(st) = proxy.exited() {
         row["exited"] = json!(st);
-        row["log_tail"] = json!(proxy.log_tail(20));
     }
+    // What the proxy said last (kube-ipvs logs each sync's phases): the why of the figures.
+    row["log_tail"] = json!(proxy.log_tail(40));
     proxy.stop();
     revert(rt, slices, &plan)?;
     Ok(row)

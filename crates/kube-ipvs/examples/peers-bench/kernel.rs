@@ -8,8 +8,10 @@
 //!   of the `KUBE-CLUSTER-IP` ipset (`ipset list`; without them the KUBE-IPVS-FILTER rule
 //!   rejects new connections to the VIP) and N ClusterIPs on `kube-ipvs0` (`ip -4 addr`).
 //! - nftables (`upstream-nftables`): N elements `ClusterIP . tcp . 80 : goto service-…` of the
-//!   `service-ips` map of table `ip kube-proxy` (`nft list map`), then N x M `endpoint-…`
-//!   chains of the generated Services (`nft list chains`).
+//!   `service-ips` map of table `ip kube-proxy` (`nft list map`), then N x M distinct endpoint
+//!   addresses in the table (`nft list table`): kube-proxy 1.37 writes a Service's endpoints
+//!   into its chain's `dnat ip to numgen random mod M map { 0 : IP . 8080, … }`; older
+//!   releases jumped to one `endpoint-…__IP/8080` chain per endpoint (both are counted).
 //! - iptables (`kube-ipvs-iptables`, `upstream-iptables`, both through iptables-nft): N
 //!   `-d ClusterIP/32 … -j KUBE-SVC-…` rules in nat `KUBE-SERVICES` (`iptables -S`), then N x M
 //!   `-j DNAT --to-destination POD:8080` rules in `KUBE-SEP-…` chains (`iptables-save -t nat`).
@@ -184,8 +186,8 @@ impl Counter {
                 if !p.push("service_ips_elements", self.nft_chains.len(), n) {
                     return Ok(p);
                 }
-                let chains = sh_out("nft list chains ip");
-                p.push("endpoint_chains", endpoint_chains(&chains), nm);
+                let table = sh_out("nft list table ip kube-proxy");
+                p.push("endpoint_addresses", nft_endpoints(&table), nm);
             }
             Mode::Iptables => {
                 let services = sh_out("iptables -t nat -S KUBE-SERVICES");
@@ -250,14 +252,30 @@ pub fn service_map_chains(text: &str, n: usize) -> HashMap<usize, String> {
     out
 }
 
-/// `endpoint-…` chains of the generated Services in `nft list chains` output.
-pub fn endpoint_chains(text: &str) -> usize {
-    text.lines()
-        .filter(|l| {
-            let l = l.trim_start();
-            l.starts_with("chain endpoint-") && l.contains(&format!("-{}/svc-", objects::NAMESPACE))
-        })
-        .count()
+/// Distinct benchmark pod addresses a `nft list table` output sends traffic to: `IP . 8080`
+/// (an element of a dnat map) or `__IP/8080` (an endpoint chain's name).
+pub fn nft_endpoints(text: &str) -> usize {
+    let port = TARGET_PORT.to_string();
+    let mut seen = std::collections::HashSet::new();
+    let words: Vec<&str> = text
+        .split(|c: char| c.is_whitespace() || c == ',' || c == '{' || c == '}')
+        .filter(|w| !w.is_empty())
+        .collect();
+    for (k, w) in words.iter().enumerate() {
+        let ip = if let Some((_, rest)) = w.rsplit_once("__") {
+            rest.split_once('/')
+                .filter(|(_, p)| *p == port)
+                .and_then(|(ip, _)| ip.parse::<Ipv4Addr>().ok())
+        } else if words.get(k + 1) == Some(&".") && words.get(k + 2) == Some(&port.as_str()) {
+            w.parse::<Ipv4Addr>().ok()
+        } else {
+            None
+        };
+        if let Some(ip) = ip.filter(|ip| objects::is_pod(*ip)) {
+            seen.insert(ip);
+        }
+    }
+    seen.len()
 }
 
 /// `-A KUBE-SERVICES -d CLUSTERIP/32 … -j KUBE-SVC-…` rules of the generated Services.
@@ -315,8 +333,9 @@ impl Watcher {
     }
 
     /// IPVS: the virtual server's real servers have `new` with a weight and not `old` with
-    /// one (a drained real server stays at weight 0). nftables: the service chain's verdict
-    /// map jumps to an endpoint chain named with `new` and none named with `old`. iptables:
+    /// one (a drained real server stays at weight 0). nftables: the anonymous maps of the
+    /// service chain's rules hold `new` and not `old` (kube-proxy 1.37: the addresses of its
+    /// `dnat … map`; older: the names of the endpoint chains of its verdict map). iptables:
     /// the `KUBE-SVC-` chain jumps to `new`'s `KUBE-SEP-` chain and not to `old`'s.
     pub fn visible(&mut self, i: usize, old: Ipv4Addr, new: Ipv4Addr) -> Res<bool> {
         self.checks += 1;
@@ -344,10 +363,10 @@ impl Watcher {
                     .flat_map(|r| nft::strings_with_prefix(r, b"__map"))
                 {
                     for e in nft.set_elements("kube-proxy", &set)? {
-                        if nft::contains_ip(&e, old) {
+                        if nft::holds_ip(&e, old) {
                             return Ok(false);
                         }
-                        has_new |= nft::contains_ip(&e, new);
+                        has_new |= nft::holds_ip(&e, new);
                     }
                 }
                 Ok(has_new)
@@ -390,9 +409,12 @@ mod tests {
         assert_eq!(chains.len(), 2);
         assert_eq!(chains[&1], "service-ABCDEFGH-bench/svc-1/tcp/http");
         assert_eq!(service_map_chains(map, 1).len(), 1);
-        let list = "table ip kube-proxy {\n\tchain endpoint-AAAA-bench/svc-1/tcp/http__10.240.0.2/8080 {\n\t}\n\
-                    \tchain endpoint-BBBB-default/kubernetes/tcp/https__10.0.2.100/6443 {\n\t}\n\tchain services {\n\t}\n}\n";
-        assert_eq!(endpoint_chains(list), 1);
+        let table = "table ip kube-proxy {\n\tchain service-X-bench/svc-1/tcp/http {\n\
+                     \t\tmeta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.240.0.2 . 8080, 1 : 10.240.0.3 . 8080 }\n\t}\n\
+                     \tchain service-Y-default/kubernetes/tcp/https {\n\t\tmeta l4proto tcp dnat ip to numgen random mod 1 map { 0 : 10.0.2.100 . 6443 }\n\t}\n\
+                     \tchain endpoint-AAAA-bench/svc-2/tcp/http__10.240.0.4/8080 {\n\t\tmeta l4proto tcp dnat to 10.240.0.4:8080\n\t}\n\
+                     \tchain service-Z-bench/svc-2/tcp/http {\n\t\tnumgen random mod 1 vmap { 0 : goto endpoint-AAAA-bench/svc-2/tcp/http__10.240.0.4/8080 }\n\t}\n}\n";
+        assert_eq!(nft_endpoints(table), 3);
         let svc = "-N KUBE-SERVICES\n-A KUBE-SERVICES -d 10.96.0.1/32 -p tcp -m comment --comment \"default/kubernetes:https cluster IP\" -m tcp --dport 443 -j KUBE-SVC-NPX46M4PTMTKRN6Y\n\
                    -A KUBE-SERVICES -d 10.100.0.3/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-AAAAAAAAAAAAAAAA\n\
                    -A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS\n";
@@ -419,16 +441,17 @@ mod tests {
     }
 
     /// The nftables and iptables-nft checks against the kernel: rules shaped like upstream's
-    /// (an nftables service chain with an anonymous verdict map to endpoint chains; an
-    /// iptables KUBE-SVC chain jumping to KUBE-SEP chains), counted, then one endpoint
-    /// replaced in two steps (the new one added, then the old one dropped): visible only
-    /// after the second.
+    /// (nftables: a service chain with an anonymous verdict map to endpoint chains, as before
+    /// 1.37, and one with a `dnat … map` of addresses, as 1.37 writes it; iptables: a KUBE-SVC
+    /// chain jumping to KUBE-SEP chains), counted, then one endpoint replaced in two steps
+    /// (the new one added, then the old one dropped): visible only after the second.
     #[test]
     #[ignore = "netns"]
     fn netns_change_checks_read_nftables_and_iptables_nft() {
         let ns = testkit::netns::Netns::new("peers").unwrap();
         let ep = |a: &str, h: &str| format!("endpoint-{h}-bench/svc-0/tcp/http__{a}/8080");
         let svc = "service-SSSSSSSS-bench/svc-0/tcp/http";
+        let svc1 = "service-TTTTTTTT-bench/svc-1/tcp/http";
         let (e0, e1, e2) = (
             ep("10.240.0.0", "EEEEEEE0"),
             ep("10.240.0.1", "EEEEEEE1"),
@@ -439,27 +462,49 @@ mod tests {
              chain {e0} {{\nmeta l4proto tcp dnat to 10.240.0.0:8080\n}}\n\
              chain {e1} {{\nmeta l4proto tcp dnat to 10.240.0.1:8080\n}}\n\
              chain {svc} {{\nnumgen random mod 2 vmap {{ 0 : goto {e0}, 1 : goto {e1} }}\n}}\n\
+             chain {svc1} {{\nmeta l4proto tcp dnat ip to numgen random mod 2 map {{ 0 : 10.240.0.2 . 8080, 1 : 10.240.0.3 . 8080 }}\n}}\n\
              map service-ips {{\ntype ipv4_addr . inet_proto . inet_service : verdict\n\
-             elements = {{ 10.100.0.0 . tcp . 80 : goto {svc} }}\n}}\n\
+             elements = {{ 10.100.0.0 . tcp . 80 : goto {svc}, 10.100.0.1 . tcp . 80 : goto {svc1} }}\n}}\n\
              }}\nEOF\n"
         ))
         .unwrap();
         let (old, new) = (Ipv4Addr::new(10, 240, 0, 0), Ipv4Addr::new(10, 253, 0, 0));
         let chains = in_ns(&ns, || {
-            let mut c = Counter::new(Mode::Nftables, 1, 2).unwrap();
+            let mut c = Counter::new(Mode::Nftables, 2, 2).unwrap();
             let p = c.check().unwrap();
             assert!(p.complete(c.stages()), "{:?}", p.parts);
             c.nft_chains
         });
         assert_eq!(chains[&0], svc);
-        let check = |chains: HashMap<usize, String>| {
+        assert_eq!(chains[&1], svc1);
+        let check_of = |i: usize, old: Ipv4Addr, new: Ipv4Addr, chains: HashMap<usize, String>| {
             in_ns(&ns, move || {
                 Watcher::new(Mode::Nftables, chains)
                     .unwrap()
-                    .visible(0, old, new)
+                    .visible(i, old, new)
                     .unwrap()
             })
         };
+        // 1.37's shape: the addresses are the map's data.
+        let (old1, new1) = (Ipv4Addr::new(10, 240, 0, 2), Ipv4Addr::new(10, 253, 0, 1));
+        assert!(!check_of(1, old1, new1, chains.clone()));
+        ns.sh(&format!(
+            "nft flush chain ip kube-proxy {svc1} && nft add rule ip kube-proxy {svc1} meta l4proto tcp \
+             dnat ip to numgen random mod 3 map {{ 0 : 10.240.0.2 . 8080, 1 : 10.240.0.3 . 8080, 2 : 10.253.0.1 . 8080 }}"
+        ))
+        .unwrap();
+        assert!(
+            !check_of(1, old1, new1, chains.clone()),
+            "the old endpoint is still there"
+        );
+        ns.sh(&format!(
+            "nft flush chain ip kube-proxy {svc1} && nft add rule ip kube-proxy {svc1} meta l4proto tcp \
+             dnat ip to numgen random mod 2 map {{ 0 : 10.253.0.1 . 8080, 1 : 10.240.0.3 . 8080 }}"
+        ))
+        .unwrap();
+        assert!(check_of(1, old1, new1, chains.clone()));
+        // The older shape: endpoint chains named with their address.
+        let check = |chains: HashMap<usize, String>| check_of(0, old, new, chains);
         assert!(!check(chains.clone()));
         ns.sh(&format!(
             "nft add chain ip kube-proxy {e2} && nft add rule ip kube-proxy {e2} meta l4proto tcp dnat to 10.253.0.0:8080 && \

@@ -12,7 +12,7 @@
 //!     empties the node, starts the proxy, measures, stops it and puts the touched
 //!     EndpointSlices back; prints one `BENCH-JSON {...}` line per proxy.
 //!     Options: cap=SECS (1200) changes=K (30) churn-rate=PER_S (20) churn-secs=S (60)
-//!     kube-proxy=PATH (/k/kube-proxy) kube-ipvs=PATH (/k/kube-ipvs)
+//!     kube-proxy=PATH (/k/kube-proxy) kube-ipvs=PATH (/k/kube-ipvs) min-sync-ms=MS (1000)
 //! ```
 //!
 //! What each figure means and how it is observed is in `docs/benchmarks.md` ("Against the
@@ -124,6 +124,7 @@ fn dispatch(args: &[String]) -> Res<()> {
                     "churn-secs" => o.churn_secs = num(v)?,
                     "kube-proxy" => o.kube_proxy = v.to_string(),
                     "kube-ipvs" => o.kube_ipvs = v.to_string(),
+                    "min-sync-ms" => o.min_sync = std::time::Duration::from_millis(num(v)? as u64),
                     _ => return Err(usage()),
                 }
             }

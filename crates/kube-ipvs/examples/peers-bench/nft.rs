@@ -92,6 +92,12 @@ pub fn contains_ip(hay: &[u8], ip: Ipv4Addr) -> bool {
     })
 }
 
+/// Whether an nf_tables message holds `ip`: as text (in a chain name) or as the four bytes of
+/// an address (in a map's data, e.g. `IP . port` of a dnat map).
+pub fn holds_ip(hay: &[u8], ip: Ipv4Addr) -> bool {
+    contains_ip(hay, ip) || contains(hay, &ip.octets())
+}
+
 /// The NUL-terminated strings in `hay` that start with `prefix` (e.g. anonymous set names
 /// `__map12` in a rule's `lookup` expression).
 pub fn strings_with_prefix(hay: &[u8], prefix: &[u8]) -> Vec<String> {
@@ -129,6 +135,11 @@ mod tests {
         assert!(!contains_ip(hay, Ipv4Addr::new(10, 240, 0, 1)));
         assert!(!contains_ip(hay, Ipv4Addr::new(0, 240, 0, 12)));
         assert!(contains(hay, b"svc-1/"));
+        assert!(holds_ip(
+            &[1, 10, 253, 0, 7, 0x1f, 0x90],
+            Ipv4Addr::new(10, 253, 0, 7)
+        ));
+        assert!(!holds_ip(&[1, 10, 253, 0, 7], Ipv4Addr::new(10, 253, 0, 8)));
         assert!(!contains(hay, b""));
         assert_eq!(strings_with_prefix(hay, b"__map"), ["__map7", "__map12"]);
         assert!(strings_with_prefix(b"__ma", b"__map").is_empty());
