@@ -227,7 +227,13 @@ fn special_addresses_are_never_vips() {
         let parsed: std::net::IpAddr = ip.parse().unwrap();
         assert_eq!(model::special_vip(&parsed), Some(why), "{ip}");
     }
-    for ip in ["1.2.3.4", "10.0.0.1", "fd00::1", "2001:db8::1", "192.168.0.10"] {
+    for ip in [
+        "1.2.3.4",
+        "10.0.0.1",
+        "fd00::1",
+        "2001:db8::1",
+        "192.168.0.10",
+    ] {
         let parsed: std::net::IpAddr = ip.parse().unwrap();
         assert_eq!(model::special_vip(&parsed), None, "{ip}");
     }
