@@ -122,6 +122,13 @@ pub(crate) fn parse_cidr(s: &str) -> Option<IpNet> {
     parse_cidr_sloppy(t).or_else(|| parse_ip_sloppy(t).map(IpNet::from))
 }
 
+/// `s` as an externalIP or load-balancer IP: the address, or why it is left out (`None`: no
+/// address at all; `Some(why)`: a special address, see [`special_vip`]).
+fn read_vip(s: &str) -> Result<IpAddr, Option<&'static str>> {
+    let ip = parse_ip_sloppy(s).ok_or(None)?;
+    special_vip(&ip).map_or(Ok(ip), |why| Err(Some(why)))
+}
+
 /// The values of `svc` that [`service_ports`] leaves out as invalid while it programs the
 /// rest, as one partial rejection ([`crate::IGNORED_PREFIX`]), or `None`: externalIPs,
 /// load-balancer ingress IPs and `loadBalancerSourceRanges` that are no address or range.
@@ -134,33 +141,21 @@ pub fn ignored_fields(svc: &Svc) -> Option<Invalid> {
     let spec = svc.spec.as_deref()?;
     let lb = spec.type_.as_deref() == Some("LoadBalancer");
     let mut ignored = IgnoredValues::default();
-    for s in spec.external_ips.iter().flatten() {
-        if s.trim().is_empty() {
-            continue;
+    let mut note_vip = |what: &str, s: &str| {
+        if let Err(why) = read_vip(s) {
+            let why = why.map(|w| format!(" ({w})")).unwrap_or_default();
+            ignored.note(|| format!("invalid {what} {}{why}", quoted(s)));
         }
-        match parse_ip_sloppy(s) {
-            None => ignored.note(|| format!("invalid externalIP {}", quoted(s))),
-            Some(ip) => {
-                if let Some(why) = special_vip(&ip) {
-                    ignored.note(|| format!("invalid externalIP {} ({why})", quoted(s)));
-                }
-            }
+    };
+    for s in spec.external_ips.iter().flatten() {
+        if !s.trim().is_empty() {
+            note_vip("externalIP", s);
         }
     }
     if lb {
         for (s, mode) in &spec.ingress {
-            if !is_vip_mode(mode.as_deref()) || s.is_empty() {
-                continue;
-            }
-            match parse_ip_sloppy(s) {
-                None => ignored.note(|| format!("invalid load-balancer ingress IP {}", quoted(s))),
-                Some(ip) => {
-                    if let Some(why) = special_vip(&ip) {
-                        ignored.note(|| {
-                            format!("invalid load-balancer ingress IP {} ({why})", quoted(s))
-                        });
-                    }
-                }
+            if is_vip_mode(mode.as_deref()) && !s.is_empty() {
+                note_vip("load-balancer ingress IP", s);
             }
         }
         for s in spec.load_balancer_source_ranges.iter().flatten() {
@@ -257,14 +252,13 @@ pub fn service_ports(svc: &Svc, cfg: &ProxyConfig) -> Result<Vec<ServicePort>, I
     }
     // Invalid values are left out (reported by `ignored_fields`).
     let mut external_ips = Vec::new();
-    let usable = |s: &&str| parse_ip_sloppy(s).filter(|ip| special_vip(ip).is_none());
-    for ip in ext.iter().map(|s| &**s).filter_map(|s| usable(&s)) {
+    for ip in ext.iter().filter_map(|s| read_vip(s).ok()) {
         if Family::of(&ip) == cfg.family && !external_ips.contains(&ip) {
             external_ips.push(ip);
         }
     }
     let mut load_balancer_ips = Vec::new();
-    for ip in ingress.iter().filter_map(usable) {
+    for ip in ingress.iter().filter_map(|s| read_vip(s).ok()) {
         if Family::of(&ip) == cfg.family && !load_balancer_ips.contains(&ip) {
             load_balancer_ips.push(ip);
         }
