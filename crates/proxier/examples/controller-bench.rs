@@ -175,8 +175,8 @@ fn timed<T>(acc: &mut Duration, f: impl FnOnce() -> T) -> T {
 }
 
 impl<K: Kernel> Kernel for Timed<K> {
-    fn read_ipvs(&mut self) -> Result<IpvsTable, KernelError> {
-        timed(&mut self.spent.ipvs, || self.inner.read_ipvs())
+    fn read_ipvs(&mut self, family: Family) -> Result<IpvsTable, KernelError> {
+        timed(&mut self.spent.ipvs, || self.inner.read_ipvs(family))
     }
     fn read_ipvs_keys(&mut self, keys: &BTreeSet<ServiceKey>) -> Result<IpvsTable, KernelError> {
         timed(&mut self.spent.ipvs, || self.inner.read_ipvs_keys(keys))

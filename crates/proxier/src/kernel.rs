@@ -11,7 +11,7 @@ use std::net::IpAddr;
 
 use conntrack::ConntrackFilter;
 use ipset::{IpsetDiff, IpsetState};
-use ipvs_netlink::{Op, OpCounts, ServiceKey};
+use ipvs_netlink::{Family, Op, OpCounts, ServiceKey};
 
 use desired::diff::{table_from_dump, IpvsTable, VirtualServer};
 
@@ -65,8 +65,9 @@ pub struct KernelCounters {
 
 /// The node's kernel, one subsystem per method group. All methods are blocking.
 pub trait Kernel {
-    /// The whole IPVS table (one dump).
-    fn read_ipvs(&mut self) -> Result<IpvsTable, KernelError>;
+    /// The virtual servers of `family` with their real servers (one services dump, then the
+    /// real servers of that family's virtual servers only).
+    fn read_ipvs(&mut self, family: Family) -> Result<IpvsTable, KernelError>;
     /// Only the given virtual servers (absent ones are missing from the result).
     fn read_ipvs_keys(&mut self, keys: &BTreeSet<ServiceKey>) -> Result<IpvsTable, KernelError>;
     /// Applies IPVS operations (pipelined); one result per operation, in order.
@@ -219,9 +220,9 @@ impl NodeKernel {
 }
 
 impl Kernel for NodeKernel {
-    fn read_ipvs(&mut self) -> Result<IpvsTable, KernelError> {
+    fn read_ipvs(&mut self, family: Family) -> Result<IpvsTable, KernelError> {
         self.ipvs_reads += 1;
-        Ok(table_from_dump(self.ipvs.dump()?))
+        Ok(table_from_dump(self.ipvs.dump_family(family)?))
     }
 
     fn read_ipvs_keys(&mut self, keys: &BTreeSet<ServiceKey>) -> Result<IpvsTable, KernelError> {

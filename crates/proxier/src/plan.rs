@@ -188,8 +188,8 @@ pub fn op_command(op: &Op) -> String {
 }
 
 impl Kernel for DryRun<'_> {
-    fn read_ipvs(&mut self) -> Result<IpvsTable, KernelError> {
-        self.inner.read_ipvs()
+    fn read_ipvs(&mut self, family: Family) -> Result<IpvsTable, KernelError> {
+        self.inner.read_ipvs(family)
     }
 
     fn read_ipvs_keys(&mut self, keys: &BTreeSet<ServiceKey>) -> Result<IpvsTable, KernelError> {

@@ -55,8 +55,8 @@ impl NsKernel {
 }
 
 impl Kernel for NsKernel {
-    fn read_ipvs(&mut self) -> Result<IpvsTable, KernelError> {
-        self.fake.read_ipvs()
+    fn read_ipvs(&mut self, family: Family) -> Result<IpvsTable, KernelError> {
+        self.fake.read_ipvs(family)
     }
     fn read_ipvs_keys(&mut self, keys: &BTreeSet<ServiceKey>) -> Result<IpvsTable, KernelError> {
         self.fake.read_ipvs_keys(keys)

@@ -53,7 +53,7 @@ fn vm_timeout_of_a_hung_ipset_fails_the_sync_as_an_ipset_error() {
             let mut p = Proxier::new(cfg4(), RulesConfig::default(), NODE);
             let addrs: BTreeSet<IpAddr> = BTreeSet::new();
             let r = p.sync(&store, &addrs, &mut k);
-            let services = k.read_ipvs().unwrap().len();
+            let services = k.read_ipvs(ipvs_netlink::Family::Inet).unwrap().len();
             Ok((r.errors, services))
         })
         .unwrap();

@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use conntrack::ConntrackFilter;
 use desired::diff::{IpvsTable, VirtualServer};
 use ipset::{IpsetDiff, IpsetState};
-use ipvs_netlink::{Op, OpKind, ServiceKey};
+use ipvs_netlink::{Family, Op, OpKind, ServiceKey};
 use proxier::kernel::{Kernel, KernelCounters, KernelError};
 
 /// An in-memory kernel for tests: applies operations like the kernel would (EEXIST/ENOENT
@@ -106,14 +106,21 @@ impl FakeKernel {
 }
 
 impl Kernel for FakeKernel {
-    fn read_ipvs(&mut self) -> Result<IpvsTable, KernelError> {
+    fn read_ipvs(&mut self, family: Family) -> Result<IpvsTable, KernelError> {
         self.counters.ipvs_reads += 1;
-        // Like the real client: one services dump, then one destinations dump per service.
+        // Like the real client: one services dump, then one destinations dump per service of
+        // the family.
         self.counters.ipvs_requests.inc(OpKind::GetService);
-        for _ in 0..self.ipvs.len() {
+        let table: IpvsTable = self
+            .ipvs
+            .iter()
+            .filter(|(k, _)| k.family() == family)
+            .map(|(k, vs)| (*k, vs.clone()))
+            .collect();
+        for _ in 0..table.len() {
             self.counters.ipvs_requests.inc(OpKind::GetDest);
         }
-        Ok(self.ipvs.clone())
+        Ok(table)
     }
 
     fn read_ipvs_keys(&mut self, keys: &BTreeSet<ServiceKey>) -> Result<IpvsTable, KernelError> {
@@ -282,8 +289,8 @@ impl SharedFakeKernel {
 }
 
 impl Kernel for SharedFakeKernel {
-    fn read_ipvs(&mut self) -> Result<IpvsTable, KernelError> {
-        self.with(|k| k.read_ipvs())
+    fn read_ipvs(&mut self, family: Family) -> Result<IpvsTable, KernelError> {
+        self.with(|k| k.read_ipvs(family))
     }
     fn read_ipvs_keys(&mut self, keys: &BTreeSet<ServiceKey>) -> Result<IpvsTable, KernelError> {
         self.with(|k| k.read_ipvs_keys(keys))

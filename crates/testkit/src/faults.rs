@@ -28,7 +28,7 @@ use std::time::Duration;
 use conntrack::{ConntrackError, ConntrackFilter};
 use desired::diff::IpvsTable;
 use ipset::{IpsetDiff, IpsetState};
-use ipvs_netlink::{Op, OpKind, ServiceKey};
+use ipvs_netlink::{Family, Op, OpKind, ServiceKey};
 use proxier::iptables_mode::RestoreRunner;
 use proxier::kernel::{Kernel, KernelCounters, KernelError};
 use proxier::retry::Subsystem;
@@ -360,10 +360,10 @@ impl<K: Kernel> FaultKernel<K> {
 }
 
 impl<K: Kernel> Kernel for FaultKernel<K> {
-    fn read_ipvs(&mut self) -> Result<IpvsTable, KernelError> {
+    fn read_ipvs(&mut self, family: Family) -> Result<IpvsTable, KernelError> {
         match self.handle.decide(KernelOp::ReadIpvs) {
             Some(e) => Err(error_for(KernelOp::ReadIpvs, e)),
-            None => self.inner.read_ipvs(),
+            None => self.inner.read_ipvs(family),
         }
     }
     fn read_ipvs_keys(&mut self, keys: &BTreeSet<ServiceKey>) -> Result<IpvsTable, KernelError> {
@@ -539,10 +539,10 @@ mod tests {
     fn nth_from_range_and_clear() {
         let (mut k, h) = FaultKernel::new(FakeKernel::default());
         h.inject(Fault::errno(KernelOp::ReadIpvs, EBUSY, Calls::Nth(2)));
-        assert!(k.read_ipvs().is_ok());
-        let e = k.read_ipvs().unwrap_err();
+        assert!(k.read_ipvs(Family::Inet).is_ok());
+        let e = k.read_ipvs(Family::Inet).unwrap_err();
         assert!(e.to_string().contains("busy"), "{e}");
-        assert!(k.read_ipvs().is_ok());
+        assert!(k.read_ipvs(Family::Inet).is_ok());
         h.inject(Fault::errno(
             KernelOp::ReadAddresses,
             ENOMEM,

@@ -10,7 +10,7 @@ use std::io;
 use crate::codec::consts::{IPVS_CMD_NEW_DEST, IPVS_CMD_NEW_SERVICE, IPVS_GENL_NAME};
 use crate::codec::{self, Genl};
 use crate::error::{libc_errno, OpKind};
-use crate::types::{Counters, Destination, Info, Op, Service, ServiceKey, Timeouts};
+use crate::types::{Counters, Destination, Family, Info, Op, Service, ServiceKey, Timeouts};
 use crate::Error;
 use netlink::{Answer, End, Socket, SocketProtocol, Window};
 
@@ -326,9 +326,28 @@ impl Client {
     /// The whole table: one services dump, then one destinations dump per service (the
     /// kernel runs one dump at a time per socket, so these are sequential).
     pub fn dump(&mut self) -> Result<Vec<(Service, Vec<Destination>)>, Error> {
+        self.dump_where(|_| true)
+    }
+
+    /// The virtual servers of one address family with their real servers: one services dump
+    /// (the kernel has no per-family dump), then one destinations dump per virtual server of
+    /// `family` only. A proxy of one family reads a dual-stack node's table at the cost of its
+    /// own virtual servers, not of the other family's.
+    pub fn dump_family(
+        &mut self,
+        family: Family,
+    ) -> Result<Vec<(Service, Vec<Destination>)>, Error> {
+        self.dump_where(|k| k.family() == family)
+    }
+
+    /// The virtual servers `keep` selects, each with its real servers.
+    fn dump_where(
+        &mut self,
+        keep: impl Fn(&ServiceKey) -> bool,
+    ) -> Result<Vec<(Service, Vec<Destination>)>, Error> {
         let services = self.services()?;
         let mut out = Vec::with_capacity(services.len());
-        for s in services {
+        for s in services.into_iter().filter(|s| keep(&s.key)) {
             let d = self.destinations(&s.key)?;
             out.push((s, d));
         }

@@ -496,6 +496,53 @@ fn vm_info_and_timeouts_match_ipvsadm() {
 
 #[test]
 #[ignore = "vm"]
+fn vm_dump_family_reads_only_that_familys_real_servers() {
+    clear();
+    let mut c = Client::new().unwrap();
+    let v6 = ServiceKey::Inet {
+        protocol: Protocol::Tcp,
+        addr: "2001:db8::10".parse().unwrap(),
+        port: 80,
+    };
+    let mut ops = vec![
+        Op::NewService(Service::new(v6, "rr")),
+        Op::NewDest(v6, Destination::new("fd00::1".parse().unwrap(), 8080)),
+    ];
+    for i in 1..=5u8 {
+        let k = tcp(&format!("10.96.0.{i}"), 80);
+        ops.push(Op::NewService(Service::new(k, "rr")));
+        ops.push(Op::NewDest(
+            k,
+            Destination::new(format!("10.244.0.{i}").parse().unwrap(), 8080),
+        ));
+    }
+    assert!(c.apply(&ops).iter().all(|r| r.is_ok()));
+    let dests = |c: &Client| c.counters().by_op.get(OpKind::GetDest);
+
+    let before = dests(&c);
+    let six = c.dump_family(Family::Inet6).unwrap();
+    assert_eq!(six.len(), 1, "{six:?}");
+    assert_eq!((six[0].0.key, six[0].1.len()), (v6, 1));
+    // One destinations dump, for the one IPv6 virtual server: the five IPv4 ones are left out
+    // before their real servers are asked for.
+    assert_eq!(dests(&c) - before, 1);
+
+    let before = dests(&c);
+    let four = c.dump_family(Family::Inet).unwrap();
+    assert_eq!(four.len(), 5);
+    assert!(four
+        .iter()
+        .all(|(s, d)| s.key.family() == Family::Inet && d.len() == 1));
+    assert_eq!(dests(&c) - before, 5);
+
+    let before = dests(&c);
+    assert_eq!(c.dump().unwrap().len(), 6);
+    assert_eq!(dests(&c) - before, 6);
+    clear();
+}
+
+#[test]
+#[ignore = "vm"]
 fn vm_large_table_multipart_dumps() {
     clear();
     let mut table = Vec::new();

@@ -92,7 +92,7 @@ impl Proxier {
                 None
             }
         };
-        let actual_ipvs = match kernel.read_ipvs() {
+        let actual_ipvs = match kernel.read_ipvs(self.cfg.family) {
             Ok(t) => Some(t),
             Err(e) => {
                 tracing::warn!(error = %e, "full sync: reading IPVS failed; will retry");
