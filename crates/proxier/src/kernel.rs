@@ -68,6 +68,12 @@ pub trait Kernel {
     /// The virtual servers of `family` with their real servers (one services dump, then the
     /// real servers of that family's virtual servers only).
     fn read_ipvs(&mut self, family: Family) -> Result<IpvsTable, KernelError>;
+    /// The keys of the virtual servers of `family`, without their real servers. By default the
+    /// keys of [`Kernel::read_ipvs`]; a kernel that can list without reading every real server
+    /// (the real one: one services dump) overrides it.
+    fn list_ipvs(&mut self, family: Family) -> Result<BTreeSet<ServiceKey>, KernelError> {
+        Ok(self.read_ipvs(family)?.into_keys().collect())
+    }
     /// Only the given virtual servers (absent ones are missing from the result).
     fn read_ipvs_keys(&mut self, keys: &BTreeSet<ServiceKey>) -> Result<IpvsTable, KernelError>;
     /// Applies IPVS operations (pipelined); one result per operation, in order.
@@ -223,6 +229,17 @@ impl Kernel for NodeKernel {
     fn read_ipvs(&mut self, family: Family) -> Result<IpvsTable, KernelError> {
         self.ipvs_reads += 1;
         Ok(table_from_dump(self.ipvs.dump_family(family)?))
+    }
+
+    fn list_ipvs(&mut self, family: Family) -> Result<BTreeSet<ServiceKey>, KernelError> {
+        self.ipvs_reads += 1;
+        Ok(self
+            .ipvs
+            .services()?
+            .into_iter()
+            .map(|s| s.key)
+            .filter(|k| k.family() == family)
+            .collect())
     }
 
     fn read_ipvs_keys(&mut self, keys: &BTreeSet<ServiceKey>) -> Result<IpvsTable, KernelError> {

@@ -156,6 +156,61 @@ fn failed_kernel_read_keeps_the_full_sync_pending_deletes_nothing_and_backs_off(
     assert_eq!(h.injected(KernelOp::ReadIpvs), 2);
 }
 
+/// A periodic drift check reads IPVS a slice at a time after the full sync that listed it: a
+/// slice whose read fails is kept, deletes nothing, is retried with backoff and then repairs.
+#[test]
+fn failed_drift_check_slice_read_deletes_nothing_and_is_retried_with_backoff() {
+    let (store, mut p, mut k, h, t0) = programmed();
+    // Drift behind the proxier's back: an owned virtual server nobody wants, and web's only
+    // real server gone.
+    let stale = ServiceKey::Inet {
+        protocol: Protocol::Tcp,
+        addr: ip("10.96.9.9"),
+        port: 80,
+    };
+    k.inner.ipvs.insert(
+        stale,
+        desired::diff::VirtualServer::new(Service::new(stale, "rr"), Vec::new()),
+    );
+    let gone: Vec<_> = k.inner.ipvs[&web_key()].real_servers.keys().collect();
+    for r in &gone {
+        k.inner
+            .ipvs
+            .get_mut(&web_key())
+            .unwrap()
+            .real_servers
+            .remove(r);
+    }
+    p.request_full();
+    let r = p.sync_at(t0, &store, &node_addrs(), &mut k);
+    assert!(r.healthy(), "{:?}", r.errors);
+    assert!(k.inner.ipvs.contains_key(&stale), "only listed so far");
+    assert!(p.pending(t0), "the check's first slice is due");
+
+    h.inject(Fault::errno(KernelOp::ReadIpvsKeys, EBUSY, Calls::Nth(1)));
+    let r = p.sync_at(t0, &store, &node_addrs(), &mut k);
+    assert_eq!(failed(&r), [Subsystem::Ipvs]);
+    assert!(r.retrying.contains(&Subsystem::Ipvs));
+    assert!(
+        k.inner.ipvs.contains_key(&stale),
+        "deleted on a failed read"
+    );
+    let due1 = assert_delay(p.retry_due(), t0, 1);
+    assert!(!p.pending(t0), "retried before the backoff passed");
+    assert!(p.pending(due1));
+
+    let r = p.sync_at(due1, &store, &node_addrs(), &mut k);
+    assert!(r.healthy(), "{:?}", r.errors);
+    assert!(!r.retrying.contains(&Subsystem::Ipvs));
+    assert!(!k.inner.ipvs.contains_key(&stale));
+    assert_eq!(k.inner.ipvs[&web_key()].real_servers.len(), 1);
+    // The stale virtual server, and web's real server: drift.
+    assert_eq!(r.drift.get("ipvs"), Some(&2));
+    assert_eq!(p.retry_due(), None);
+    assert!(!p.pending(due1));
+    assert_eq!(h.injected(KernelOp::ReadIpvsKeys), 1);
+}
+
 #[test]
 fn failed_ipset_apply_is_retried_with_growing_delay_and_reset_after_success() {
     let (mut store, mut p, mut k, h, t0) = programmed();

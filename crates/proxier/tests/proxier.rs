@@ -410,14 +410,77 @@ fn drift_is_repaired_and_counted() {
     let before = k.counters();
     p.request_full();
     let r = p.sync(&store, &node_addrs(), &mut k);
+    assert_eq!(r.kind, SyncKind::Full);
     assert!(r.ok(), "{:?}", r.errors);
-    assert_eq!(r.drift.get("ipvs"), Some(&1100));
     assert_eq!(r.drift.get("address"), Some(&1));
     assert_eq!(r.drift.get("iptables"), Some(&1));
     assert!(k.iptables["nat"].contains("KUBE-SERVICES"));
-    assert_eq!(k.ipvs.len(), 100);
     assert!(k.addresses.contains(&vip(3)));
+    // IPVS was only listed: its drift is found and repaired by the slices of the check, in
+    // the syncs that follow.
+    assert_eq!(r.drift.get("ipvs"), None);
+    assert!(k.ipvs.is_empty());
+    let ipvs_drift = check_to_the_end(&store, &mut p, &mut k);
+    assert_eq!(ipvs_drift, 1100);
+    assert_eq!(k.ipvs.len(), 100);
+    assert!(k.ipvs.values().all(|vs| vs.real_servers.len() == 10));
     assert_eq!(k.counters().ipvs_writes - before.ipvs_writes, 1100);
+}
+
+/// Runs the syncs a running drift check asks for until it ended; returns the IPVS drift they
+/// counted.
+fn check_to_the_end(store: &Store, p: &mut Proxier, k: &mut FakeKernel) -> usize {
+    let mut drift = 0;
+    for _ in 0..1000 {
+        if !p.pending(std::time::Instant::now()) {
+            return drift;
+        }
+        let r = p.sync(store, &node_addrs(), k);
+        assert_eq!(r.kind, SyncKind::Incremental);
+        assert!(r.ok(), "{:?}", r.errors);
+        drift += r.drift.get("ipvs").copied().unwrap_or(0);
+    }
+    panic!("the drift check did not end in 1000 syncs");
+}
+
+/// A change that arrives while a drift check runs is programmed by the next sync, before the
+/// check's next slice, and is not counted as drift; the check then goes on where it was.
+#[test]
+fn a_change_during_a_drift_check_is_programmed_at_the_next_sync() {
+    let (mut store, p, mut k) = programmed(2000);
+    // One slice (64 virtual servers) per sync: the test counts reads.
+    let mut p = p.with_check_budget(std::time::Duration::ZERO);
+    p.request_full();
+    let r = p.sync(&store, &node_addrs(), &mut k);
+    assert_eq!(r.kind, SyncKind::Full);
+    assert!(r.ok(), "{:?}", r.errors);
+    assert!(p.pending(std::time::Instant::now()), "the check runs");
+    // Drift behind the proxier's back, on the last virtual server the check reads.
+    let last = *k.ipvs.keys().next_back().unwrap();
+    let reals: Vec<_> = k.ipvs[&last].real_servers.keys().collect();
+    for r in &reals {
+        k.ipvs.get_mut(&last).unwrap().real_servers.remove(r);
+    }
+    // One endpoint more for service 7.
+    let ch = store.apply(SourceEvent::Apply(slice_ev(7, 11, 0)));
+    assert!(!ch.is_empty());
+    p.note(&ch);
+    let before = k.counters();
+    let r = p.sync(&store, &node_addrs(), &mut k);
+    assert_eq!(r.kind, SyncKind::Incremental);
+    assert!(r.ok(), "{:?}", r.errors);
+    let reals = &k.ipvs[&key(7)].real_servers;
+    assert_eq!(reals.len(), 11, "the change is programmed");
+    assert!(reals.contains_key(&(ip("10.244.0.81"), 8080)));
+    // This sync read one slice of the check, not the whole table.
+    let reads =
+        k.counters().ipvs_requests.get(OpKind::GetDest) - before.ipvs_requests.get(OpKind::GetDest);
+    assert_eq!(reads, 64);
+    let drift =
+        r.drift.get("ipvs").copied().unwrap_or(0) + check_to_the_end(&store, &mut p, &mut k);
+    // Only the drift made behind the proxier's back is counted, not the change.
+    assert_eq!(drift, 10);
+    assert_eq!(k.ipvs[&last].real_servers.len(), 10);
 }
 
 #[test]

@@ -123,6 +123,18 @@ impl Kernel for FakeKernel {
         Ok(table)
     }
 
+    fn list_ipvs(&mut self, family: Family) -> Result<BTreeSet<ServiceKey>, KernelError> {
+        self.counters.ipvs_reads += 1;
+        // Like the real client: one services dump.
+        self.counters.ipvs_requests.inc(OpKind::GetService);
+        Ok(self
+            .ipvs
+            .keys()
+            .filter(|k| k.family() == family)
+            .copied()
+            .collect())
+    }
+
     fn read_ipvs_keys(&mut self, keys: &BTreeSet<ServiceKey>) -> Result<IpvsTable, KernelError> {
         self.counters.ipvs_reads += 1;
         for k in keys {
@@ -291,6 +303,9 @@ impl SharedFakeKernel {
 impl Kernel for SharedFakeKernel {
     fn read_ipvs(&mut self, family: Family) -> Result<IpvsTable, KernelError> {
         self.with(|k| k.read_ipvs(family))
+    }
+    fn list_ipvs(&mut self, family: Family) -> Result<BTreeSet<ServiceKey>, KernelError> {
+        self.with(|k| k.list_ipvs(family))
     }
     fn read_ipvs_keys(&mut self, keys: &BTreeSet<ServiceKey>) -> Result<IpvsTable, KernelError> {
         self.with(|k| k.read_ipvs_keys(keys))

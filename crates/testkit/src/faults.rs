@@ -366,6 +366,13 @@ impl<K: Kernel> Kernel for FaultKernel<K> {
             None => self.inner.read_ipvs(family),
         }
     }
+    fn list_ipvs(&mut self, family: Family) -> Result<BTreeSet<ServiceKey>, KernelError> {
+        // The listing is the first half of a whole-table read: the same faults apply.
+        match self.handle.decide(KernelOp::ReadIpvs) {
+            Some(e) => Err(error_for(KernelOp::ReadIpvs, e)),
+            None => self.inner.list_ipvs(family),
+        }
+    }
     fn read_ipvs_keys(&mut self, keys: &BTreeSet<ServiceKey>) -> Result<IpvsTable, KernelError> {
         match self.handle.decide(KernelOp::ReadIpvsKeys) {
             Some(e) => Err(error_for(KernelOp::ReadIpvsKeys, e)),

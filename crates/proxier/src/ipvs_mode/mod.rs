@@ -7,7 +7,9 @@
 //! - **full** (startup and every `syncPeriod`): one read of each subsystem (one IPVS dump, the
 //!   kube-ipvs0 addresses, one `ipset save`), a diff against the whole desired state, and only
 //!   the differences are written. At startup this adopts what a previous run (or kube-proxy)
-//!   left behind without a flush; later it repairs drift and counts the repairs.
+//!   left behind without a flush; later it repairs drift and counts the repairs. A periodic
+//!   full sync reads IPVS a slice at a time over the syncs that follow it, changes programmed
+//!   between the slices ([`check`]).
 //!
 //! Failures are isolated: an IPVS operation that fails marks its virtual server for a targeted
 //! re-check (read just that virtual server, diff, apply); a failed address change re-reads and
@@ -36,6 +38,7 @@ use model::store::{Changes, Store};
 use model::{NodeInfo, ProxyConfig, Rejections, ServiceName};
 
 mod apply;
+mod check;
 mod derive;
 mod graceful;
 mod ops;
@@ -46,6 +49,7 @@ mod sync;
 
 use ops::*;
 
+pub use check::{CHECK_SLICE, CHECK_STEP_BUDGET};
 pub use refusal::{refusal_label, refusal_labels, Refusal, IPSET_REJECTED};
 pub use report::{truncate_text, SubsystemFailure, SyncKind, SyncReport, MAX_ERROR_LEN};
 pub use rules::RulesConfig;
@@ -62,6 +66,8 @@ struct Retries {
     conntrack: Backoff,
     /// Retries of the Services isolated because the kernel refuses their programming.
     refused: Backoff,
+    /// The reads of a sliced drift check (see [`check`]).
+    check: Backoff,
 }
 
 impl Retries {
@@ -74,6 +80,7 @@ impl Retries {
             iptables: Backoff::new(p),
             conntrack: Backoff::new(p),
             refused: Backoff::new(p),
+            check: Backoff::new(p),
         }
     }
 }
@@ -130,6 +137,8 @@ pub struct Proxier {
     new_refusals: Vec<Refusal>,
     /// A repair (which re-read the kernel first) is applying: a definite error is a refusal.
     repairing: bool,
+    /// The IPVS part of the running drift check (see [`check`]).
+    ipvs_check: check::IpvsCheck,
 }
 
 /// Graceful termination of real servers.
@@ -211,6 +220,7 @@ impl Proxier {
             refused_before: BTreeMap::new(),
             new_refusals: Vec::new(),
             repairing: false,
+            ipvs_check: check::IpvsCheck::default(),
         }
     }
 
@@ -353,6 +363,7 @@ impl Proxier {
             || (!self.repair.is_empty() && self.retry.ipvs.ready(now))
             || (!self.conntrack.is_empty() && self.retry.conntrack.ready(now))
             || (adopted && !self.refused.is_empty() && self.retry.refused.ready(now))
+            || (adopted && self.ipvs_check_due(now))
             || self.drain_due.is_some_and(|t| now >= t)
     }
 
@@ -366,6 +377,7 @@ impl Proxier {
             (self.recheck_rules, &self.retry.iptables),
             (!self.conntrack.is_empty(), &self.retry.conntrack),
             (!self.refused.is_empty(), &self.retry.refused),
+            (self.ipvs_check.running(), &self.retry.check),
         ];
         waiting
             .iter()
@@ -436,6 +448,13 @@ impl Proxier {
             repaired = true;
         }
         let t = if repaired { report.lap("repair", t) } else { t };
+        // A slice of the running drift check, after the changes were programmed above.
+        let t = if incremental && self.ipvs_check_due(now) {
+            self.check_ipvs_step(kernel, &mut report);
+            report.lap("check", t)
+        } else {
+            t
+        };
         let t = if self.drain_due.is_some_and(|t| Instant::now() >= t) {
             self.check_drains(kernel, &mut report);
             report.lap("drain", t)
