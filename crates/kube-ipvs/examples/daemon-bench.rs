@@ -684,8 +684,9 @@ fn daemon_run(source: &str, dir: &Path, bin: &str, changes: usize) -> Res<Value>
             "{source}: change {k} (service {i}): {:.1} ms to the kernel ({polls} reads), {reqs} IPVS requests {by_op}, {procs} processes {procs_by:?}",
             wall.as_secs_f64() * 1000.0
         );
-        // A periodic full resync that ran meanwhile (its dump reads the real servers of every
-        // virtual server) delays the change; such changes are marked.
+        // A sync that also read a slice of the periodic drift check (real servers of up to 64
+        // virtual servers each) carried more than the change's requests; such changes are
+        // marked.
         let during_resync = by_op["get_dest"].as_u64().unwrap_or(0) > 2;
         rows.push(json!({
             "service": i, "wall_s": secs(wall), "ipvs_requests": reqs, "ipvs_by_op": by_op,
