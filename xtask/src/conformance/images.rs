@@ -35,12 +35,19 @@ pub const KUBE_PROXY: &str = "registry.k8s.io/kube-proxy:v1.37.2";
 pub const COREDNS: &str = "registry.k8s.io/coredns/coredns:v1.15.0";
 
 /// Bumped when an image's recipe changes (part of the images' cache stamp).
-const RECIPE: u32 = 1;
+const RECIPE: u32 = 2;
 
 /// Tools the agnhost image carries for the commands e2e tests exec in it.
 const AGNHOST_TOOLS: &[&str] = &[
-    "dash", "curl", "nc", "nslookup", "dig", "ip", "ss", "socat", "timeout",
+    "dash", "curl", "nc", "nslookup", "dig", "ip", "ss", "socat", "timeout", "wget",
 ];
+
+/// Debian's `wget`, ahead of busybox's in the agnhost and busybox images: the e2e tests run
+/// `wget -q -O - -T 1 http://VIP:PORT` (`verifyServeHostnameServiceUp`) and `wget -T 5 -qO-`
+/// (`checkReachabilityFromPod`), and Debian's static busybox 1.35.0 dies of SIGSEGV on `-T`
+/// when its root has no NSS modules (reproduced in a chroot holding only it and libc: rc 139;
+/// without `-T` it works). The shell then prints "Segmentation fault" instead of a pod name.
+const WGET: &str = "wget";
 
 /// What an image runs.
 pub struct Spec<'a> {
@@ -435,7 +442,13 @@ pub fn build_all(
             entrypoint: &[],
             cmd: &["sh"],
         },
-        busybox_applets,
+        |t| {
+            let wget = host::which(WGET).ok_or_else(|| {
+                Error::Usage(format!("host tool `{WGET}` missing for the busybox image"))
+            })?;
+            t.add_host(&wget)?;
+            busybox_applets(t)
+        },
     )?;
 
     bundle.add(

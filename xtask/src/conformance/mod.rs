@@ -247,6 +247,7 @@ pub fn conformance_cmd(args: &[String]) -> Result<u8> {
         ("dnsutils", "/usr/bin/dig"),
         ("socat", "/usr/bin/socat"),
         ("curl", "/usr/bin/curl"),
+        ("wget", "/usr/bin/wget"),
         ("openssl", "/usr/bin/openssl"),
     ]
     .iter()
