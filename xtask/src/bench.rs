@@ -18,7 +18,6 @@ use crate::host;
 use crate::vm::{self, shell_quote, VmConfig};
 use serde_json::{json, Value};
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const NAMES: [&str; 7] = ["p1", "p2", "p3", "p4", "p5", "scaling", "daemon"];
@@ -161,7 +160,7 @@ pub fn parse_args(args: &[String]) -> Result<Opts> {
 
 /// `cargo build --release -p PKG ARGS...`, then the built file `rel` under the target dir.
 pub(crate) fn build_release(pkg: &str, args: &[&str], rel: &str) -> Result<PathBuf> {
-    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    let mut cmd = crate::host::cargo();
     cmd.current_dir(host::workspace_root())
         .args(["build", "--release", "-p", pkg])
         .args(args);

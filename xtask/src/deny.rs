@@ -63,7 +63,7 @@ fn ensure_cargo_deny() -> Result<(PathBuf, String)> {
         }
     }
     let started = Instant::now();
-    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    let mut cmd = crate::host::cargo();
     cmd.args([
         "install",
         &format!("cargo-deny@{CARGO_DENY_VERSION}"),

@@ -64,7 +64,7 @@ pub fn dist_cmd(args: &[String]) -> Result<u8> {
         }
         None
     };
-    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    let mut cmd = crate::host::cargo();
     cmd.current_dir(&root).args([
         "build",
         "--release",

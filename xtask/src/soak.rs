@@ -10,7 +10,7 @@ use crate::host;
 use crate::vm::{self, shell_quote, VmConfig};
 use serde_json::{json, Value};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 const USAGE: &str =
@@ -71,7 +71,7 @@ pub fn parse_args(args: &[String]) -> Result<Opts> {
 
 /// The driver's test executable and its package directory.
 fn build_driver() -> Result<(PathBuf, PathBuf)> {
-    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    let mut cmd = crate::host::cargo();
     cmd.current_dir(host::workspace_root()).args([
         "test",
         "-p",

@@ -248,7 +248,7 @@ fn scope(pkgs: &[String]) -> Vec<String> {
 }
 
 fn cargo() -> Command {
-    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    let mut c = crate::host::cargo();
     c.current_dir(host::workspace_root());
     c
 }

@@ -425,7 +425,7 @@ pub fn goal_lines(goals: &[Goal]) -> Vec<String> {
 /// `cargo build [--release] -p kube-ipvs --bin kube-ipvs --example peers-bench`; the binary
 /// and the driver.
 fn build(dev: bool) -> Result<(PathBuf, PathBuf)> {
-    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    let mut cmd = crate::host::cargo();
     cmd.current_dir(host::workspace_root()).args([
         "build",
         "-p",

@@ -324,7 +324,7 @@ fn build_release() -> Result<PathBuf> {
         return Ok(PathBuf::from(p));
     }
     host::status(
-        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        crate::host::cargo()
             .args([
                 "build",
                 "--release",
