@@ -51,6 +51,9 @@ pub struct Svc {
     pub scheduler_flags: Option<Box<str>>,
     /// `spec`, if any.
     pub spec: Option<Box<SvcSpec>>,
+    /// The source could not decode the Service (the error, naming the field): it is invalid,
+    /// and `spec` holds what could be read of it (see `watch::lenient`).
+    pub undecodable: Option<Box<str>>,
 }
 
 /// The used fields of a `ServiceSpec` and of the Service's `status.loadBalancer`.
@@ -125,6 +128,15 @@ impl Svc {
         Svc::build(svc, &mut |s| names.intern(s))
     }
 
+    /// A Service the source could not decode whole: `readable` holds what it could read of
+    /// it (metadata, and the spec when that decoded), `error` why not the rest. The Service is
+    /// invalid ([`crate::service::service_ports`] rejects it), so its last good state is kept.
+    pub fn undecodable(readable: &Service, error: &str) -> Svc {
+        let mut s = Svc::from_service(readable);
+        s.undecodable = Some(text(error));
+        s
+    }
+
     fn build(svc: &Service, share: &mut dyn FnMut(&str) -> Arc<str>) -> Svc {
         let annotation = |k: &str| {
             svc.metadata
@@ -187,6 +199,7 @@ impl Svc {
             scheduler: annotation(SCHEDULER_ANNOTATION),
             scheduler_flags: annotation(SCHEDULER_FLAGS_ANNOTATION),
             spec,
+            undecodable: None,
         }
     }
 }

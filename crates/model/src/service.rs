@@ -180,6 +180,9 @@ pub fn ignored_fields(svc: &Svc) -> Option<Invalid> {
 /// loadBalancerSourceRanges"). The kernel refuses a `/0` member of a `hash:net` set, so without
 /// this the allow rule never matched and the load-balancer IP dropped everything.
 pub fn service_ports(svc: &Svc, cfg: &ProxyConfig) -> Result<Vec<ServicePort>, Invalid> {
+    if let Some(e) = &svc.undecodable {
+        return Err(Invalid::new(format!("cannot be decoded: {e}")));
+    }
     let Some(spec) = svc.spec.as_deref() else {
         return Ok(Vec::new());
     };

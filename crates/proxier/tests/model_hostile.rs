@@ -754,3 +754,60 @@ fn every_reason_is_bounded() {
     assert!(e.reason.len() < 200, "{}", e.reason);
     assert!(e.reason.contains(CUT_MARKER));
 }
+
+/// A Service the source could not decode whole (`watch::lenient`: its metadata and spec read,
+/// the rest not) is rejected alone with the decode error naming the field, keeps its last good
+/// state, and the other Services' changes are programmed in the same sync.
+#[test]
+fn an_undecodable_service_is_rejected_alone_and_keeps_its_last_good_state() {
+    let web = svc("ns", "web", "10.96.0.1").port("p", 80, "TCP").build();
+    let mut store = sync_store(vec![web.clone()]);
+    let mut p = Proxier::new(cfg4(), RulesConfig::default(), NODE);
+    let mut k = FakeKernel::default();
+    let addrs: BTreeSet<IpAddr> = [ip("192.168.0.10")].into_iter().collect();
+    assert!(p.sync(&store, &addrs, &mut k).ok());
+    let before = k.ipvs.clone();
+    assert_eq!(before.len(), 1);
+
+    // Its next version cannot be decoded (and would have moved it to port 81), while another
+    // Service arrives.
+    let mut readable = svc("ns", "web", "10.96.0.1").port("p", 81, "TCP").build();
+    readable.status = None;
+    let odd = Compact::undecodable(
+        &readable,
+        "status.loadBalancer.ingress: invalid type: string \"x\", expected a sequence",
+    );
+    let other = svc("ns", "other", "10.96.0.2").port("p", 80, "TCP").build();
+    for ev in [
+        SourceEvent::Apply(Object::Service(std::sync::Arc::new(odd))),
+        SourceEvent::Apply(Object::from(other)),
+    ] {
+        let ch = store.apply(ev);
+        p.note(&ch);
+    }
+    let r = p.sync(&store, &addrs, &mut k);
+    assert!(r.ok(), "{:?}", r.errors);
+    let why = p.rejections().reason("service ns/web").unwrap();
+    assert!(
+        why.reason
+            .starts_with("cannot be decoded: status.loadBalancer.ingress: invalid type"),
+        "{why}"
+    );
+    let web_key = ServiceKey::Inet {
+        protocol: Protocol::Tcp,
+        addr: ip("10.96.0.1"),
+        port: 80,
+    };
+    assert_eq!(k.ipvs[&web_key], before[&web_key], "last good state kept");
+    assert_eq!(k.ipvs.len(), 2, "the other Service is programmed");
+
+    // Decodable again: taken in.
+    let ch = store.apply(SourceEvent::Apply(Object::from(
+        svc("ns", "web", "10.96.0.1").port("p", 81, "TCP").build(),
+    )));
+    p.note(&ch);
+    assert!(p.sync(&store, &addrs, &mut k).ok());
+    assert!(p.rejections().reason("service ns/web").is_none());
+    assert!(!k.ipvs.contains_key(&web_key));
+    assert_eq!(k.ipvs.len(), 2);
+}

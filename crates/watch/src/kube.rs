@@ -2,7 +2,8 @@
 //!
 //! Three watchers run side by side: Services and EndpointSlices with the proxy label selector
 //! ([`proxy_label_selector`], like kube-proxy's informers), and this node's Node object by
-//! `metadata.name`. Their events become [`SourceEvent`]s: a (re)list is `Init`, `InitApply`…,
+//! `metadata.name`. Services are decoded one by one ([`crate::lenient`]): one the proxy cannot
+//! decode is rejected alone instead of failing every list. Their events become [`SourceEvent`]s: a (re)list is `Init`, `InitApply`…,
 //! `InitDone`; live changes are `Apply`/`Delete`. Every watcher error (410 Gone, a dropped
 //! connection, the API server being away) is recoverable: it is logged, counted in
 //! [`SourceHealth`], and the watcher retries with kube-runtime's default exponential backoff
@@ -12,6 +13,7 @@
 //! Consumers must not program anything until [`SourceHealth::synced`] (both Services and
 //! EndpointSlices listed once); the `InitDone` events carry the same information in-band.
 
+use crate::lenient::WatchedService;
 use futures::stream::{BoxStream, SelectAll};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -159,6 +161,34 @@ fn slim<K: Resource>(mut obj: K) -> K {
     obj
 }
 
+/// The object of a watched Service: an undecodable one is logged and becomes an invalid
+/// Service with what could be read of it (its name, its spec when that decoded).
+pub fn service_object(w: WatchedService) -> Object {
+    match w.0 {
+        Ok(s) => Object::from(s),
+        Err(u) => {
+            tracing::warn!(
+                service = %format!(
+                    "{}/{}",
+                    u.meta.namespace.as_deref().unwrap_or_default(),
+                    u.meta.name.as_deref().unwrap_or_default()
+                ),
+                error = %u.error,
+                "a Service cannot be decoded: it is rejected as invalid and keeps its last good state"
+            );
+            let u = *u;
+            let readable = Service {
+                metadata: u.meta,
+                spec: u.spec,
+                status: None,
+            };
+            Object::Service(std::sync::Arc::new(model::objects::Svc::undecodable(
+                &readable, &u.error,
+            )))
+        }
+    }
+}
+
 /// Map a kube-runtime watcher event to a [`SourceEvent`].
 pub fn to_source_event<K: Resource>(
     kind: Kind,
@@ -213,11 +243,12 @@ pub async fn run_with(
     let selected = base.clone().labels(&proxy_label_selector());
     let node = base.fields(&format!("metadata.name={}", config.node_name));
     let mut streams: SelectAll<BoxStream<'static, Item>> = SelectAll::new();
+    // Services one by one: one the proxy cannot decode is rejected alone (see `lenient`).
     streams.push(kind_stream(
-        Api::<Service>::all(client.clone()),
+        Api::<WatchedService>::all(client.clone()),
         selected.clone(),
         Kind::Service,
-        Object::from,
+        service_object,
     ));
     streams.push(kind_stream(
         Api::<EndpointSlice>::all(client.clone()),

@@ -6,4 +6,5 @@
 //! `watch` channel is always written `tokio::sync::watch`.
 
 pub mod kube;
+pub mod lenient;
 pub mod static_dir;
