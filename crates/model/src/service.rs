@@ -167,6 +167,9 @@ pub fn ignored_fields(svc: &Svc) -> Option<Invalid> {
     ignored.into_invalid()
 }
 
+/// The start of the reason of a Service the source could not decode (`Svc::undecodable`).
+pub const UNDECODABLE_PREFIX: &str = "cannot be decoded: ";
+
 /// The ServicePorts of one Service for `cfg.family`.
 ///
 /// Returns `Ok(vec![])` for services the proxy does not handle: headless (`clusterIP: None`),
@@ -181,7 +184,7 @@ pub fn ignored_fields(svc: &Svc) -> Option<Invalid> {
 /// this the allow rule never matched and the load-balancer IP dropped everything.
 pub fn service_ports(svc: &Svc, cfg: &ProxyConfig) -> Result<Vec<ServicePort>, Invalid> {
     if let Some(e) = &svc.undecodable {
-        return Err(Invalid::new(format!("cannot be decoded: {e}")));
+        return Err(Invalid::new(format!("{UNDECODABLE_PREFIX}{e}")));
     }
     let Some(spec) = svc.spec.as_deref() else {
         return Ok(Vec::new());

@@ -150,6 +150,7 @@ impl Rejection {
 /// never create a new series.
 pub const INVALID_REASON_LABELS: &[&str] = &[
     "affinity_timeout_out_of_range",
+    "cannot_be_decoded",
     "clusterips",
     "duplicate_endpoint_port",
     "duplicate_nodeport",
@@ -201,6 +202,10 @@ pub fn reason_label(reason: &str) -> &'static str {
     }
     if reason.starts_with(desired::vip::NODE_CONFLICT_PREFIX) {
         return "node_address_conflict";
+    }
+    // `cannot be decoded: <field path>: <serde error>` (`watch::lenient`): the rest is input.
+    if reason.starts_with(model::UNDECODABLE_PREFIX) {
+        return "cannot_be_decoded";
     }
     let words: Vec<String> = reason
         .split_whitespace()
@@ -531,6 +536,18 @@ mod node_address_tests {
         );
         assert_eq!(reason_label(why), "node_address_conflict");
         assert!(INVALID_REASON_LABELS.contains(&"node_address_conflict"));
+    }
+
+    /// A Service the source could not decode gets one fixed label, whatever the error says.
+    #[test]
+    fn an_undecodable_service_has_one_reason_label() {
+        for why in [
+            "cannot be decoded: status.loadBalancer.ingress: invalid type: string \"x\"",
+            "cannot be decoded: spec.ports[0].port: invalid value: integer `-1`, expected i32",
+        ] {
+            assert_eq!(reason_label(why), "cannot_be_decoded", "{why}");
+        }
+        assert!(INVALID_REASON_LABELS.contains(&"cannot_be_decoded"));
     }
 
     /// The gauge sums the families and keeps one series per fixed reason.
