@@ -272,6 +272,10 @@ pub trait Backend {
     fn request_full(&mut self);
     /// True when a sync has work to do now.
     fn pending(&self, now: Instant) -> bool;
+    /// True when its next sync is a full one (a drift check or a retried adoption).
+    fn full_due(&self, _now: Instant) -> bool {
+        false
+    }
     /// When timed work (retries, drain checks) is next due.
     fn retry_due(&self) -> Option<Instant>;
     /// Runs one sync.
@@ -347,6 +351,9 @@ impl Backend for FamilyProxier {
     }
     fn pending(&self, now: Instant) -> bool {
         self.proxier.pending(now)
+    }
+    fn full_due(&self, now: Instant) -> bool {
+        self.proxier.full_due(now)
     }
     fn retry_due(&self) -> Option<Instant> {
         self.proxier.retry_due()
@@ -547,10 +554,21 @@ pub fn run(
             fallback = node_object_addresses(store);
             &fallback
         };
+        // At most one full sync a step: a second family's full sync (seconds at 5,000 Services in
+        // the emulated VM, even with nothing of its family) waits for the next step, so the
+        // changes that arrived during the first one are programmed before it, not after both.
+        let mut ran_full = false;
+        let mut deferred = false;
         for f in families.iter_mut() {
             if !f.pending(now) {
                 continue;
             }
+            if ran_full && f.full_due(now) {
+                deferred = true;
+                all_full_ok = false;
+                continue;
+            }
+            ran_full |= f.full_due(now);
             let programmed = triggers.take(f.family());
             let report = f.sync(store, addresses);
             log_report(f.family(), &report);
@@ -573,8 +591,9 @@ pub fn run(
         if all_full_ok {
             next_full = Instant::now() + cfg.sync_period;
         }
-        // Like kube-proxy, whose sync drains its change trackers whatever the outcome.
-        if !pending_services.is_empty() || !pending_endpoints.is_empty() {
+        // Like kube-proxy, whose sync drains its change trackers whatever the outcome (once every
+        // family has synced them).
+        if !deferred && (!pending_services.is_empty() || !pending_endpoints.is_empty()) {
             pending_services.clear();
             pending_endpoints.clear();
             observer.pending(0, 0);
@@ -717,6 +736,128 @@ mod tests {
         // Before: the period had run out during the first sync, so a second full sync (another
         // 1.5 s) started right after it.
         assert_eq!(*log.lock().unwrap(), vec![SyncKind::Full]);
+    }
+
+    /// A backend of `family` whose full syncs take `delay`; a change makes it pending for an
+    /// incremental sync. Records (family, kind) of each sync in a shared log.
+    struct FamilyBackend {
+        family: Family,
+        full: bool,
+        dirty: bool,
+        delay: Duration,
+        syncing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        log: std::sync::Arc<std::sync::Mutex<Vec<(Family, SyncKind)>>>,
+    }
+
+    impl Backend for FamilyBackend {
+        fn family(&self) -> Family {
+            self.family
+        }
+        fn note(&mut self, _: &Changes) {
+            self.dirty = true;
+        }
+        fn note_node_addresses(&mut self) {}
+        fn request_full(&mut self) {
+            self.full = true;
+        }
+        fn pending(&self, _: Instant) -> bool {
+            self.full || self.dirty
+        }
+        fn full_due(&self, _: Instant) -> bool {
+            self.full
+        }
+        fn retry_due(&self) -> Option<Instant> {
+            None
+        }
+        fn sync(&mut self, _: &Store, _: &BTreeSet<IpAddr>) -> SyncReport {
+            let kind = if self.full {
+                self.syncing
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                std::thread::sleep(self.delay);
+                SyncKind::Full
+            } else {
+                SyncKind::Incremental
+            };
+            (self.full, self.dirty) = (false, false);
+            self.log.lock().unwrap().push((self.family, kind));
+            SyncReport::new(kind)
+        }
+    }
+
+    /// A change that arrives during one family's full sync is programmed before the other
+    /// family's full sync runs, not after it: at most one full sync per step.
+    #[test]
+    fn a_change_waits_for_one_full_sync_not_for_every_familys() {
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let syncing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let backend = |family, delay| {
+            Box::new(FamilyBackend {
+                family,
+                full: true,
+                dirty: false,
+                delay,
+                syncing: syncing.clone(),
+                log: log.clone(),
+            }) as Box<dyn Backend + Send>
+        };
+        let mut families = vec![
+            backend(Family::Inet, Duration::from_millis(500)),
+            backend(Family::Inet6, Duration::ZERO),
+        ];
+        let cfg = LoopConfig {
+            min_sync_period: Duration::from_millis(10),
+            sync_period: Duration::from_secs(60),
+            once: false,
+            node_wait: Duration::ZERO,
+        };
+        let (tx, rx) = std::sync::mpsc::sync_channel(16);
+        for k in [Kind::Service, Kind::EndpointSlice] {
+            tx.send(Input::Source(SourceEvent::Init(k))).unwrap();
+            tx.send(Input::Source(SourceEvent::InitDone(k))).unwrap();
+        }
+        let watcher = {
+            let (log, syncing) = (log.clone(), syncing.clone());
+            std::thread::spawn(move || {
+                // During the IPv4 full sync, a Service arrives.
+                while !syncing.load(std::sync::atomic::Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                let svc = k8s_openapi::api::core::v1::Service {
+                    metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                        name: Some("web".into()),
+                        namespace: Some("default".into()),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                };
+                tx.send(Input::Source(SourceEvent::Apply(Object::from(&svc))))
+                    .unwrap();
+                while log.lock().unwrap().len() < 3 {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                tx.send(Input::Shutdown).unwrap();
+            })
+        };
+        let mut store = Store::new();
+        let exit = run(
+            &rx,
+            &mut store,
+            &mut families,
+            BTreeSet::new(),
+            cfg,
+            &NoObserver,
+        );
+        watcher.join().unwrap();
+        assert!(matches!(exit, Exit::Shutdown));
+        // Before: IPv4 full, IPv6 full, then the change (it waited for both full syncs).
+        assert_eq!(
+            log.lock().unwrap()[..3],
+            [
+                (Family::Inet, SyncKind::Full),
+                (Family::Inet, SyncKind::Incremental),
+                (Family::Inet6, SyncKind::Full),
+            ]
+        );
     }
 
     /// Records the loop's liveness hooks and its syncs, in order.

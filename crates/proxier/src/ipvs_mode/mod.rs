@@ -347,7 +347,7 @@ impl Proxier {
     }
 
     /// True when a full sync may run at `now` (requested, and any failed read's backoff passed).
-    fn full_due(&self, now: Instant) -> bool {
+    pub fn full_due(&self, now: Instant) -> bool {
         self.full_pending() && self.retry.full.ready(now)
     }
 
