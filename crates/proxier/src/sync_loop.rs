@@ -690,6 +690,27 @@ mod tests {
         }
     }
 
+    /// Sends the start and the end of the Service and EndpointSlice lists: the store is synced.
+    fn send_lists(tx: &std::sync::mpsc::SyncSender<Input>) {
+        for k in [Kind::Service, Kind::EndpointSlice] {
+            tx.send(Input::Source(SourceEvent::Init(k))).unwrap();
+            tx.send(Input::Source(SourceEvent::InitDone(k))).unwrap();
+        }
+    }
+
+    /// Runs the loop on an empty store until `watcher` shuts it down.
+    fn run_to_shutdown(
+        rx: &Receiver<Input>,
+        families: &mut Vec<Box<dyn Backend + Send>>,
+        cfg: LoopConfig,
+        watcher: std::thread::JoinHandle<()>,
+    ) {
+        let mut store = Store::new();
+        let exit = run(rx, &mut store, families, BTreeSet::new(), cfg, &NoObserver);
+        watcher.join().unwrap();
+        assert!(matches!(exit, Exit::Shutdown));
+    }
+
     /// Issue #18 item 4: a first sync that takes longer than `sync_period` is not followed at
     /// once by another full sync; the next one is due a period after it.
     #[test]
@@ -707,10 +728,7 @@ mod tests {
             node_wait: Duration::ZERO,
         };
         let (tx, rx) = std::sync::mpsc::sync_channel(16);
-        for k in [Kind::Service, Kind::EndpointSlice] {
-            tx.send(Input::Source(SourceEvent::Init(k))).unwrap();
-            tx.send(Input::Source(SourceEvent::InitDone(k))).unwrap();
-        }
+        send_lists(&tx);
         let watcher = {
             let log = log.clone();
             std::thread::spawn(move || {
@@ -722,17 +740,7 @@ mod tests {
                 tx.send(Input::Shutdown).unwrap();
             })
         };
-        let mut store = Store::new();
-        let exit = run(
-            &rx,
-            &mut store,
-            &mut families,
-            BTreeSet::new(),
-            cfg,
-            &NoObserver,
-        );
-        watcher.join().unwrap();
-        assert!(matches!(exit, Exit::Shutdown));
+        run_to_shutdown(&rx, &mut families, cfg, watcher);
         // Before: the period had run out during the first sync, so a second full sync (another
         // 1.5 s) started right after it.
         assert_eq!(*log.lock().unwrap(), vec![SyncKind::Full]);
@@ -811,10 +819,7 @@ mod tests {
             node_wait: Duration::ZERO,
         };
         let (tx, rx) = std::sync::mpsc::sync_channel(16);
-        for k in [Kind::Service, Kind::EndpointSlice] {
-            tx.send(Input::Source(SourceEvent::Init(k))).unwrap();
-            tx.send(Input::Source(SourceEvent::InitDone(k))).unwrap();
-        }
+        send_lists(&tx);
         let watcher = {
             let (log, syncing) = (log.clone(), syncing.clone());
             std::thread::spawn(move || {
@@ -838,17 +843,7 @@ mod tests {
                 tx.send(Input::Shutdown).unwrap();
             })
         };
-        let mut store = Store::new();
-        let exit = run(
-            &rx,
-            &mut store,
-            &mut families,
-            BTreeSet::new(),
-            cfg,
-            &NoObserver,
-        );
-        watcher.join().unwrap();
-        assert!(matches!(exit, Exit::Shutdown));
+        run_to_shutdown(&rx, &mut families, cfg, watcher);
         // Before: IPv4 full, IPv6 full, then the change (it waited for both full syncs).
         assert_eq!(
             log.lock().unwrap()[..3],
