@@ -206,6 +206,17 @@ fn start_daemon(kubeconfig: &Path) -> (Daemon, SocketAddr, SocketAddr) {
     (Daemon(child), hz, m)
 }
 
+/// Polls `/healthz` until it answers 200 (60 s at most).
+async fn wait_healthy(hz: SocketAddr, kubeconfig: &Path) {
+    for _ in 0..600 {
+        if get(hz, "/healthz").await.is_ok_and(|r| r.status == 200) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("never healthy:\n{}", daemon_log(kubeconfig));
+}
+
 fn daemon_log(kubeconfig: &Path) -> String {
     std::fs::read_to_string(kubeconfig.with_extension("daemon.log")).unwrap_or_default()
 }
@@ -293,15 +304,7 @@ fn kube_daemon_with_service_account_programs_services_and_survives_apiserver_res
         ] {
             wait_rules(ip, |t| t.contains(&format!("{ip}/32"))).await;
         }
-        let mut healthy = false;
-        for _ in 0..600 {
-            if get(hz, "/healthz").await.is_ok_and(|r| r.status == 200) {
-                healthy = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        assert!(healthy, "never healthy:\n{}", daemon_log(&kc));
+        wait_healthy(hz, &kc).await;
 
         // Endpoint churn: a new Service with one endpoint, then a second endpoint, then none.
         cp.kubectl(&["create", "namespace", "churn"]).unwrap();
@@ -508,15 +511,7 @@ fn kube_a_service_status_the_proxy_cannot_type_stops_no_watch() {
             !log.contains("watch error"),
             "the Service watch failed:\n{log}"
         );
-        let mut healthy = false;
-        for _ in 0..300 {
-            if get(hz, "/healthz").await.is_ok_and(|r| r.status == 200) {
-                healthy = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        assert!(healthy, "never healthy:\n{}", daemon_log(&kc));
+        wait_healthy(hz, &kc).await;
         drop(d);
     });
 }
