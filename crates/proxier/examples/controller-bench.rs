@@ -178,6 +178,9 @@ impl<K: Kernel> Kernel for Timed<K> {
     fn read_ipvs(&mut self, family: Family) -> Result<IpvsTable, KernelError> {
         timed(&mut self.spent.ipvs, || self.inner.read_ipvs(family))
     }
+    fn list_ipvs(&mut self, family: Family) -> Result<BTreeSet<ServiceKey>, KernelError> {
+        timed(&mut self.spent.ipvs, || self.inner.list_ipvs(family))
+    }
     fn read_ipvs_keys(&mut self, keys: &BTreeSet<ServiceKey>) -> Result<IpvsTable, KernelError> {
         timed(&mut self.spent.ipvs, || self.inner.read_ipvs_keys(keys))
     }

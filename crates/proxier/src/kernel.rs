@@ -68,12 +68,9 @@ pub trait Kernel {
     /// The virtual servers of `family` with their real servers (one services dump, then the
     /// real servers of that family's virtual servers only).
     fn read_ipvs(&mut self, family: Family) -> Result<IpvsTable, KernelError>;
-    /// The keys of the virtual servers of `family`, without their real servers. By default the
-    /// keys of [`Kernel::read_ipvs`]; a kernel that can list without reading every real server
-    /// (the real one: one services dump) overrides it.
-    fn list_ipvs(&mut self, family: Family) -> Result<BTreeSet<ServiceKey>, KernelError> {
-        Ok(self.read_ipvs(family)?.into_keys().collect())
-    }
+    /// The keys of the virtual servers of `family`, without their real servers (one services
+    /// dump).
+    fn list_ipvs(&mut self, family: Family) -> Result<BTreeSet<ServiceKey>, KernelError>;
     /// Only the given virtual servers (absent ones are missing from the result).
     fn read_ipvs_keys(&mut self, keys: &BTreeSet<ServiceKey>) -> Result<IpvsTable, KernelError>;
     /// Applies IPVS operations (pipelined); one result per operation, in order.
@@ -330,7 +327,9 @@ impl Kernel for NodeKernel {
     fn counters(&self) -> KernelCounters {
         let c = self.ipvs.counters();
         KernelCounters {
-            ipvs_writes: c.requests.saturating_sub(c.dumps),
+            // Counted by command: a single GET_SERVICE (a targeted repair, a drift-check slice)
+            // is a read, not a write.
+            ipvs_writes: c.by_op.writes(),
             ipvs_reads: self.ipvs_reads,
             address_writes: self.netif.requests_sent(),
             address_reads: self.address_reads,

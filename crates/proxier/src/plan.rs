@@ -191,6 +191,9 @@ impl Kernel for DryRun<'_> {
     fn read_ipvs(&mut self, family: Family) -> Result<IpvsTable, KernelError> {
         self.inner.read_ipvs(family)
     }
+    fn list_ipvs(&mut self, family: Family) -> Result<BTreeSet<ServiceKey>, KernelError> {
+        self.inner.list_ipvs(family)
+    }
 
     fn read_ipvs_keys(&mut self, keys: &BTreeSet<ServiceKey>) -> Result<IpvsTable, KernelError> {
         self.inner.read_ipvs_keys(keys)

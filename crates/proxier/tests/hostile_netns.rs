@@ -58,6 +58,9 @@ impl Kernel for NsKernel {
     fn read_ipvs(&mut self, family: Family) -> Result<IpvsTable, KernelError> {
         self.fake.read_ipvs(family)
     }
+    fn list_ipvs(&mut self, family: Family) -> Result<BTreeSet<ServiceKey>, KernelError> {
+        self.fake.list_ipvs(family)
+    }
     fn read_ipvs_keys(&mut self, keys: &BTreeSet<ServiceKey>) -> Result<IpvsTable, KernelError> {
         self.fake.read_ipvs_keys(keys)
     }

@@ -58,6 +58,22 @@ impl OpKind {
         self as usize
     }
 
+    /// True for a command that changes the kernel's table or settings (not a read, not the
+    /// family lookup).
+    pub fn is_write(self) -> bool {
+        matches!(
+            self,
+            OpKind::NewService
+                | OpKind::SetService
+                | OpKind::DelService
+                | OpKind::NewDest
+                | OpKind::SetDest
+                | OpKind::DelDest
+                | OpKind::SetConfig
+                | OpKind::Flush
+        )
+    }
+
     /// A short snake_case name (a fixed set: metric label values), e.g. `new_service`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -258,6 +274,30 @@ pub mod libc_errno {
 mod op_kind_tests {
     use super::OpKind;
     use crate::OpCounts;
+
+    /// Reads (single or dump) and the family lookup are not writes: the proxy's
+    /// `ipvs_writes` counted every non-dump request until a drift-check slice's single
+    /// GET_SERVICE requests showed up as 100 "writes" in the controller benchmark.
+    #[test]
+    fn only_commands_that_change_the_kernel_are_writes() {
+        let mut c = OpCounts::default();
+        for op in [
+            OpKind::ResolveFamily,
+            OpKind::GetService,
+            OpKind::GetService,
+            OpKind::GetDest,
+            OpKind::GetInfo,
+            OpKind::GetConfig,
+            OpKind::NewDest,
+            OpKind::SetService,
+            OpKind::Flush,
+        ] {
+            c.inc(op);
+        }
+        assert_eq!(c.writes(), 3);
+        assert_eq!(c.total(), 9);
+        assert_eq!(OpKind::ALL.iter().filter(|o| o.is_write()).count(), 8);
+    }
 
     #[test]
     fn all_is_indexed_in_order_with_distinct_labels() {

@@ -412,4 +412,12 @@ impl OpCounts {
     pub fn total(&self) -> u64 {
         self.0.iter().sum()
     }
+
+    /// The requests that change the kernel ([`crate::OpKind::is_write`]).
+    pub fn writes(&self) -> u64 {
+        self.iter()
+            .filter(|(op, _)| op.is_write())
+            .map(|(_, n)| n)
+            .sum()
+    }
 }
