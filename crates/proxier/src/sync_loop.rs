@@ -430,6 +430,8 @@ pub fn run(
     observer: &dyn SyncObserver,
 ) -> Exit {
     let mut last_sync: Option<Instant> = None;
+    // With `once`: every sync so far had no error.
+    let mut once_ok = true;
     let mut next_full = Instant::now() + cfg.sync_period;
     // Services with changes not synced yet: (Service changes, EndpointSlice changes).
     let mut pending_services: BTreeSet<ServiceName> = BTreeSet::new();
@@ -598,8 +600,10 @@ pub fn run(
             pending_endpoints.clear();
             observer.pending(0, 0);
         }
-        if cfg.once {
-            return Exit::Once { ok: all_ok };
+        // `--once` ends after every family's first full sync (a deferred one runs next step).
+        once_ok &= all_ok;
+        if cfg.once && !deferred {
+            return Exit::Once { ok: once_ok };
         }
     }
 }
@@ -851,6 +855,52 @@ mod tests {
                 (Family::Inet, SyncKind::Full),
                 (Family::Inet, SyncKind::Incremental),
                 (Family::Inet6, SyncKind::Full),
+            ]
+        );
+    }
+
+    /// `--once` returns after every family's full sync, not after the first step (which runs
+    /// one family's only): the oracle's `--once` runs left the IPv6 scenarios unprogrammed.
+    #[test]
+    fn once_returns_after_every_familys_full_sync() {
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let syncing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut families: Vec<Box<dyn Backend + Send>> = [Family::Inet, Family::Inet6]
+            .into_iter()
+            .map(|family| {
+                Box::new(FamilyBackend {
+                    family,
+                    full: true,
+                    dirty: false,
+                    delay: Duration::ZERO,
+                    syncing: syncing.clone(),
+                    log: log.clone(),
+                }) as Box<dyn Backend + Send>
+            })
+            .collect();
+        let cfg = LoopConfig {
+            min_sync_period: Duration::from_millis(10),
+            sync_period: Duration::from_secs(60),
+            once: true,
+            node_wait: Duration::ZERO,
+        };
+        let (tx, rx) = std::sync::mpsc::sync_channel(16);
+        send_lists(&tx);
+        let mut store = Store::new();
+        let exit = run(
+            &rx,
+            &mut store,
+            &mut families,
+            BTreeSet::new(),
+            cfg,
+            &NoObserver,
+        );
+        assert_eq!(exit, Exit::Once { ok: true });
+        assert_eq!(
+            *log.lock().unwrap(),
+            [
+                (Family::Inet, SyncKind::Full),
+                (Family::Inet6, SyncKind::Full)
             ]
         );
     }
