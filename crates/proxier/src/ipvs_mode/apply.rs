@@ -482,6 +482,23 @@ impl Proxier {
         }
     }
 
+    /// What makes the virtual servers `keys` (as just read into `actual`) what they should be:
+    /// the diff of those keys alone (owned ones only are deleted), with graceful termination.
+    /// Used by the targeted repairs and the drift check's slices.
+    pub(super) fn ops_for_keys(
+        &mut self,
+        keys: &BTreeSet<ServiceKey>,
+        actual: &IpvsTable,
+    ) -> IpvsOps {
+        let desired = self.desired.ipvs_table_for(keys);
+        let ops = {
+            let owned = owned_by_proxy(&self.cfg);
+            let only_keys = |k: &ServiceKey| keys.contains(k) && owned(k);
+            diff_ipvs(&desired, actual, &only_keys)
+        };
+        self.graceful(ops, Some(actual))
+    }
+
     /// Re-reads the virtual servers whose operations failed and applies what still differs.
     pub(super) fn retry_repairs(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
         let keys = std::mem::take(&mut self.repair);
@@ -494,16 +511,10 @@ impl Proxier {
                 return;
             }
         };
-        let desired: IpvsTable = self.desired.ipvs_table_for(&keys).into_iter().collect();
-        let ops = {
-            let owned = owned_by_proxy(&self.cfg);
-            let only_keys = |k: &ServiceKey| keys.contains(k) && owned(k);
-            diff_ipvs(&desired, &actual, &only_keys)
-        };
         // A repair honours graceful termination exactly as a sync does: a real server that
         // left drains at weight 0 (its weight set to 0 again when the failed request was that
         // one), never deleted with live connections.
-        let ops = self.graceful(ops, Some(&actual));
+        let ops = self.ops_for_keys(&keys, &actual);
         let failures_before = report.ipvs_failures;
         // The kernel was re-read: a definite error now is a refusal (see `refusal`).
         self.repairing = true;

@@ -112,13 +112,7 @@ impl Proxier {
             };
             self.full_failed.remove(&Subsystem::Ipvs);
             self.retry.check.succeeded();
-            let desired: IpvsTable = self.desired.ipvs_table_for(&keys);
-            let ops = {
-                let owned = owned_by_proxy(&self.cfg);
-                let only_keys = |k: &ServiceKey| keys.contains(k) && owned(k);
-                diff_ipvs(&desired, &actual, &only_keys)
-            };
-            let ops = self.graceful(ops, Some(&actual));
+            let ops = self.ops_for_keys(&keys, &actual);
             drift += ops
                 .apply
                 .iter()
