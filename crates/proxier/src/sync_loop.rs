@@ -750,6 +750,30 @@ mod tests {
         assert_eq!(*log.lock().unwrap(), vec![SyncKind::Full]);
     }
 
+    /// The (family, kind) of each sync, in order, shared by the backends of a test.
+    type SyncLog = std::sync::Arc<std::sync::Mutex<Vec<(Family, SyncKind)>>>;
+    /// Set when a full sync starts.
+    type Flag = std::sync::Arc<std::sync::atomic::AtomicBool>;
+
+    impl FamilyBackend {
+        /// A backend of `family` with a full sync due, recording into `log`.
+        fn boxed(
+            family: Family,
+            delay: Duration,
+            syncing: &Flag,
+            log: &SyncLog,
+        ) -> Box<dyn Backend + Send> {
+            Box::new(FamilyBackend {
+                family,
+                full: true,
+                dirty: false,
+                delay,
+                syncing: syncing.clone(),
+                log: log.clone(),
+            })
+        }
+    }
+
     /// A backend of `family` whose full syncs take `delay`; a change makes it pending for an
     /// incremental sync. Records (family, kind) of each sync in a shared log.
     struct FamilyBackend {
@@ -757,8 +781,8 @@ mod tests {
         full: bool,
         dirty: bool,
         delay: Duration,
-        syncing: std::sync::Arc<std::sync::atomic::AtomicBool>,
-        log: std::sync::Arc<std::sync::Mutex<Vec<(Family, SyncKind)>>>,
+        syncing: Flag,
+        log: SyncLog,
     }
 
     impl Backend for FamilyBackend {
@@ -800,21 +824,10 @@ mod tests {
     /// family's full sync runs, not after it: at most one full sync per step.
     #[test]
     fn a_change_waits_for_one_full_sync_not_for_every_familys() {
-        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let syncing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let backend = |family, delay| {
-            Box::new(FamilyBackend {
-                family,
-                full: true,
-                dirty: false,
-                delay,
-                syncing: syncing.clone(),
-                log: log.clone(),
-            }) as Box<dyn Backend + Send>
-        };
+        let (log, syncing) = (SyncLog::default(), Flag::default());
         let mut families = vec![
-            backend(Family::Inet, Duration::from_millis(500)),
-            backend(Family::Inet6, Duration::ZERO),
+            FamilyBackend::boxed(Family::Inet, Duration::from_millis(500), &syncing, &log),
+            FamilyBackend::boxed(Family::Inet6, Duration::ZERO, &syncing, &log),
         ];
         let cfg = LoopConfig {
             min_sync_period: Duration::from_millis(10),
@@ -863,20 +876,10 @@ mod tests {
     /// one family's only): the oracle's `--once` runs left the IPv6 scenarios unprogrammed.
     #[test]
     fn once_returns_after_every_familys_full_sync() {
-        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let syncing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (log, syncing) = (SyncLog::default(), Flag::default());
         let mut families: Vec<Box<dyn Backend + Send>> = [Family::Inet, Family::Inet6]
             .into_iter()
-            .map(|family| {
-                Box::new(FamilyBackend {
-                    family,
-                    full: true,
-                    dirty: false,
-                    delay: Duration::ZERO,
-                    syncing: syncing.clone(),
-                    log: log.clone(),
-                }) as Box<dyn Backend + Send>
-            })
+            .map(|family| FamilyBackend::boxed(family, Duration::ZERO, &syncing, &log))
             .collect();
         let cfg = LoopConfig {
             min_sync_period: Duration::from_millis(10),
