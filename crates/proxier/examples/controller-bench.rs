@@ -190,8 +190,10 @@ impl<K: Kernel> Kernel for Timed<K> {
     fn ensure_link(&mut self) -> Result<bool, KernelError> {
         timed(&mut self.spent.addresses, || self.inner.ensure_link())
     }
-    fn read_addresses(&mut self) -> Result<BTreeSet<IpAddr>, KernelError> {
-        timed(&mut self.spent.addresses, || self.inner.read_addresses())
+    fn read_addresses(&mut self, family: Family) -> Result<BTreeSet<IpAddr>, KernelError> {
+        timed(&mut self.spent.addresses, || {
+            self.inner.read_addresses(family)
+        })
     }
     fn apply_addresses(
         &mut self,

@@ -77,8 +77,8 @@ pub trait Kernel {
     fn apply_ipvs(&mut self, ops: &[Op]) -> Vec<Result<(), KernelError>>;
     /// Ensures kube-ipvs0 exists; true when it had to be created.
     fn ensure_link(&mut self) -> Result<bool, KernelError>;
-    /// Addresses bound to kube-ipvs0.
-    fn read_addresses(&mut self) -> Result<BTreeSet<IpAddr>, KernelError>;
+    /// Addresses of `family` bound to kube-ipvs0.
+    fn read_addresses(&mut self, family: Family) -> Result<BTreeSet<IpAddr>, KernelError>;
     /// Binds and unbinds addresses on kube-ipvs0; one result per address.
     fn apply_addresses(
         &mut self,
@@ -264,9 +264,10 @@ impl Kernel for NodeKernel {
         Ok(st.created)
     }
 
-    fn read_addresses(&mut self) -> Result<BTreeSet<IpAddr>, KernelError> {
+    fn read_addresses(&mut self, family: Family) -> Result<BTreeSet<IpAddr>, KernelError> {
         self.address_reads += 1;
-        Ok(self.rt.block_on(self.netif.addresses())?)
+        let ipv6 = family == Family::Inet6;
+        Ok(self.rt.block_on(self.netif.addresses_of(ipv6))?)
     }
 
     fn apply_addresses(

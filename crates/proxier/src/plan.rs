@@ -212,9 +212,9 @@ impl Kernel for DryRun<'_> {
         Ok(false)
     }
 
-    fn read_addresses(&mut self) -> Result<BTreeSet<IpAddr>, KernelError> {
+    fn read_addresses(&mut self, family: Family) -> Result<BTreeSet<IpAddr>, KernelError> {
         // A missing kube-ipvs0 reads as no addresses.
-        Ok(self.inner.read_addresses().unwrap_or_default())
+        Ok(self.inner.read_addresses(family).unwrap_or_default())
     }
 
     fn apply_addresses(

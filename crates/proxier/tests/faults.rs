@@ -185,6 +185,13 @@ fn failed_drift_check_slice_read_deletes_nothing_and_is_retried_with_backoff() {
     let r = p.sync_at(t0, &store, &node_addrs(), &mut k);
     assert!(r.healthy(), "{:?}", r.errors);
     assert!(k.inner.ipvs.contains_key(&stale), "only listed so far");
+    // The check reads the addresses, then the sets, one per sync, then IPVS.
+    for _ in 0..2 {
+        assert!(p.pending(t0), "the check's next step is due");
+        let r = p.sync_at(t0, &store, &node_addrs(), &mut k);
+        assert!(r.healthy(), "{:?}", r.errors);
+        assert!(k.inner.ipvs.contains_key(&stale), "IPVS not read yet");
+    }
     assert!(p.pending(t0), "the check's first slice is due");
 
     h.inject(Fault::errno(KernelOp::ReadIpvsKeys, EBUSY, Calls::Nth(1)));
@@ -209,6 +216,98 @@ fn failed_drift_check_slice_read_deletes_nothing_and_is_retried_with_backoff() {
     assert_eq!(p.retry_due(), None);
     assert!(!p.pending(due1));
     assert_eq!(h.injected(KernelOp::ReadIpvsKeys), 1);
+}
+
+/// A periodic drift check reads the family's addresses, then its sets, one per sync, before
+/// IPVS: a read that fails deletes nothing, keeps its step (IPVS waits behind it), is retried
+/// with backoff, and then repairs and counts the drift.
+#[test]
+fn failed_drift_check_address_and_set_reads_delete_nothing_and_are_retried_with_backoff() {
+    let (store, mut p, mut k, h, t0) = programmed();
+    // Behind the proxier's back: web's VIP unbound, a stray VIP bound, the ClusterIP set
+    // destroyed, a stale virtual server.
+    let stray = ip("10.96.9.9");
+    k.inner.addresses.remove(&ip("10.96.0.10"));
+    k.inner.addresses.insert(stray);
+    let cluster_ip = k.inner.ipsets.get("KUBE-CLUSTER-IP").cloned();
+    assert!(cluster_ip.is_some());
+    k.inner.ipsets.remove_set("KUBE-CLUSTER-IP");
+    let stale = ServiceKey::Inet {
+        protocol: Protocol::Tcp,
+        addr: stray,
+        port: 80,
+    };
+    k.inner.ipvs.insert(
+        stale,
+        desired::diff::VirtualServer::new(Service::new(stale, "rr"), Vec::new()),
+    );
+    p.request_full();
+    let r = p.sync_at(t0, &store, &node_addrs(), &mut k);
+    assert_eq!(r.kind, proxier::ipvs_mode::SyncKind::Full);
+    assert!(r.healthy(), "{:?}", r.errors);
+    assert_eq!(
+        h.calls(KernelOp::ReadAddresses),
+        1,
+        "only the first sync read them"
+    );
+    assert_eq!(
+        h.calls(KernelOp::ReadIpsets),
+        1,
+        "only the first sync read them"
+    );
+
+    // The address step's read fails: nothing is unbound, IPVS is not read past it.
+    h.inject(Fault::errno(KernelOp::ReadAddresses, EBUSY, Calls::Nth(1)));
+    let r = p.sync_at(t0, &store, &node_addrs(), &mut k);
+    assert_eq!(failed(&r), [Subsystem::Address]);
+    assert!(r.retrying.contains(&Subsystem::Address));
+    assert!(
+        k.inner.addresses.contains(&stray),
+        "unbound on a failed read"
+    );
+    assert_eq!(h.calls(KernelOp::ReadIpvsKeys), 0);
+    let due1 = assert_delay(p.retry_due(), t0, 1);
+    assert!(!p.pending(t0), "retried before the backoff passed");
+
+    // Retried: both addresses repaired, counted as drift.
+    let r = p.sync_at(due1, &store, &node_addrs(), &mut k);
+    assert!(r.healthy(), "{:?}", r.errors);
+    assert!(!r.retrying.contains(&Subsystem::Address));
+    assert_eq!(r.drift.get("address"), Some(&2), "{:?}", r.drift);
+    assert!(!k.inner.addresses.contains(&stray));
+    assert!(k.inner.addresses.contains(&ip("10.96.0.10")));
+    assert!(
+        k.inner.ipsets.get("KUBE-CLUSTER-IP").is_none(),
+        "one read per sync"
+    );
+
+    // The set step's read fails: nothing changes; then it repairs.
+    h.inject(Fault::errno(KernelOp::ReadIpsets, EBUSY, Calls::Nth(1)));
+    let r = p.sync_at(due1, &store, &node_addrs(), &mut k);
+    assert_eq!(failed(&r), [Subsystem::Ipset]);
+    assert!(r.retrying.contains(&Subsystem::Ipset));
+    assert!(k.inner.ipsets.get("KUBE-CLUSTER-IP").is_none());
+    assert_eq!(h.calls(KernelOp::ReadIpvsKeys), 0);
+    let due2 = assert_delay(p.retry_due(), due1, 1);
+    let r = p.sync_at(due2, &store, &node_addrs(), &mut k);
+    assert!(r.healthy(), "{:?}", r.errors);
+    assert!(
+        r.drift.get("ipset").is_some_and(|n| *n > 0),
+        "{:?}",
+        r.drift
+    );
+    assert_eq!(k.inner.ipsets.get("KUBE-CLUSTER-IP"), cluster_ip.as_ref());
+    assert!(k.inner.ipvs.contains_key(&stale), "IPVS is the next step");
+
+    // Then IPVS, a slice: the stale virtual server goes; the check ends.
+    let r = p.sync_at(due2, &store, &node_addrs(), &mut k);
+    assert!(r.healthy(), "{:?}", r.errors);
+    assert_eq!(r.drift.get("ipvs"), Some(&1), "{:?}", r.drift);
+    assert!(!k.inner.ipvs.contains_key(&stale));
+    assert!(!p.pending(due2));
+    assert_eq!(p.retry_due(), None);
+    assert_eq!(h.calls(KernelOp::ReadAddresses), 3);
+    assert_eq!(h.calls(KernelOp::ReadIpsets), 3);
 }
 
 #[test]

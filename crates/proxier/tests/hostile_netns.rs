@@ -70,8 +70,8 @@ impl Kernel for NsKernel {
     fn ensure_link(&mut self) -> Result<bool, KernelError> {
         self.fake.ensure_link()
     }
-    fn read_addresses(&mut self) -> Result<BTreeSet<IpAddr>, KernelError> {
-        self.fake.read_addresses()
+    fn read_addresses(&mut self, family: Family) -> Result<BTreeSet<IpAddr>, KernelError> {
+        self.fake.read_addresses(family)
     }
     fn apply_addresses(
         &mut self,

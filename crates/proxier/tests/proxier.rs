@@ -412,25 +412,33 @@ fn drift_is_repaired_and_counted() {
     let r = p.sync(&store, &node_addrs(), &mut k);
     assert_eq!(r.kind, SyncKind::Full);
     assert!(r.ok(), "{:?}", r.errors);
-    assert_eq!(r.drift.get("address"), Some(&1));
+    // The full sync restored the rules; the addresses and IPVS were not read yet.
     assert_eq!(r.drift.get("iptables"), Some(&1));
     assert!(k.iptables["nat"].contains("KUBE-SERVICES"));
-    assert!(k.addresses.contains(&vip(3)));
-    // IPVS was only listed: its drift is found and repaired by the slices of the check, in
-    // the syncs that follow.
+    assert_eq!(r.drift.get("address"), None);
     assert_eq!(r.drift.get("ipvs"), None);
     assert!(k.ipvs.is_empty());
-    let ipvs_drift = check_to_the_end(&store, &mut p, &mut k);
-    assert_eq!(ipvs_drift, 1100);
+    assert!(!k.addresses.contains(&vip(3)));
+    // The check's steps in the syncs that follow find and repair the rest: the addresses,
+    // the sets, then IPVS a slice at a time.
+    let drift = check_to_the_end(&store, &mut p, &mut k);
+    assert_eq!(drift.get("address"), Some(&1), "{drift:?}");
+    assert_eq!(drift.get("ipset"), None, "{drift:?}");
+    assert_eq!(drift.get("ipvs"), Some(&1100), "{drift:?}");
+    assert!(k.addresses.contains(&vip(3)));
     assert_eq!(k.ipvs.len(), 100);
     assert!(k.ipvs.values().all(|vs| vs.real_servers.len() == 10));
     assert_eq!(k.counters().ipvs_writes - before.ipvs_writes, 1100);
 }
 
-/// Runs the syncs a running drift check asks for until it ended; returns the IPVS drift they
-/// counted.
-fn check_to_the_end(store: &Store, p: &mut Proxier, k: &mut FakeKernel) -> usize {
-    let mut drift = 0;
+/// Runs the syncs a running drift check asks for until it ended; returns the drift they
+/// counted, by subsystem.
+fn check_to_the_end(
+    store: &Store,
+    p: &mut Proxier,
+    k: &mut FakeKernel,
+) -> std::collections::BTreeMap<&'static str, usize> {
+    let mut drift = std::collections::BTreeMap::new();
     for _ in 0..1000 {
         if !p.pending(std::time::Instant::now()) {
             return drift;
@@ -438,7 +446,9 @@ fn check_to_the_end(store: &Store, p: &mut Proxier, k: &mut FakeKernel) -> usize
         let r = p.sync(store, &node_addrs(), k);
         assert_eq!(r.kind, SyncKind::Incremental);
         assert!(r.ok(), "{:?}", r.errors);
-        drift += r.drift.get("ipvs").copied().unwrap_or(0);
+        for (s, n) in r.drift {
+            *drift.entry(s).or_default() += n;
+        }
     }
     panic!("the drift check did not end in 1000 syncs");
 }
@@ -455,6 +465,15 @@ fn a_change_during_a_drift_check_is_programmed_at_the_next_sync() {
     assert_eq!(r.kind, SyncKind::Full);
     assert!(r.ok(), "{:?}", r.errors);
     assert!(p.pending(std::time::Instant::now()), "the check runs");
+    // Its first two steps read the addresses, then the sets.
+    for _ in 0..2 {
+        let before = k.counters();
+        let r = p.sync(&store, &node_addrs(), &mut k);
+        assert!(r.ok() && r.drift.is_empty(), "{:?} {:?}", r.errors, r.drift);
+        let reads = k.counters().ipvs_requests.get(OpKind::GetDest)
+            - before.ipvs_requests.get(OpKind::GetDest);
+        assert_eq!(reads, 0, "IPVS is the check's last step");
+    }
     // Drift behind the proxier's back, on the last virtual server the check reads.
     let last = *k.ipvs.keys().next_back().unwrap();
     let reals: Vec<_> = k.ipvs[&last].real_servers.keys().collect();
@@ -476,8 +495,9 @@ fn a_change_during_a_drift_check_is_programmed_at_the_next_sync() {
     let reads =
         k.counters().ipvs_requests.get(OpKind::GetDest) - before.ipvs_requests.get(OpKind::GetDest);
     assert_eq!(reads, 64);
-    let drift =
-        r.drift.get("ipvs").copied().unwrap_or(0) + check_to_the_end(&store, &mut p, &mut k);
+    let rest = check_to_the_end(&store, &mut p, &mut k);
+    assert_eq!(rest.keys().collect::<Vec<_>>(), [&"ipvs"], "{rest:?}");
+    let drift = r.drift.get("ipvs").copied().unwrap_or(0) + rest["ipvs"];
     // Only the drift made behind the proxier's back is counted, not the change.
     assert_eq!(drift, 10);
     assert_eq!(k.ipvs[&last].real_servers.len(), 10);
@@ -850,6 +870,11 @@ fn pending_changes_in_a_full_sync_are_not_drift() {
         .real_servers
         .contains_key(&(ip("10.250.0.1"), 8080)));
     assert!(k.addresses.contains(&vip(100)) && !k.addresses.contains(&vip(7)));
+    let drift = check_to_the_end(&store, &mut p, &mut k);
+    assert!(
+        drift.is_empty(),
+        "pending changes found as drift: {drift:?}"
+    );
 
     // The same again with a real drift beside a pending change: only the drift counts.
     let mut changed = slice("default", "svc-60", "svc-60-abc").port("http", 8080, "TCP");
@@ -860,7 +885,12 @@ fn pending_changes_in_a_full_sync_are_not_drift() {
     p.request_full();
     let r = p.sync(&store, &node_addrs(), &mut k);
     assert!(r.ok(), "{:?}", r.errors);
-    assert_eq!(r.drift.get("address"), Some(&1), "{:?}", r.drift);
-    assert_eq!(r.drift.get("ipvs"), None, "{:?}", r.drift);
+    assert!(r.drift.is_empty(), "{:?}", r.drift);
+    assert!(k.ipvs[&key(60)]
+        .real_servers
+        .contains_key(&(ip("10.250.0.2"), 8080)));
+    let drift = check_to_the_end(&store, &mut p, &mut k);
+    assert_eq!(drift.get("address"), Some(&1), "{drift:?}");
+    assert_eq!(drift.len(), 1, "{drift:?}");
     assert!(k.addresses.contains(&vip(3)));
 }

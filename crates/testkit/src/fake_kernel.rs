@@ -163,9 +163,14 @@ impl Kernel for FakeKernel {
         Ok(created)
     }
 
-    fn read_addresses(&mut self) -> Result<BTreeSet<IpAddr>, KernelError> {
+    fn read_addresses(&mut self, family: Family) -> Result<BTreeSet<IpAddr>, KernelError> {
         self.counters.address_reads += 1;
-        Ok(self.addresses.clone())
+        Ok(self
+            .addresses
+            .iter()
+            .filter(|a| a.is_ipv6() == (family == Family::Inet6))
+            .copied()
+            .collect())
     }
 
     fn apply_addresses(
@@ -316,8 +321,8 @@ impl Kernel for SharedFakeKernel {
     fn ensure_link(&mut self) -> Result<bool, KernelError> {
         self.with(|k| k.ensure_link())
     }
-    fn read_addresses(&mut self) -> Result<BTreeSet<IpAddr>, KernelError> {
-        self.with(|k| k.read_addresses())
+    fn read_addresses(&mut self, family: Family) -> Result<BTreeSet<IpAddr>, KernelError> {
+        self.with(|k| k.read_addresses(family))
     }
     fn apply_addresses(
         &mut self,

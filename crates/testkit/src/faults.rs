@@ -422,10 +422,10 @@ impl<K: Kernel> Kernel for FaultKernel<K> {
             None => self.inner.ensure_link(),
         }
     }
-    fn read_addresses(&mut self) -> Result<BTreeSet<IpAddr>, KernelError> {
+    fn read_addresses(&mut self, family: Family) -> Result<BTreeSet<IpAddr>, KernelError> {
         match self.handle.decide(KernelOp::ReadAddresses) {
             Some(e) => Err(error_for(KernelOp::ReadAddresses, e)),
-            None => self.inner.read_addresses(),
+            None => self.inner.read_addresses(family),
         }
     }
     fn apply_addresses(
@@ -555,7 +555,9 @@ mod tests {
             ENOMEM,
             Calls::Range(2, 3),
         ));
-        let r: Vec<bool> = (0..4).map(|_| k.read_addresses().is_ok()).collect();
+        let r: Vec<bool> = (0..4)
+            .map(|_| k.read_addresses(Family::Inet).is_ok())
+            .collect();
         assert_eq!(r, [true, false, false, true]);
         h.inject(Fault {
             target: Target::Subsystem(Subsystem::Ipset),

@@ -9,6 +9,7 @@ use std::time::Duration;
 use futures::stream::TryStreamExt;
 use netlink_packet_route::address::{AddressHeaderFlags, AddressMessage};
 use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage};
+use netlink_packet_route::AddressFamily;
 use netlink_packet_route::RouteNetlinkMessage;
 use rtnetlink::packet_core::{NetlinkMessage, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST};
 use rtnetlink::{AddressMessageBuilder, Handle, LinkDummy};
@@ -310,21 +311,34 @@ impl Netif {
         }
     }
 
-    /// The addresses on the link. Looks the link up by name first, so a link recreated under
-    /// another index is followed; a missing link is [`Error::NoSuchLink`].
+    /// The addresses on the link, of every family. Looks the link up by name first, so a link
+    /// recreated under another index is followed; a missing link is [`Error::NoSuchLink`].
     pub async fn addresses(&self) -> Result<BTreeSet<IpAddr>, Error> {
+        self.read_addresses(None).await
+    }
+
+    /// The addresses of one family on the link (`ipv6`: IPv6, else IPv4), as
+    /// [`Netif::addresses`]. The kernel dumps only that family (`ifa_family` of the request),
+    /// so a family with nothing bound costs one empty dump however many the other has.
+    pub async fn addresses_of(&self, ipv6: bool) -> Result<BTreeSet<IpAddr>, Error> {
+        self.read_addresses(Some(ipv6)).await
+    }
+
+    async fn read_addresses(&self, ipv6: Option<bool>) -> Result<BTreeSet<IpAddr>, Error> {
         let index = match self.lookup().await? {
             Some(m) => m.header.index,
             None => return Err(Error::NoSuchLink(self.name.clone())),
         };
         self.count();
-        let dump = self
-            .handle()?
-            .address()
-            .get()
-            .set_link_index_filter(index)
-            .execute()
-            .try_collect::<Vec<AddressMessage>>();
+        let mut request = self.handle()?.address().get().set_link_index_filter(index);
+        if let Some(v6) = ipv6 {
+            request.message_mut().header.family = if v6 {
+                AddressFamily::Inet6
+            } else {
+                AddressFamily::Inet
+            };
+        }
+        let dump = request.execute().try_collect::<Vec<AddressMessage>>();
         let msgs = bounded(
             "list addresses of",
             self.name.clone(),
@@ -341,12 +355,23 @@ impl Netif {
                 &netlink_packet_route::RouteNetlinkMessage::NewAddress(m.clone()),
             )?;
             if let Some(crate::AddrEvent::NewAddr { net, .. }) = ev {
-                prefixes.insert(net.addr(), net.prefix_len());
+                // A kernel without per-family dumps answers with every family.
+                if ipv6.is_none_or(|v6| net.addr().is_ipv6() == v6) {
+                    prefixes.insert(net.addr(), net.prefix_len());
+                }
             }
         }
         let set = prefixes.keys().copied().collect();
+        // The prefix of each address read (removals use it): one family's read replaces only
+        // that family's entries.
         if let Ok(mut g) = self.prefixes.lock() {
-            *g = prefixes;
+            match ipv6 {
+                None => *g = prefixes,
+                Some(v6) => {
+                    g.retain(|ip, _| ip.is_ipv6() != v6);
+                    g.extend(prefixes);
+                }
+            }
         }
         Ok(set)
     }

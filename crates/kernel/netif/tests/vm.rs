@@ -145,3 +145,62 @@ fn vm_ten_thousand_vips_all_acknowledged() {
         assert!(ns.addrs(DUMMY_LINK).is_empty());
     });
 }
+
+/// One family's addresses: the read holds only that family, and the prefixes the other
+/// family's read learnt are kept (a removal needs an address's own prefix: with a wrong one
+/// the kernel answers "no such address" and the address stays bound).
+#[test]
+#[ignore = "vm"]
+fn vm_addresses_of_one_family_keep_the_other_familys_prefixes() {
+    let ns = NetNs::new("vmfamily");
+    ns.run(|ns| async move {
+        let n = Netif::new().await.unwrap();
+        n.ensure_dummy().await.unwrap();
+        for a in [
+            "10.96.0.1/32",
+            "10.96.0.2/24",
+            "fd00:10:96::1/128",
+            "fd00:10:96::2/64",
+        ] {
+            if a.contains(':') {
+                ns.ip(&["addr", "add", a, "dev", DUMMY_LINK, "nodad"]);
+            } else {
+                ns.ip(&["addr", "add", a, "dev", DUMMY_LINK]);
+            }
+        }
+        assert_eq!(
+            n.addresses().await.unwrap(),
+            ips(&["10.96.0.1", "10.96.0.2", "fd00:10:96::1", "fd00:10:96::2"])
+        );
+        assert_eq!(
+            n.addresses_of(false).await.unwrap(),
+            ips(&["10.96.0.1", "10.96.0.2"])
+        );
+        // The IPv6 read comes last: the IPv4 prefixes must survive it.
+        assert_eq!(
+            n.addresses_of(true).await.unwrap(),
+            ips(&["fd00:10:96::1", "fd00:10:96::2"])
+        );
+        let diff = netif::AddrDiff {
+            add: BTreeSet::new(),
+            remove: ips(&["10.96.0.2", "fd00:10:96::2"]),
+        };
+        for (ip, r) in n.apply(&diff).await {
+            assert!(r.is_ok(), "{ip}: {r:?}");
+        }
+        let left: BTreeSet<String> = ns.addrs(DUMMY_LINK).into_iter().collect();
+        let want: BTreeSet<String> = ["10.96.0.1/32", "fd00:10:96::1/128"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(left, want);
+        assert_eq!(n.addresses_of(false).await.unwrap(), ips(&["10.96.0.1"]));
+        assert_eq!(n.addresses_of(true).await.unwrap(), ips(&["fd00:10:96::1"]));
+        // A missing link is an error, not an empty family.
+        ns.ip(&["link", "del", DUMMY_LINK]);
+        assert!(matches!(
+            n.addresses_of(true).await,
+            Err(netif::Error::NoSuchLink(_))
+        ));
+    });
+}

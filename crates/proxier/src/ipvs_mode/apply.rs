@@ -459,9 +459,9 @@ impl Proxier {
             self.address_recheck(now);
             return;
         }
-        match kernel.read_addresses() {
+        let fam = self.cfg.family;
+        match kernel.read_addresses(fam) {
             Ok(actual) => {
-                let fam = self.cfg.family;
                 let mine: BTreeSet<IpAddr> = actual
                     .into_iter()
                     .filter(|a| Family::of(a) == fam)

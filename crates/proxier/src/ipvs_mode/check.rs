@@ -1,53 +1,61 @@
-//! The IPVS part of a periodic drift check, read a slice of virtual servers at a time.
+//! The periodic drift check, one kernel read per sync.
 //!
-//! A periodic full sync reads every subsystem but IPVS whole, lists the family's virtual
-//! servers (one services dump, no real servers) and queues their keys with the desired ones.
-//! Each later sync first programs the changes pending (an incremental sync), then reads, diffs
-//! and repairs the next virtual servers of the queue for about [`CHECK_STEP_BUDGET`]. A change
-//! so waits for at most one slice, instead of for a read of the whole table: 8.5 s for 5,000
-//! virtual servers x 10 real servers in the emulated benchmark VM, during which every change
-//! waited (`docs/benchmarks.md`). Upstream's IPVS proxier reads the whole table at every sync
-//! (`syncProxyRules`: `GetVirtualServers`, then `GetRealServers` per service) and makes every
-//! change wait for it.
+//! A periodic full sync (not the first: adoption reads the kernel whole, see `sync`) programs
+//! the changes pending as an incremental sync would, restores the iptables rules, lists the
+//! family's IPVS virtual servers (one services dump, no real servers) and starts a check. Each
+//! later sync first programs the changes pending (an incremental sync), then does one step of
+//! the check: read, diff and repair the family's addresses on kube-ipvs0 (one dump of that
+//! family); then the family's ipsets (one `ipset save`); then the queued virtual servers, a
+//! slice at a time, for about [`CHECK_STEP_BUDGET`]. A change so waits for at most one of
+//! those reads, instead of for all of them and a read of the whole IPVS table: at 5,000
+//! Services x 10 endpoints in the emulated benchmark VM a full sync's reads took 5 to 6 s per
+//! family, during which every change waited (`docs/benchmarks.md`). Upstream's IPVS proxier
+//! reads every subsystem at every sync (`syncProxyRules`: `GetVirtualServers`, then
+//! `GetRealServers` per service, the ipset and address listings) and makes every change wait.
 //!
-//! Each slice is consistent: the changes before it are programmed, nothing writes between its
-//! read and its repairs. A slice whose read fails stays queued and is retried with backoff;
-//! nothing is deleted on the strength of a failed read. A check still running when the next
-//! periodic full sync comes goes on; the next check starts when it ended. The first full sync
-//! (adoption) and a full sync that must adopt kernel state still read the table whole.
+//! Each step is consistent: the changes before it are programmed, nothing writes between its
+//! read and its repairs, so whatever differs is drift (counted). A step whose read fails stays
+//! queued and is retried with backoff, its subsystem reported as retrying; nothing is deleted
+//! on the strength of a failed read. A check still running when the next periodic full sync
+//! comes goes on; the next check starts when it ended. The first full sync (adoption) and a
+//! full sync that must adopt kernel state still read every subsystem whole.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::*;
 
-/// Default time one sync spends on drift-check slices: slices are read while it has not
-/// passed, at least one (see [`Proxier::with_check_budget`]).
+/// Default time one sync spends on drift-check slices of IPVS: slices are read while it has
+/// not passed, at least one (see [`Proxier::with_check_budget`]).
 pub const CHECK_STEP_BUDGET: Duration = Duration::from_millis(200);
 
 /// Virtual servers read per slice (two requests each: the service, its real servers).
 pub const CHECK_SLICE: usize = 64;
 
-/// The virtual servers a drift check still has to read.
+/// What a drift check still has to read: the addresses, the sets, the virtual servers.
 #[derive(Debug)]
-pub(super) struct IpvsCheck {
+pub(super) struct DriftCheck {
+    addresses: bool,
+    sets: bool,
     queue: VecDeque<ServiceKey>,
     budget: Duration,
 }
 
-impl Default for IpvsCheck {
+impl Default for DriftCheck {
     fn default() -> Self {
-        IpvsCheck {
+        DriftCheck {
+            addresses: false,
+            sets: false,
             queue: VecDeque::new(),
             budget: CHECK_STEP_BUDGET,
         }
     }
 }
 
-impl IpvsCheck {
+impl DriftCheck {
     /// True while a check runs.
     pub(super) fn running(&self) -> bool {
-        !self.queue.is_empty()
+        self.addresses || self.sets || !self.queue.is_empty()
     }
 
     /// Virtual servers left to read.
@@ -57,61 +65,197 @@ impl IpvsCheck {
 }
 
 impl Proxier {
-    /// Sets the time one sync spends on drift-check slices (zero: one slice per sync).
+    /// Sets the time one sync spends on drift-check slices of IPVS (zero: one slice per sync).
     pub fn with_check_budget(mut self, budget: Duration) -> Proxier {
-        self.ipvs_check.budget = budget;
+        self.check.budget = budget;
         self
     }
 
-    /// A full sync may leave IPVS to sliced drift checks: it is not the first (adoption reads
-    /// the table whole) and nothing has to be adopted from the kernel.
-    pub(super) fn ipvs_check_sliced(&self, store: &Store) -> bool {
+    /// A full sync may leave the reads to a drift check: it is not the first (adoption reads
+    /// the kernel whole) and nothing has to be adopted from the kernel.
+    pub(super) fn check_sliced(&self, store: &Store) -> bool {
         self.applied_once
             && self.to_adopt.is_empty()
             && !(store.node().is_none() && self.cfg.node_port_primary)
     }
 
-    /// Starts a check of the listed virtual servers (those of the family the proxy owns) and
-    /// the desired ones.
-    pub(super) fn start_ipvs_check(&mut self, listed: BTreeSet<ServiceKey>) {
+    /// Starts a check: the addresses, the sets, then the listed virtual servers (those of the
+    /// family the proxy owns) and the desired ones.
+    pub(super) fn start_check(&mut self, listed: BTreeSet<ServiceKey>) {
         let owned = owned_by_proxy(&self.cfg);
         let mut keys: BTreeSet<ServiceKey> = listed.into_iter().filter(|k| owned(k)).collect();
         keys.extend(self.desired.ipvs_keys());
-        self.ipvs_check.queue = keys.into_iter().collect();
+        self.check.queue = keys.into_iter().collect();
+        self.check.addresses = true;
+        self.check.sets = true;
     }
 
-    /// True when a slice of the running check may be read at `now`.
-    pub(super) fn ipvs_check_due(&self, now: Instant) -> bool {
-        self.ipvs_check.running() && self.retry.check.ready(now)
+    /// True when a step of the running check may run at `now`.
+    pub(super) fn check_due(&self, now: Instant) -> bool {
+        self.check.running() && self.retry.check.ready(now)
     }
 
-    /// Reads, diffs and repairs slices of the running check while its budget has not passed,
-    /// at least one; what differs is drift (the changes pending were programmed
-    /// before), counted like a full sync's.
-    pub(super) fn check_ipvs_step(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
+    /// The periodic full sync of a proxier that adopted the kernel already: the changes
+    /// pending (`delta`) programmed as an incremental sync would, the iptables rules restored,
+    /// and a drift check started with one list of the family's virtual servers (unless one is
+    /// running). Reads nothing else: the check's steps do, one per later sync.
+    pub(super) fn periodic_sync(
+        &mut self,
+        delta: Delta,
+        kernel: &mut dyn Kernel,
+        mut report: SyncReport,
+        t: Instant,
+    ) -> SyncReport {
+        self.apply_delta(delta, kernel, &mut report);
+        // The counts the rules are made from, from the desired state itself.
+        self.set_counts = count_sets(&self.desired);
+        let t = report.lap("apply", t);
+        self.apply_rules(kernel, true, None, &mut report);
+        let t = report.lap("iptables", t);
+        if !self.check.running() {
+            match kernel.list_ipvs(self.cfg.family) {
+                Ok(keys) => {
+                    self.full_failed.remove(&Subsystem::Ipvs);
+                    self.start_check(keys);
+                }
+                Err(e) => {
+                    report.fail(Subsystem::Ipvs, e.to_string());
+                    self.full_failed.insert(Subsystem::Ipvs);
+                    self.full_requested = true;
+                    let delay = self.retry.full.failed(self.now);
+                    tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64,
+                        "full sync: listing IPVS failed; retrying with backoff");
+                    report.lap("read", t);
+                    return report;
+                }
+            }
+            report.lap("read", t);
+        }
+        self.full_requested = false;
+        self.retry.full.succeeded();
+        report
+    }
+
+    /// One step of the running check: the addresses, else the sets, else IPVS slices.
+    pub(super) fn check_step(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
+        if self.check.addresses {
+            self.check_addresses(kernel, report);
+        } else if self.check.sets {
+            self.check_sets(kernel, report);
+        } else {
+            self.check_ipvs_step(kernel, report);
+        }
+    }
+
+    /// A read of the check failed: its step stays queued, retried with backoff.
+    fn check_read_failed(
+        &mut self,
+        subsystem: Subsystem,
+        e: &KernelError,
+        report: &mut SyncReport,
+    ) {
+        report.fail(subsystem, e.to_string());
+        self.full_failed.insert(subsystem);
+        let delay = self.retry.check.failed(self.now);
+        tracing::warn!(error = %e, subsystem = subsystem.as_str(), retry_in_ms = delay.as_millis() as u64,
+            "drift check: reading the kernel failed; retrying with backoff");
+    }
+
+    /// A read of the check succeeded.
+    fn check_read(&mut self, subsystem: Subsystem) {
+        self.full_failed.remove(&subsystem);
+        self.retry.check.succeeded();
+    }
+
+    /// Reads, diffs and repairs the family's addresses on kube-ipvs0 (recreating the link if
+    /// it is gone).
+    fn check_addresses(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
+        let fam = self.cfg.family;
+        let actual = match kernel
+            .ensure_link()
+            .and_then(|_| kernel.read_addresses(fam))
+        {
+            Ok(a) => a,
+            Err(e) => return self.check_read_failed(Subsystem::Address, &e, report),
+        };
+        self.check_read(Subsystem::Address);
+        self.check.addresses = false;
+        let mine: BTreeSet<IpAddr> = actual
+            .into_iter()
+            .filter(|a| Family::of(a) == fam)
+            .collect();
+        let cfg = &self.cfg;
+        let (add, del) = diff_set(&self.desired.addresses(), &mine, &|a: &IpAddr| {
+            !cfg.excluded(a)
+        });
+        drifted(report, "address", add.len() + del.len());
+        self.apply_addrs(&add, &del, kernel, report);
+        // Every address was read and diffed: a targeted repair waiting is done unless this
+        // one failed again.
+        if !report.failed.contains_key(&Subsystem::Address) {
+            self.recheck_addresses = false;
+            self.retry.address.succeeded();
+        }
+    }
+
+    /// Reads, diffs and repairs the family's ipsets.
+    fn check_sets(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
+        let owned_sets: Vec<String> = SetKind::ALL
+            .iter()
+            .map(|k| k.name(self.cfg.family))
+            .collect();
+        let actual = match kernel.read_ipsets(&owned_sets) {
+            Ok(s) => s,
+            Err(e) => return self.check_read_failed(Subsystem::Ipset, &e, report),
+        };
+        self.check_read(Subsystem::Ipset);
+        self.check.sets = false;
+        let diff = ipset::diff(&self.desired.ipset_state(), &actual);
+        // What the kernel refuses for isolated Services differs every time: not drift.
+        let (_, n, _) = unexplained(
+            &Delta::default(),
+            self.cfg.family,
+            None,
+            Some(&diff),
+            (&[], &[]),
+            &self.isolated(),
+        );
+        drifted(report, "ipset", n);
+        let (grow, shrink) = split_set_diff(diff);
+        self.apply_sets(&grow, kernel, report);
+        self.apply_sets(&shrink, kernel, report);
+        if !report.failed.contains_key(&Subsystem::Ipset) {
+            self.recheck_sets = false;
+            self.retry.ipset.succeeded();
+        }
+        // Rules that failed for want of a set just recreated go in now.
+        if self.recheck_rules && !report.failed.contains_key(&Subsystem::Ipset) {
+            self.apply_rules(kernel, true, None, report);
+        }
+    }
+
+    /// Reads, diffs and repairs slices of the running check's virtual servers while its budget
+    /// has not passed, at least one; what differs is drift (the changes pending were
+    /// programmed before), counted like a full sync's.
+    fn check_ipvs_step(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
         let start = Instant::now();
         let isolated = self.isolated().0;
         let mut drift = 0;
-        while self.ipvs_check.running() {
-            let n = CHECK_SLICE.min(self.ipvs_check.queue.len());
-            let keys: BTreeSet<ServiceKey> = self.ipvs_check.queue.drain(..n).collect();
+        while self.check.running() {
+            let n = CHECK_SLICE.min(self.check.queue.len());
+            let keys: BTreeSet<ServiceKey> = self.check.queue.drain(..n).collect();
             let actual = match kernel.read_ipvs_keys(&keys) {
                 Ok(t) => t,
                 Err(e) => {
                     for k in keys.into_iter().rev() {
-                        self.ipvs_check.queue.push_front(k);
+                        self.check.queue.push_front(k);
                     }
-                    report.fail(Subsystem::Ipvs, e.to_string());
-                    self.full_failed.insert(Subsystem::Ipvs);
-                    let delay = self.retry.check.failed(self.now);
-                    tracing::warn!(error = %e, left = self.ipvs_check.left(),
-                        retry_in_ms = delay.as_millis() as u64,
-                        "drift check: reading IPVS failed; retrying with backoff");
+                    tracing::debug!(left = self.check.left(), "drift check: IPVS slice unread");
+                    self.check_read_failed(Subsystem::Ipvs, &e, report);
                     break;
                 }
             };
-            self.full_failed.remove(&Subsystem::Ipvs);
-            self.retry.check.succeeded();
+            self.check_read(Subsystem::Ipvs);
             let ops = self.ops_for_keys(&keys, &actual);
             drift += ops
                 .apply
@@ -121,13 +265,18 @@ impl Proxier {
                 .count();
             self.apply_ipvs(&ops.apply, kernel, report);
             self.apply_ipvs(&ops.remove, kernel, report);
-            if start.elapsed() >= self.ipvs_check.budget {
+            if start.elapsed() >= self.check.budget {
                 break;
             }
         }
-        if drift > 0 {
-            tracing::warn!(subsystem = "ipvs", differences = drift, "repairing drift");
-            *report.drift.entry("ipvs").or_default() += drift;
-        }
+        drifted(report, "ipvs", drift);
+    }
+}
+
+/// Counts `n` differences of `subsystem` found by a check as drift.
+fn drifted(report: &mut SyncReport, subsystem: &'static str, n: usize) {
+    if n > 0 {
+        tracing::warn!(subsystem, differences = n, "repairing drift");
+        *report.drift.entry(subsystem).or_default() += n;
     }
 }

@@ -4,12 +4,14 @@
 //! - **incremental**: only the services marked dirty since the last sync are re-derived; the
 //!   [`Delta`] of those services is applied in the order written in [`desired::diff`]. No kernel
 //!   read, no dump: work is proportional to the change.
-//! - **full** (startup and every `syncPeriod`): one read of each subsystem (one IPVS dump, the
-//!   kube-ipvs0 addresses, one `ipset save`), a diff against the whole desired state, and only
-//!   the differences are written. At startup this adopts what a previous run (or kube-proxy)
-//!   left behind without a flush; later it repairs drift and counts the repairs. A periodic
-//!   full sync reads IPVS a slice at a time over the syncs that follow it, changes programmed
-//!   between the slices ([`check`]).
+//! - **full** (startup): one read of each subsystem (one IPVS dump, the family's kube-ipvs0
+//!   addresses, one `ipset save`), a diff against the whole desired state, and only the
+//!   differences are written: it adopts what a previous run (or kube-proxy) left behind
+//!   without a flush. Every `syncPeriod` after that a full sync re-derives every
+//!   node-dependent and rejected Service, restores the rules and starts a drift check that
+//!   reads the addresses, then the sets, then IPVS a slice at a time over the syncs that
+//!   follow it, changes programmed between its reads; it repairs drift and counts the
+//!   repairs ([`check`]).
 //!
 //! Failures are isolated: an IPVS operation that fails marks its virtual server for a targeted
 //! re-check (read just that virtual server, diff, apply); a failed address change re-reads and
@@ -137,8 +139,8 @@ pub struct Proxier {
     new_refusals: Vec<Refusal>,
     /// A repair (which re-read the kernel first) is applying: a definite error is a refusal.
     repairing: bool,
-    /// The IPVS part of the running drift check (see [`check`]).
-    ipvs_check: check::IpvsCheck,
+    /// The running drift check (see [`check`]).
+    check: check::DriftCheck,
 }
 
 /// Graceful termination of real servers.
@@ -220,7 +222,7 @@ impl Proxier {
             refused_before: BTreeMap::new(),
             new_refusals: Vec::new(),
             repairing: false,
-            ipvs_check: check::IpvsCheck::default(),
+            check: check::DriftCheck::default(),
         }
     }
 
@@ -363,7 +365,7 @@ impl Proxier {
             || (!self.repair.is_empty() && self.retry.ipvs.ready(now))
             || (!self.conntrack.is_empty() && self.retry.conntrack.ready(now))
             || (adopted && !self.refused.is_empty() && self.retry.refused.ready(now))
-            || (adopted && self.ipvs_check_due(now))
+            || (adopted && self.check_due(now))
             || self.drain_due.is_some_and(|t| now >= t)
     }
 
@@ -377,7 +379,7 @@ impl Proxier {
             (self.recheck_rules, &self.retry.iptables),
             (!self.conntrack.is_empty(), &self.retry.conntrack),
             (!self.refused.is_empty(), &self.retry.refused),
-            (self.ipvs_check.running(), &self.retry.check),
+            (self.check.running(), &self.retry.check),
         ];
         waiting
             .iter()
@@ -449,8 +451,8 @@ impl Proxier {
         }
         let t = if repaired { report.lap("repair", t) } else { t };
         // A slice of the running drift check, after the changes were programmed above.
-        let t = if incremental && self.ipvs_check_due(now) {
-            self.check_ipvs_step(kernel, &mut report);
+        let t = if incremental && self.check_due(now) {
+            self.check_step(kernel, &mut report);
             report.lap("check", t)
         } else {
             t

@@ -57,6 +57,13 @@ impl Proxier {
             names.extend(self.rejected.iter().cloned());
         }
         let changes = self.derive(store, &node, names, &mut report);
+        // A proxier that adopted the kernel already leaves the reads to a drift check, one
+        // read per later sync (see `check`).
+        if self.check_sliced(store) {
+            let delta = self.desired.update_services(changes);
+            let t = report.lap("derive", t);
+            return self.periodic_sync(delta, kernel, report, t);
+        }
         let drift_counted = self.applied_once;
         // What the changes pending since the last sync explain: the full diff below contains it
         // too, and it is not drift (nobody changed the kernel behind our back). Before the first
@@ -92,37 +99,19 @@ impl Proxier {
                 None
             }
         };
-        // A periodic drift check reads IPVS a slice at a time over the next syncs (see
-        // `check`): here only the list of virtual servers, when no check is running already.
-        let sliced = self.ipvs_check_sliced(store);
-        let mut listed: Option<BTreeSet<ServiceKey>> = None;
-        let actual_ipvs = if sliced {
-            if !self.ipvs_check.running() {
-                match kernel.list_ipvs(self.cfg.family) {
-                    Ok(keys) => listed = Some(keys),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "full sync: listing IPVS failed; will retry");
-                        report.fail(Subsystem::Ipvs, e.to_string());
-                        read_failed.insert(Subsystem::Ipvs);
-                    }
-                }
-            }
-            None
-        } else {
-            match kernel.read_ipvs(self.cfg.family) {
-                Ok(t) => Some(t),
-                Err(e) => {
-                    tracing::warn!(error = %e, "full sync: reading IPVS failed; will retry");
-                    report.fail(Subsystem::Ipvs, e.to_string());
-                    read_failed.insert(Subsystem::Ipvs);
-                    None
-                }
+        let actual_ipvs = match kernel.read_ipvs(self.cfg.family) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::warn!(error = %e, "full sync: reading IPVS failed; will retry");
+                report.fail(Subsystem::Ipvs, e.to_string());
+                read_failed.insert(Subsystem::Ipvs);
+                None
             }
         };
         let actual_addrs = if read_failed.contains(&Subsystem::Address) {
             None
         } else {
-            match kernel.read_addresses() {
+            match kernel.read_addresses(self.cfg.family) {
                 Ok(a) => Some(a),
                 Err(e) => {
                     tracing::warn!(error = %e, "full sync: reading kube-ipvs0 failed; will retry");
@@ -162,14 +151,6 @@ impl Proxier {
                 }
             }
         });
-        // Sliced: the IPVS changes pending since the last sync are programmed as an incremental
-        // sync would (the check's slices find any drift).
-        let ipvs_ops = match &expected {
-            Some(expected) if sliced && !read_failed.contains(&Subsystem::Ipvs) => {
-                Some(expected.ipvs.clone())
-            }
-            _ => ipvs_ops,
-        };
         let ipvs_ops = ipvs_ops.map(|ops| self.graceful(ops, actual_ipvs.as_ref()));
         let (addr_add, addr_del) = match &actual_addrs {
             Some(actual) => {
@@ -191,7 +172,7 @@ impl Proxier {
             let (n_ipvs, n_sets, n_addr) = unexplained(
                 &expected,
                 fam,
-                ipvs_ops.as_ref().filter(|_| !sliced),
+                ipvs_ops.as_ref(),
                 set_diff.as_ref(),
                 (&addr_add, &addr_del),
                 &self.isolated(),
@@ -234,9 +215,6 @@ impl Proxier {
         report.lap("remove", t);
         let now = self.now;
         if read_failed.is_empty() {
-            if let Some(listed) = listed {
-                self.start_ipvs_check(listed);
-            }
             self.applied_once = true;
             self.full_requested = false;
             self.retry.full.succeeded();
