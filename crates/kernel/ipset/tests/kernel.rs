@@ -753,3 +753,50 @@ fn vm_wrong_type_fixed_and_foreign_sets_untouched() {
 fn vm_rejected_entry_reported_rest_applied() {
     rejected_entry_reported_rest_applied(&Netns::new("reject").unwrap());
 }
+
+/// A read of sets none of which exists runs `ipset list -n` only (no `ipset save` printing the
+/// other family's members); once one exists, it reads it whole, and never another family's.
+#[test]
+#[ignore = "netns"]
+fn netns_read_of_absent_sets_saves_nothing() {
+    let ns = Netns::new("absent").unwrap();
+    let ipset = ipset_in(&ns);
+    let v4 = SetKind::all_names(Family::Inet);
+    let v6 = SetKind::all_names(Family::Inet6);
+    // The IPv4 sets with 2,000 members; no IPv6 set.
+    let mut want = IpsetState::kube(Family::Inet);
+    for n in 0..2_000 {
+        want.add(SetKind::IpvsIps, Family::Inet, Entry::Ip(ip4(n)), "o")
+            .unwrap();
+    }
+    ipset
+        .apply(&diff(&want, &ipset.read(&v4).unwrap()))
+        .unwrap();
+    let p0 = ipset.processes_spawned();
+    let six = ipset.read(&v6).unwrap();
+    assert_eq!(six.sets().count(), 0, "{six:?}");
+    assert_eq!(ipset.processes_spawned() - p0, 1, "only `ipset list -n`");
+    let p0 = ipset.processes_spawned();
+    assert!(diff(&want, &ipset.read(&v4).unwrap()).is_empty());
+    assert_eq!(
+        ipset.processes_spawned() - p0,
+        2,
+        "`ipset list -n`, `ipset save`"
+    );
+    // One IPv6 set exists: it is read (and no IPv4 one).
+    let mut want6 = IpsetState::new();
+    want6
+        .add(
+            SetKind::IpvsIps,
+            Family::Inet6,
+            Entry::Ip("fd00::1".parse().unwrap()),
+            "o",
+        )
+        .unwrap();
+    ipset
+        .apply(&diff(&want6, &ipset.read(&v6).unwrap()))
+        .unwrap();
+    let six = ipset.read(&v6).unwrap();
+    assert!(diff(&want6, &six).is_empty(), "{six:?}");
+    assert_eq!(six.entry_count(), 1);
+}

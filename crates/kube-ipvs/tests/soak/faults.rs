@@ -245,7 +245,7 @@ pub async fn run(s: &mut Soak, kind: Kind) -> (String, Vec<(String, bool, String
             let before = s.node.hung_calls(tool);
             s.node.hang(tool, true);
             // iptables: a rules change, so an iptables-restore is due while it hangs (ipset
-            // runs at every full sync: `ipset save`).
+            // runs at every drift check: `ipset list -n`, `ipset save`).
             let toggled = if tool == "iptables" {
                 format!("; {}", s.toggle_rules())
             } else {

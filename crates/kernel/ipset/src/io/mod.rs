@@ -262,10 +262,24 @@ impl Ipset {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
 
-    /// Read the sets named in `owned` (absent ones are simply missing from the result) with one
-    /// `ipset save`. Sets not in `owned` are never read.
+    /// Read the sets named in `owned` (absent ones are simply missing from the result): one
+    /// `ipset list -n`, then one `ipset save` only when one of them exists. The other sets'
+    /// members are never parsed, and not even printed when none of `owned` exists (an IPv6
+    /// proxier of an IPv4-only node does not wait for the IPv4 sets: 4.5 s for 5,000 ClusterIP
+    /// members in the emulated benchmark VM).
     pub fn read(&self, owned: &[String]) -> Result<IpsetState> {
         let owned: BTreeSet<&str> = owned.iter().map(String::as_str).collect();
+        let out = self.run(&["list", "-n"], None)?;
+        if !out.success {
+            return Err(Error::CommandFailed {
+                command: out.command,
+                stderr: out.stderr,
+            });
+        }
+        let names = String::from_utf8_lossy(&out.stdout);
+        if !names.lines().any(|n| owned.contains(n.trim())) {
+            return Ok(IpsetState::new());
+        }
         let out = self.run(&["save"], None)?;
         if !out.success {
             return Err(Error::CommandFailed {
@@ -508,7 +522,7 @@ mod tests {
         .with_netlink_threshold(0);
         let err = ipset.read(&[]).unwrap_err();
         assert!(
-            matches!(&err, Error::Timeout { command, limit: l } if command.ends_with("ipset save") && *l == limit),
+            matches!(&err, Error::Timeout { command, limit: l } if command.ends_with("ipset list -n") && *l == limit),
             "{err}"
         );
         let mut diff = IpsetDiff::default();
