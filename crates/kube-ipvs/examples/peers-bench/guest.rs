@@ -214,6 +214,11 @@ impl Running {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
+    fn log_head(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        text.lines().take(lines).collect::<Vec<_>>().join("\n")
+    }
+
     /// SIGTERM, then SIGKILL after 20 s.
     fn stop(&mut self) {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
@@ -710,6 +715,8 @@ fn run_proxy(
     }
     // What the proxy said last (kube-ipvs logs each sync's phases): the why of the figures.
     row["log_tail"] = json!(proxy.log_tail(40));
+    // And first (the start: what the converge time went on).
+    row["log_head"] = json!(proxy.log_head(40));
     proxy.stop();
     revert(rt, slices, &plan)?;
     Ok(row)
