@@ -27,10 +27,7 @@ fn rejected_text(r: &ipset::Rejected) -> String {
 impl Proxier {
     /// Re-reads the sets, and applies what differs (after a failed ipset apply).
     pub(super) fn repair_sets(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
-        let owned_sets: Vec<String> = SetKind::ALL
-            .iter()
-            .map(|k| k.name(self.cfg.family))
-            .collect();
+        let owned_sets = SetKind::all_names(self.cfg.family);
         let actual = match kernel.read_ipsets(&owned_sets) {
             Ok(s) => s,
             Err(e) => {

@@ -200,10 +200,7 @@ impl Proxier {
 
     /// Reads, diffs and repairs the family's ipsets.
     fn check_sets(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
-        let owned_sets: Vec<String> = SetKind::ALL
-            .iter()
-            .map(|k| k.name(self.cfg.family))
-            .collect();
+        let owned_sets = SetKind::all_names(self.cfg.family);
         let actual = match kernel.read_ipsets(&owned_sets) {
             Ok(s) => s,
             Err(e) => return self.check_read_failed(Subsystem::Ipset, &e, report),

@@ -86,10 +86,7 @@ impl Proxier {
             report.fail(Subsystem::Address, e.to_string());
             read_failed.insert(Subsystem::Address);
         }
-        let owned_sets: Vec<String> = SetKind::ALL
-            .iter()
-            .map(|k| k.name(self.cfg.family))
-            .collect();
+        let owned_sets = SetKind::all_names(self.cfg.family);
         let actual_sets = match kernel.read_ipsets(&owned_sets) {
             Ok(s) => Some(s),
             Err(e) => {
