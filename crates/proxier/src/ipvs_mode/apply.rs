@@ -456,17 +456,9 @@ impl Proxier {
             self.address_recheck(now);
             return;
         }
-        let fam = self.cfg.family;
-        match kernel.read_addresses(fam) {
+        match kernel.read_addresses(self.cfg.family) {
             Ok(actual) => {
-                let mine: BTreeSet<IpAddr> = actual
-                    .into_iter()
-                    .filter(|a| Family::of(a) == fam)
-                    .collect();
-                let cfg = self.cfg.clone();
-                let (add, del) = diff_set(&self.desired.addresses(), &mine, &|a: &IpAddr| {
-                    !cfg.excluded(a)
-                });
+                let (add, del) = self.address_diff(&actual);
                 self.apply_addrs(&add, &del, kernel, report);
                 if !self.recheck_addresses {
                     self.retry.address.succeeded();
@@ -477,6 +469,22 @@ impl Proxier {
                 self.address_recheck(now);
             }
         }
+    }
+
+    /// The binds and unbinds that make the family's addresses on kube-ipvs0 (`actual`, as
+    /// read) the desired ones; addresses in excluded ranges are left alone. Used by the
+    /// adoption, the drift check and the targeted repair.
+    pub(super) fn address_diff(&self, actual: &BTreeSet<IpAddr>) -> (Vec<IpAddr>, Vec<IpAddr>) {
+        let fam = self.cfg.family;
+        let mine: BTreeSet<IpAddr> = actual
+            .iter()
+            .filter(|a| Family::of(a) == fam)
+            .copied()
+            .collect();
+        let cfg = &self.cfg;
+        diff_set(&self.desired.addresses(), &mine, &|a: &IpAddr| {
+            !cfg.excluded(a)
+        })
     }
 
     /// What makes the virtual servers `keys` (as just read into `actual`) what they should be:

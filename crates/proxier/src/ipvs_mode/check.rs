@@ -180,14 +180,7 @@ impl Proxier {
         };
         self.check_read(Subsystem::Address);
         self.check.addresses = false;
-        let mine: BTreeSet<IpAddr> = actual
-            .into_iter()
-            .filter(|a| Family::of(a) == fam)
-            .collect();
-        let cfg = &self.cfg;
-        let (add, del) = diff_set(&self.desired.addresses(), &mine, &|a: &IpAddr| {
-            !cfg.excluded(a)
-        });
+        let (add, del) = self.address_diff(&actual);
         drifted(report, "address", add.len() + del.len());
         self.apply_addrs(&add, &del, kernel, report);
         // Every address was read and diffed: a targeted repair waiting is done unless this

@@ -150,18 +150,7 @@ impl Proxier {
         });
         let ipvs_ops = ipvs_ops.map(|ops| self.graceful(ops, actual_ipvs.as_ref()));
         let (addr_add, addr_del) = match &actual_addrs {
-            Some(actual) => {
-                let fam = self.cfg.family;
-                let mine: BTreeSet<IpAddr> = actual
-                    .iter()
-                    .filter(|a| Family::of(a) == fam)
-                    .copied()
-                    .collect();
-                let cfg = &self.cfg;
-                diff_set(&self.desired.addresses(), &mine, &|a: &IpAddr| {
-                    !cfg.excluded(a)
-                })
-            }
+            Some(actual) => self.address_diff(actual),
             None => (Vec::new(), Vec::new()),
         };
         if let Some(expected) = expected {
