@@ -192,7 +192,8 @@ impl Kernel for FakeKernel {
     }
 
     fn read_ipsets(&mut self, owned: &[String]) -> Result<IpsetState, KernelError> {
-        self.counters.ipset_processes += 1;
+        // Like the real reader: one netlink LIST request per owned set, no process.
+        self.counters.ipset_requests += owned.len() as u64;
         let mut st = IpsetState::new();
         for (name, set) in self.ipsets.sets() {
             if owned.contains(name) {

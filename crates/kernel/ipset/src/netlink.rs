@@ -1,6 +1,6 @@
 //! The kernel's ipset netlink protocol (nfnetlink subsystem `NFNL_SUBSYS_IPSET`), pure: the
-//! requests this crate sends (the protocol probe, and ADD / DEL of one member) and the reading
-//! of their replies. No IO; [`crate::Ipset`] sends these over the shared netlink socket of
+//! requests this crate sends (the protocol probe, ADD / DEL of one member, LIST of one set) and
+//! the reading of their replies ([`Listing`] turns one set's dump into its state). No IO; [`crate::Ipset`] sends these over the shared netlink socket of
 //! the `netlink` crate, with its pipelined exchange.
 //!
 //! Every request is encoded the way ipset(8) 7.17 (libipset) encodes it, checked byte for byte
@@ -15,13 +15,16 @@
 //! Requests never carry `NLM_F_EXCL`: the kernel then treats "already added" (ADD) and "not
 //! added" (DEL) as success, which is exactly what `ipset restore -exist` asks for.
 
-use std::net::IpAddr;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
-use ::netlink::consts::{NLA_F_NESTED, NLM_F_ACK, NLM_F_REQUEST};
+use ::netlink::consts::{NLA_F_NESTED, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
 use ::netlink::{messages, put_message, AttrIter, AttrWriter, Message};
 
 use crate::entry::{Entry, Protocol};
-use crate::set::MAX_NAME_LEN;
+use crate::set::{Family, SetSpec, SetType, MAX_NAME_LEN};
+use crate::state::SetState;
 use crate::Error;
 
 /// Numbers from `include/uapi/linux/netfilter/nfnetlink.h`,
@@ -48,6 +51,8 @@ pub mod consts {
 
     /// `IPSET_CMD_PROTOCOL` (1): return the kernel's protocol versions.
     pub const IPSET_CMD_PROTOCOL: u8 = 1;
+    /// `IPSET_CMD_LIST` (7): dump a set's header and members (`NLM_F_DUMP`).
+    pub const IPSET_CMD_LIST: u8 = 7;
     /// `IPSET_CMD_ADD` (9): add an element to a set.
     pub const IPSET_CMD_ADD: u8 = 9;
     /// `IPSET_CMD_DEL` (10): delete an element from a set.
@@ -57,8 +62,17 @@ pub mod consts {
     pub const IPSET_ATTR_PROTOCOL: u16 = 1;
     /// `IPSET_ATTR_SETNAME` (2, string), command level.
     pub const IPSET_ATTR_SETNAME: u16 = 2;
+    /// `IPSET_ATTR_TYPENAME` (3, string), command level (LIST reply).
+    pub const IPSET_ATTR_TYPENAME: u16 = 3;
+    /// `IPSET_ATTR_REVISION` (4, u8), command level (LIST reply).
+    pub const IPSET_ATTR_REVISION: u16 = 4;
+    /// `IPSET_ATTR_FAMILY` (5, u8: `NFPROTO_*`), command level (LIST reply).
+    pub const IPSET_ATTR_FAMILY: u16 = 5;
     /// `IPSET_ATTR_DATA` (7, nested), command level.
     pub const IPSET_ATTR_DATA: u16 = 7;
+    /// `IPSET_ATTR_ADT` (8, nested: one `IPSET_ATTR_DATA` per member), command level (LIST
+    /// reply).
+    pub const IPSET_ATTR_ADT: u16 = 8;
     /// `IPSET_ATTR_LINENO` (9, u32), command level and (as `IPSET_ATTR_CADT_LINENO`) in DATA.
     pub const IPSET_ATTR_LINENO: u16 = 9;
     /// `IPSET_ATTR_PROTOCOL_MIN` (10, u8), command level (protocol reply).
@@ -76,6 +90,18 @@ pub mod consts {
     pub const IPSET_ATTR_IP2: u16 = 20;
     /// `IPSET_ATTR_CIDR2` (21, u8), in DATA.
     pub const IPSET_ATTR_CIDR2: u16 = 21;
+
+    /// `IPSET_ATTR_HASHSIZE` (18, be32), in a LIST reply's header DATA.
+    pub const IPSET_ATTR_HASHSIZE: u16 = 18;
+    /// `IPSET_ATTR_MAXELEM` (19, be32), in a LIST reply's header DATA.
+    pub const IPSET_ATTR_MAXELEM: u16 = 19;
+
+    /// `NFPROTO_UNSPEC` (netfilter.h): the family of a `bitmap:port` set.
+    pub const NFPROTO_UNSPEC: u8 = 0;
+    /// `NFPROTO_IPV4` (netfilter.h): `family inet`.
+    pub const NFPROTO_IPV4: u8 = 2;
+    /// `NFPROTO_IPV6` (netfilter.h): `family inet6`.
+    pub const NFPROTO_IPV6: u8 = 10;
 
     /// `IPSET_ATTR_IPADDR_IPV4` (1, be32), in an address.
     pub const IPSET_ATTR_IPADDR_IPV4: u16 = 1;
@@ -286,11 +312,7 @@ pub fn put_adt(
     set: &str,
     entry: &Entry,
 ) -> Result<(), Error> {
-    if set.is_empty() || set.len() > MAX_NAME_LEN || set.contains('\0') {
-        return Err(Error::InvalidEntry(format!(
-            "set name {set:?} is not 1 to {MAX_NAME_LEN} bytes"
-        )));
-    }
+    check_set_name(set)?;
     entry.family()?;
     put_message(
         buf,
@@ -305,6 +327,238 @@ pub fn put_adt(
         },
     );
     Ok(())
+}
+
+/// A set name the kernel can hold: 1 to [`MAX_NAME_LEN`] bytes, no NUL.
+fn check_set_name(set: &str) -> Result<(), Error> {
+    if set.is_empty() || set.len() > MAX_NAME_LEN || set.contains('\0') {
+        return Err(Error::InvalidEntry(format!(
+            "set name {set:?} is not 1 to {MAX_NAME_LEN} bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// Appends one LIST request for set `set` (`NLM_F_DUMP`, `NLM_F_ACK`), speaking protocol
+/// `protocol`, exactly as `ipset list SET` sends it. The kernel answers with one or more
+/// `IPSET_CMD_LIST` messages (read with [`Listing::take`]) and `NLMSG_DONE`, or with `ENOENT`
+/// when no set of that name exists.
+pub fn put_list(buf: &mut Vec<u8>, seq: u32, protocol: u8, set: &str) -> Result<(), Error> {
+    check_set_name(set)?;
+    put_message(
+        buf,
+        msg_type(IPSET_CMD_LIST),
+        NLM_F_REQUEST | NLM_F_ACK | NLM_F_DUMP,
+        seq,
+        &NFGENMSG,
+        |w| {
+            w.u8(IPSET_ATTR_PROTOCOL, protocol);
+            w.string(IPSET_ATTR_SETNAME, set);
+        },
+    );
+    Ok(())
+}
+
+/// One set's state read from the messages of its LIST dump, in order: the first carries the
+/// header (type name, family, revision and the header DATA with hashsize and maxelem) and the
+/// first members (`IPSET_ATTR_ADT`), the later ones only the set name and more members. A set
+/// of a type this crate does not model is kept with [`SetState::foreign_type`] and no members
+/// (as [`crate::parse_save`] keeps it), so the diff recreates it.
+#[derive(Debug)]
+pub struct Listing {
+    name: String,
+    set: Option<SetState>,
+    /// Members read from the kernel have no owner: one shared empty label.
+    unknown: Arc<str>,
+}
+
+impl Listing {
+    /// A listing of set `name`, nothing read yet.
+    pub fn new(name: &str) -> Listing {
+        Listing {
+            name: name.to_string(),
+            set: None,
+            unknown: Arc::from(""),
+        }
+    }
+
+    /// Reads one data message of the dump (its payload after the netlink header). Messages of
+    /// another type are skipped; one naming another set, a member before the header and a
+    /// member that does not fit the set's type are errors naming the set.
+    pub fn take(&mut self, ty: u16, payload: &[u8]) -> Result<(), Error> {
+        if ty != msg_type(IPSET_CMD_LIST) {
+            return Ok(());
+        }
+        let attrs = payload
+            .get(NFGENMSG.len()..)
+            .ok_or_else(|| self.bad("truncated message"))?;
+        let mut type_name = None;
+        let mut family = None;
+        let mut header = None;
+        let mut adt = None;
+        for a in AttrIter::new(attrs) {
+            let a = a.map_err(|e| self.bad(&e.to_string()))?;
+            match a.ty {
+                IPSET_ATTR_SETNAME => {
+                    let name = a.as_str().map_err(|e| self.bad(&e.to_string()))?;
+                    if name != self.name {
+                        return Err(self.bad(&format!("a message of set {name:?}")));
+                    }
+                }
+                IPSET_ATTR_TYPENAME => {
+                    type_name = Some(a.as_str().map_err(|e| self.bad(&e.to_string()))?)
+                }
+                IPSET_ATTR_FAMILY => {
+                    family = Some(a.as_u8().map_err(|e| self.bad(&e.to_string()))?)
+                }
+                IPSET_ATTR_DATA => header = Some(a),
+                IPSET_ATTR_ADT => adt = Some(a),
+                _ => {}
+            }
+        }
+        if let Some(type_name) = type_name {
+            self.set = Some(self.header(type_name, family, header)?);
+        }
+        let Some(adt) = adt else {
+            return Ok(());
+        };
+        let name = self.name.as_str();
+        let Some(set) = self.set.as_mut() else {
+            return Err(parse_error(name, "members before the set's header"));
+        };
+        if set.foreign_type.is_some() {
+            return Ok(());
+        }
+        let set_type = set.spec.set_type;
+        for data in adt.nested() {
+            let data = data.map_err(|e| parse_error(name, &e.to_string()))?;
+            if data.ty != IPSET_ATTR_DATA {
+                continue;
+            }
+            let entry = member(set_type, data).map_err(|why| parse_error(name, &why))?;
+            set.entries.insert(entry, self.unknown.clone());
+        }
+        Ok(())
+    }
+
+    /// The set as read: `None` when the dump carried no header (the kernel always sends one for
+    /// a set that exists).
+    pub fn finish(self) -> Option<SetState> {
+        self.set
+    }
+
+    fn header(
+        &self,
+        type_name: &str,
+        family: Option<u8>,
+        data: Option<::netlink::Attr<'_>>,
+    ) -> Result<SetState, Error> {
+        let family = match family {
+            Some(NFPROTO_IPV6) => Family::Inet6,
+            Some(NFPROTO_IPV4 | NFPROTO_UNSPEC) | None => Family::Inet,
+            Some(other) => return Err(self.bad(&format!("family {other}"))),
+        };
+        let Some(set_type) = SetType::parse(type_name) else {
+            return Ok(SetState {
+                spec: SetSpec::new(&self.name, SetType::HashIp, family),
+                entries: BTreeMap::new(),
+                foreign_type: Some(type_name.to_string()),
+            });
+        };
+        let mut spec = SetSpec::new(&self.name, set_type, family);
+        for a in data.iter().flat_map(|d| d.nested()) {
+            let a = a.map_err(|e| self.bad(&e.to_string()))?;
+            let be32 = || {
+                <[u8; 4]>::try_from(a.payload)
+                    .map(u32::from_be_bytes)
+                    .map_err(|_| {
+                        self.bad(&format!(
+                            "header attribute {} of length {}",
+                            a.ty,
+                            a.payload.len()
+                        ))
+                    })
+            };
+            match a.ty {
+                IPSET_ATTR_HASHSIZE if set_type.is_hash() => spec.hash_size = be32()?,
+                IPSET_ATTR_MAXELEM if set_type.is_hash() => spec.max_elem = be32()?,
+                _ => {}
+            }
+        }
+        Ok(SetState {
+            spec,
+            entries: BTreeMap::new(),
+            foreign_type: None,
+        })
+    }
+
+    fn bad(&self, why: &str) -> Error {
+        parse_error(&self.name, why)
+    }
+}
+
+/// A LIST reply of set `name` that cannot be read.
+fn parse_error(name: &str, why: &str) -> Error {
+    Error::Parse(format!("ipset list of set {name}: {why}"))
+}
+
+/// One member from its `IPSET_ATTR_DATA` in a LIST reply, for a set of type `set_type`:
+/// addresses (`IPSET_ATTR_IP`, `IPSET_ATTR_IP2`), port, protocol and `IPSET_ATTR_CIDR2` (the
+/// kernel always sends it for `hash:ip,port,net`; a host network when absent). Extensions
+/// (comment, counters, ...) are skipped.
+fn member(set_type: SetType, data: ::netlink::Attr<'_>) -> Result<Entry, String> {
+    let (mut ip, mut ip2, mut port, mut proto, mut cidr2) = (None, None, None, None, None);
+    for a in data.nested() {
+        let a = a.map_err(|e| e.to_string())?;
+        match a.ty {
+            IPSET_ATTR_IP => ip = Some(address(a)?),
+            IPSET_ATTR_IP2 => ip2 = Some(address(a)?),
+            IPSET_ATTR_PORT => port = Some(a.as_be16().map_err(|e| e.to_string())?),
+            IPSET_ATTR_PROTO => proto = Some(a.as_u8().map_err(|e| e.to_string())?),
+            IPSET_ATTR_CIDR2 => cidr2 = Some(a.as_u8().map_err(|e| e.to_string())?),
+            _ => {}
+        }
+    }
+    let missing = |what: &str| format!("a {set_type} member without {what}");
+    let ip = || ip.ok_or_else(|| missing("an address"));
+    let port = || port.ok_or_else(|| missing("a port"));
+    let proto = || {
+        let n = proto.ok_or_else(|| missing("a protocol"))?;
+        Protocol::from_number(n).ok_or_else(|| format!("a {set_type} member with protocol {n}"))
+    };
+    let ip2 = || ip2.ok_or_else(|| missing("a second address"));
+    Ok(match set_type {
+        SetType::HashIp => Entry::Ip(ip()?),
+        SetType::HashIpPort => Entry::ip_port(ip()?, proto()?, port()?),
+        SetType::HashIpPortIp => Entry::ip_port_ip(ip()?, proto()?, port()?, ip2()?),
+        SetType::HashIpPortNet => {
+            let addr = ip2()?;
+            let len = cidr2.unwrap_or(if addr.is_ipv4() { 32 } else { 128 });
+            let net = ipnet::IpNet::new(addr, len)
+                .map_err(|_| format!("a {set_type} member with prefix length {len}"))?;
+            Entry::ip_port_net(ip()?, proto()?, port()?, net)
+        }
+        SetType::BitmapPort => Entry::Port(port()?),
+    })
+}
+
+/// An address nested in `IPSET_ATTR_IP` / `IPSET_ATTR_IP2`.
+fn address(a: ::netlink::Attr<'_>) -> Result<IpAddr, String> {
+    for n in a.nested() {
+        let n = n.map_err(|e| e.to_string())?;
+        match n.ty {
+            IPSET_ATTR_IPADDR_IPV4 => {
+                let b: [u8; 4] = n.payload.try_into().map_err(|_| "a short IPv4 address")?;
+                return Ok(IpAddr::V4(Ipv4Addr::from(b)));
+            }
+            IPSET_ATTR_IPADDR_IPV6 => {
+                let b: [u8; 16] = n.payload.try_into().map_err(|_| "a short IPv6 address")?;
+                return Ok(IpAddr::V6(Ipv6Addr::from(b)));
+            }
+            _ => {}
+        }
+    }
+    Err("an address attribute without an address".to_string())
 }
 
 /// Whether the kernel's answer to an ADD/DEL means the member is as asked: success, or

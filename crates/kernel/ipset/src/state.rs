@@ -127,6 +127,11 @@ impl IpsetState {
         self.sets.values().map(|s| s.entries.len()).sum()
     }
 
+    /// Put a whole set (as read from the kernel), replacing one of the same name.
+    pub(crate) fn put_set(&mut self, set: SetState) {
+        self.sets.insert(set.spec.name.clone(), set);
+    }
+
     /// Remove a set entirely (used to model "not present").
     pub fn remove_set(&mut self, name: &str) -> Option<SetState> {
         self.sets.remove(name)

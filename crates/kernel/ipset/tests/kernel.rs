@@ -699,7 +699,7 @@ fn netns_missing_binary_inside_namespace_is_a_clear_error() {
         ipset: "/nonexistent/ipset".into(),
         ..Runner::in_netns(ns.name())
     });
-    let err = ipset.read(&[]).unwrap_err();
+    let err = ipset.version().unwrap_err();
     assert!(matches!(err, ipset::Error::MissingBinary { .. }), "{err}");
     assert!(err.to_string().contains("/nonexistent/ipset"), "{err}");
 }
@@ -754,18 +754,26 @@ fn vm_rejected_entry_reported_rest_applied() {
     rejected_entry_reported_rest_applied(&Netns::new("reject").unwrap());
 }
 
-/// A read of sets none of which exists runs `ipset list -n` only (no `ipset save` printing the
-/// other family's members); once one exists, it reads it whole, and never another family's.
+/// A read lists each owned set over netlink, one request per set and no process: absent sets
+/// are missing from it, another family's sets are never read, and what it returns is exactly
+/// what the `ipset` program's own `ipset save` gives (the read with netlink off) for every set
+/// type, both families and a set whose members span several datagrams.
 #[test]
 #[ignore = "netns"]
-fn netns_read_of_absent_sets_saves_nothing() {
-    let ns = Netns::new("absent").unwrap();
+fn netns_read_lists_owned_sets_over_netlink_and_runs_no_process() {
+    let ns = Netns::new("nlread").unwrap();
     let ipset = ipset_in(&ns);
     let v4 = SetKind::all_names(Family::Inet);
     let v6 = SetKind::all_names(Family::Inet6);
-    // The IPv4 sets with 2,000 members; no IPv6 set.
-    let mut want = IpsetState::kube(Family::Inet);
-    for n in 0..2_000 {
+    // No set yet: 17 requests, each answered "no such set", nothing run.
+    let (p0, r0) = (ipset.processes_spawned(), ipset.netlink_requests());
+    let none = ipset.read(&v4).unwrap();
+    assert_eq!(none.sets().count(), 0, "{none:?}");
+    assert_eq!(ipset.processes_spawned(), p0, "no process");
+    assert!(ipset.netlink_requests() - r0 >= 17);
+    // The IPv4 sets: every type's members, 3,000 of them in KUBE-IPVS-IPS; no IPv6 set.
+    let mut want = members(Family::Inet);
+    for n in 0..3_000 {
         want.add(SetKind::IpvsIps, Family::Inet, Entry::Ip(ip4(n)), "o")
             .unwrap();
     }
@@ -775,15 +783,20 @@ fn netns_read_of_absent_sets_saves_nothing() {
     let p0 = ipset.processes_spawned();
     let six = ipset.read(&v6).unwrap();
     assert_eq!(six.sets().count(), 0, "{six:?}");
-    assert_eq!(ipset.processes_spawned() - p0, 1, "only `ipset list -n`");
-    let p0 = ipset.processes_spawned();
-    assert!(diff(&want, &ipset.read(&v4).unwrap()).is_empty());
+    let four = ipset.read(&v4).unwrap();
+    assert_eq!(ipset.processes_spawned(), p0, "reads run no process");
+    assert!(diff(&want, &four).is_empty());
+    assert_eq!(four.entry_count(), want.entry_count());
+    // The same sets read by the ipset program (netlink off): equal, specs included.
+    let by_save = ipset_in(&ns).with_netlink_threshold(0);
+    let p0 = by_save.processes_spawned();
+    assert_eq!(by_save.read(&v4).unwrap(), four);
     assert_eq!(
-        ipset.processes_spawned() - p0,
+        by_save.processes_spawned() - p0,
         2,
         "`ipset list -n`, `ipset save`"
     );
-    // One IPv6 set exists: it is read (and no IPv4 one).
+    // One IPv6 set exists: it is read (and no IPv4 one), as ipset save prints it.
     let mut want6 = IpsetState::new();
     want6
         .add(
@@ -799,4 +812,12 @@ fn netns_read_of_absent_sets_saves_nothing() {
     let six = ipset.read(&v6).unwrap();
     assert!(diff(&want6, &six).is_empty(), "{six:?}");
     assert_eq!(six.entry_count(), 1);
+    assert_eq!(by_save.read(&v6).unwrap(), six);
+    // A set of another type under an owned name is read as foreign (so the diff recreates it).
+    ns.sh("ipset destroy KUBE-6-IPVS-IPS && ipset create KUBE-6-IPVS-IPS hash:net family inet6")
+        .unwrap();
+    let six = ipset.read(&v6).unwrap();
+    let set = six.get("KUBE-6-IPVS-IPS").unwrap();
+    assert_eq!(set.foreign_type.as_deref(), Some("hash:net"));
+    assert_eq!(diff(&want6, &six).recreates.len(), 1);
 }

@@ -244,8 +244,9 @@ pub async fn run(s: &mut Soak, kind: Kind) -> (String, Vec<(String, bool, String
             };
             let before = s.node.hung_calls(tool);
             s.node.hang(tool, true);
-            // iptables: a rules change, so an iptables-restore is due while it hangs (ipset
-            // runs at every drift check: `ipset list -n`, `ipset save`).
+            // iptables: a rules change, so an iptables-restore is due while it hangs. ipset: the
+            // sets are read and their members written over netlink, so the program runs only
+            // where a set must be created, recreated or destroyed (or netlink fails).
             let toggled = if tool == "iptables" {
                 format!("; {}", s.toggle_rules())
             } else {

@@ -5,7 +5,7 @@
 //!   [`Delta`] of those services is applied in the order written in [`desired::diff`]. No kernel
 //!   read, no dump: work is proportional to the change.
 //! - **full** (startup): one read of each subsystem (one IPVS dump, the family's kube-ipvs0
-//!   addresses, one `ipset save`), a diff against the whole desired state, and only the
+//!   addresses, a netlink LIST of each of the family's sets), a diff against the whole desired state, and only the
 //!   differences are written: it adopts what a previous run (or kube-proxy) left behind
 //!   without a flush. Every `syncPeriod` after that a full sync re-derives every
 //!   node-dependent and rejected Service, restores the rules and starts a drift check that

@@ -24,8 +24,8 @@ const MAX_SEND: usize = 64 * 1024;
 /// The netlink side of an applier: a socket in the runner's namespace and the protocol
 /// version agreed with the kernel.
 pub(super) struct Channel {
-    sock: Socket,
-    protocol: u8,
+    pub(super) sock: Socket,
+    pub(super) protocol: u8,
     window: usize,
 }
 
