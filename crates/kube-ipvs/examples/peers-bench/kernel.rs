@@ -140,12 +140,31 @@ impl Counter {
         }
     }
 
-    /// One round of counts, cheapest first, stopping at the first incomplete one.
+    /// One round of counts, stopping at the first incomplete one: cheapest first, and in IPVS
+    /// mode the counts that take no IPVS lock before the IPVS dumps.
     pub fn check(&mut self) -> Res<Progress> {
         let (n, nm) = (self.n, self.n * self.m);
         let mut p = Progress::default();
         match self.mode {
             Mode::Ipvs => {
+                // kube-ipvs0 (rtnetlink) and the ClusterIP set (ipset) first: the IPVS dumps
+                // take the kernel's IPVS mutex, which every IPVS write of the proxy takes too,
+                // so they wait until the rest of the table is in place.
+                let addrs = sh_out("ip -4 -o addr show dev kube-ipvs0")
+                    .lines()
+                    .filter_map(|l| {
+                        let a = l.split_whitespace().skip_while(|w| *w != "inet").nth(1)?;
+                        let ip: Ipv4Addr = a.split('/').next()?.parse().ok()?;
+                        objects::service_of(ip, n)
+                    })
+                    .count();
+                if !p.push("kube_ipvs0_addresses", addrs, n) {
+                    return Ok(p);
+                }
+                let set = ipset_members(&sh_out("ipset list KUBE-CLUSTER-IP"), n);
+                if !p.push("ipset_cluster_ip", set, n) {
+                    return Ok(p);
+                }
                 let Some(c) = self.ipvs.as_mut() else {
                     return Ok(p);
                 };
@@ -163,22 +182,7 @@ impl Counter {
                     .filter(|(s, _)| bench_service(&s.key, n).is_some())
                     .map(|(_, d)| d.iter().filter(|d| d.weight > 0).count())
                     .sum();
-                if !p.push("real_servers", rs, nm) {
-                    return Ok(p);
-                }
-                let set = ipset_members(&sh_out("ipset list KUBE-CLUSTER-IP"), n);
-                if !p.push("ipset_cluster_ip", set, n) {
-                    return Ok(p);
-                }
-                let addrs = sh_out("ip -4 -o addr show dev kube-ipvs0")
-                    .lines()
-                    .filter_map(|l| {
-                        let a = l.split_whitespace().skip_while(|w| *w != "inet").nth(1)?;
-                        let ip: Ipv4Addr = a.split('/').next()?.parse().ok()?;
-                        objects::service_of(ip, n)
-                    })
-                    .count();
-                p.push("kube_ipvs0_addresses", addrs, n);
+                p.push("real_servers", rs, nm);
             }
             Mode::Nftables => {
                 let map = sh_out("nft list map ip kube-proxy service-ips");
