@@ -661,6 +661,11 @@ mod tests {
                 "would overfill an ipset (KUBE-LOOP-BACK would hold 65537 members, maxelem 65536)",
                 "would_overfill_an_ipset",
             ),
+            (
+                "hairpin members left out (40000 members would overfill KUBE-LOOP-BACK, maxelem \
+                 65536): a pod reaching this Service through its ClusterIP may not reach itself",
+                "hairpin_members_left_out",
+            ),
             // User text that used to leak into the label: words inside a quoted value.
             ("unknown protocol \"A evil label\"", "other"),
             ("invalid externalIP \"x y z\"", "other"),

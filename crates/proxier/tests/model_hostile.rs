@@ -691,6 +691,79 @@ fn a_service_that_would_overfill_an_ipset_is_rejected_alone() {
     assert!(members.keys().all(|e| e.to_string().starts_with("1.2.0.")));
 }
 
+/// The hairpin set is the exception: two Services of 40 ports x 1,000 endpoints on this node
+/// (40,000 KUBE-LOOP-BACK members each, within their budgets) do not both fit its maxelem.
+/// The second is taken in without its hairpin members (its ClusterIP, virtual servers and
+/// other set members programmed, a partial rejection naming the set) instead of being
+/// rejected whole; a Service without local endpoints is untouched; when the first goes, the
+/// second gets its hairpin members at the next full sync.
+#[test]
+fn a_service_that_overfills_only_the_hairpin_set_keeps_its_clusterip() {
+    let many = |name: &str, cip: &str, third: u8| {
+        let mut s = svc("ns", name, cip);
+        let mut sl = slice("ns", name, &format!("{name}-1"));
+        for p in 0..40 {
+            s = s.port(&format!("p{p}"), 80 + p, "TCP");
+            sl = sl.port(&format!("p{p}"), 8080 + p, "TCP");
+        }
+        for e in 0..1000u32 {
+            sl = sl.ep(
+                &format!("10.{third}.{}.{}", e / 250, e % 250),
+                NODE,
+                C::Ready,
+            );
+        }
+        (s.build(), sl.build())
+    };
+    let (a, a_eps) = many("a", "10.96.0.1", 1);
+    let (b, b_eps) = many("b", "10.96.0.2", 2);
+    let c = svc("ns", "c", "10.96.0.3").port("p", 80, "TCP").build();
+    let c_eps = slice("ns", "c", "c-1")
+        .port("p", 8080, "TCP")
+        .ep("10.3.0.1", "node-b", C::Ready)
+        .build();
+    let mut store = synced_store(vec![a.clone(), b, c], vec![a_eps.clone(), b_eps, c_eps]);
+    let mut p = Proxier::new(cfg4(), RulesConfig::default(), NODE);
+    let mut k = FakeKernel::default();
+    let addrs: BTreeSet<IpAddr> = [ip("192.168.0.10")].into_iter().collect();
+    let r = p.sync(&store, &addrs, &mut k);
+    assert!(r.ok(), "{:?}", r.errors);
+    let hairpin = SetKind::LoopBack.name(ipvs_netlink::Family::Inet);
+    assert_eq!(k.ipsets.get(&hairpin).unwrap().entries.len(), 40_000);
+    // b is programmed: 40 virtual servers of 1,000 real servers, its ClusterIP members.
+    let b_vs: Vec<_> = k
+        .ipvs
+        .iter()
+        .filter(|(key, _)| matches!(key, ServiceKey::Inet { addr, .. } if *addr == ip("10.96.0.2")))
+        .collect();
+    assert_eq!(b_vs.len(), 40);
+    assert!(b_vs.iter().all(|(_, vs)| vs.real_servers.len() == 1000));
+    assert!(k.addresses.contains(&ip("10.96.0.2")));
+    let cluster = SetKind::ClusterIp.name(ipvs_netlink::Family::Inet);
+    assert_eq!(k.ipsets.get(&cluster).unwrap().entries.len(), 81);
+    assert!(p.rejections().reason("service ns/b").is_none());
+    let why = &p.rejections().reason("hairpin ns/b").unwrap().reason;
+    assert!(
+        why.starts_with("hairpin members left out (40000 members would overfill KUBE-LOOP-BACK"),
+        "{why}"
+    );
+    assert!(p.rejections().reason("hairpin ns/a").is_none());
+    assert!(p.rejections().reason("hairpin ns/c").is_none());
+    // a goes: b gets its hairpin members at the next full sync.
+    let changes = store.apply(SourceEvent::Delete(Object::from(a)));
+    p.note(&changes);
+    let changes = store.apply(SourceEvent::Delete(Object::from(a_eps)));
+    p.note(&changes);
+    p.sync(&store, &addrs, &mut k);
+    p.request_full();
+    let r = p.sync(&store, &addrs, &mut k);
+    assert!(r.ok(), "{:?}", r.errors);
+    assert!(p.rejections().reason("hairpin ns/b").is_none());
+    let members = &k.ipsets.get(&hairpin).unwrap().entries;
+    assert_eq!(members.len(), 40_000);
+    assert!(members.keys().all(|e| e.to_string().starts_with("10.2.")));
+}
+
 // ---------------------------------------------------------------------------------------------
 // (d) User text is bounded.
 

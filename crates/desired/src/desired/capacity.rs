@@ -9,6 +9,14 @@
 //! set beyond `maxelem` is rejected like an invalid one and keeps its last good state; the
 //! Services already holding members keep them (within one sync, Services are taken in name
 //! order). Upstream has no such check (its `ipset restore` of the whole set fails).
+//!
+//! The one exception is the hairpin set, `KUBE-LOOP-BACK` (one member per local endpoint and
+//! port: masquerade for a pod that reaches itself through its Service): a Service that
+//! overfills only that set is taken in without its hairpin members
+//! ([`Desired::ipset_room_or_without_hairpin`]), so a node whose pods fill the set (one
+//! tenant's Services with many ports can) loses hairpin for the Services that come after, not
+//! their ClusterIPs and NodePorts. Every other set decides reachability (the masquerade and
+//! filter rules match them), so overfilling one still rejects the Service.
 
 use ipset::SetKind;
 use model::{Invalid, ServiceName};
@@ -70,5 +78,36 @@ impl Desired {
             pending.0[i] += grow[i].saturating_sub(free[i]);
         }
         Ok(())
+    }
+
+    /// [`Desired::ipset_room`], except for a Service that overfills only `KUBE-LOOP-BACK`: it
+    /// fits once its hairpin members are taken out of `new`, which then holds none, and the
+    /// reason (for a partial rejection) is returned. `Ok(None)`: `new` fits as it is.
+    pub fn ipset_room_or_without_hairpin(
+        &self,
+        name: &ServiceName,
+        new: &mut ServiceDesired,
+        max_elem: usize,
+        pending: &mut SetGrowth,
+    ) -> Result<Option<Invalid>, Invalid> {
+        let why = match self.ipset_room(name, new, max_elem, pending) {
+            Ok(()) => return Ok(None),
+            Err(why) => why,
+        };
+        let hairpin = |e: &crate::types::IpsetEntry| e.set == SetKind::LoopBack;
+        let left_out = new.ipset_entries.iter().filter(|e| hairpin(e)).count();
+        if left_out == 0 {
+            return Err(why);
+        }
+        let mut without = new.clone();
+        without.ipset_entries.retain(|e| !hairpin(e));
+        // Another set overfills too: rejected with that set named.
+        self.ipset_room(name, &without, max_elem, pending)?;
+        *new = without;
+        Ok(Some(Invalid::new(format!(
+            "hairpin members left out ({left_out} members would overfill {}, maxelem \
+             {max_elem}): a pod reaching this Service through its ClusterIP may not reach itself",
+            SetKind::LoopBack.name(self.family)
+        ))))
     }
 }

@@ -131,7 +131,7 @@ impl Rejection {
     pub fn from_key(key: &str, reason: &str) -> Option<Rejection> {
         let (kind, rest) = key.split_once(' ')?;
         let kind = match kind {
-            "service" | "vip" | "nodeaddress" | "fields" => "Service",
+            "service" | "vip" | "nodeaddress" | "fields" | "hairpin" => "Service",
             "endpointslice" => "EndpointSlice",
             _ => return None,
         };
@@ -158,6 +158,7 @@ pub const INVALID_REASON_LABELS: &[&str] = &[
     "duplicate_port_name",
     "endpoint_port_out_of_range",
     "endpoint_with_addresses",
+    "hairpin_members_left_out",
     "healthchecknodeport_out_of_range",
     "ignored_endpoint_address_of_another_family",
     "ignored_endpoint_with_invalid_address",

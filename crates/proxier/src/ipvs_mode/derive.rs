@@ -40,7 +40,9 @@ impl Proxier {
 
     /// Derives the given services (and those whose VIP claims they affect); invalid ones keep
     /// their last good state. A Service whose members would overfill an ipset
-    /// ([`Desired::ipset_room`]) is rejected like an invalid one.
+    /// ([`Desired::ipset_room`]) is rejected like an invalid one, unless only the hairpin set
+    /// overflows: then it is taken in without its hairpin members
+    /// ([`Desired::ipset_room_or_without_hairpin`]).
     pub(super) fn derive(
         &mut self,
         store: &Store,
@@ -57,6 +59,7 @@ impl Proxier {
             let vip_key = format!("vip {name}");
             let node_key = format!("nodeaddress {name}");
             let fields_key = format!("fields {name}");
+            let hairpin_key = format!("hairpin {name}");
             let Some(svc) = store.service(&name) else {
                 self.rejections.clear(&key);
                 self.to_adopt.remove(&name);
@@ -64,6 +67,7 @@ impl Proxier {
                 self.rejections.clear(&vip_key);
                 self.rejections.clear(&node_key);
                 self.rejections.clear(&fields_key);
+                self.rejections.clear(&hairpin_key);
                 self.rejections.clear_owned(&key);
                 changes.push((name, None));
                 continue;
@@ -73,13 +77,18 @@ impl Proxier {
             let node_lost = self.vips.node_lost(&name);
             let lost_vips: BTreeSet<desired::vip::Vip> =
                 lost.keys().chain(node_lost.keys()).copied().collect();
+            let mut hairpin_left_out = None;
             let derived = service_desired_except(svc, &slices, &self.cfg, node, &lost_vips)
-                .and_then(|d| match &d.desired {
-                    Some(sd) => self
-                        .desired
-                        .ipset_room(&name, sd, ipset::MAX_ELEM as usize, &mut room)
-                        .map(|()| d),
-                    None => Ok(d),
+                .and_then(|mut d| {
+                    if let Some(sd) = d.desired.as_mut() {
+                        hairpin_left_out = self.desired.ipset_room_or_without_hairpin(
+                            &name,
+                            sd,
+                            ipset::MAX_ELEM as usize,
+                            &mut room,
+                        )?;
+                    }
+                    Ok(d)
                 });
             match derived {
                 Ok(d) => {
@@ -104,6 +113,15 @@ impl Proxier {
                             self.rejections.reject(&fields_key, &why);
                         }
                         None => self.rejections.clear(&fields_key),
+                    }
+                    // Taken in without its hairpin members (no room in KUBE-LOOP-BACK): a partial
+                    // rejection, derived again at every full sync until they fit.
+                    match &hairpin_left_out {
+                        Some(why) => {
+                            self.rejections.reject(&hairpin_key, why);
+                            self.rejected.insert(name.clone());
+                        }
+                        None => self.rejections.clear(&hairpin_key),
                     }
                     self.rejections
                         .replace_slices(&key, &name.namespace, &d.rejected_slices);

@@ -118,9 +118,10 @@ pub struct Proxier {
     /// Invalid Services in the store with no last-good state: their kernel state is adopted
     /// at the next full sync (see [`crate::adopt`]).
     to_adopt: BTreeSet<ServiceName>,
-    /// Services rejected now (invalid, over their budget, or overfilling an ipset): derived
-    /// again at every full sync and node change, so one that fits again (room in a set, fewer
-    /// node addresses) is taken in without waiting for a change of its own.
+    /// Services rejected now (invalid, over their budget, or overfilling an ipset) or taken in
+    /// without their hairpin members: derived again at every full sync and node change, so one
+    /// that fits again (room in a set, fewer node addresses) is taken in whole without waiting
+    /// for a change of its own.
     rejected: BTreeSet<ServiceName>,
     retry: Retries,
     /// An ipset apply failed: re-read and repair the sets when the backoff allows.
