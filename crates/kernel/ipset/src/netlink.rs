@@ -238,14 +238,6 @@ pub fn negotiate(kernel: (u8, u8)) -> Option<u8> {
     (v >= min && v >= IPSET_PROTOCOL_MIN).then_some(v)
 }
 
-fn proto_number(p: Protocol) -> u8 {
-    match p {
-        Protocol::Tcp => IPPROTO_TCP,
-        Protocol::Udp => IPPROTO_UDP,
-        Protocol::Sctp => IPPROTO_SCTP,
-    }
-}
-
 fn put_addr(w: &mut AttrWriter<'_>, ty: u16, ip: &IpAddr) {
     w.nested(ty | NLA_F_NESTED, |w| match ip {
         IpAddr::V4(a) => w.bytes(IPSET_ATTR_IPADDR_IPV4 | NLA_F_NET_BYTEORDER, &a.octets()),
@@ -264,7 +256,7 @@ fn put_data(w: &mut AttrWriter<'_>, entry: &Entry) {
         Entry::IpPort { ip, proto, port } => {
             put_addr(w, IPSET_ATTR_IP, ip);
             put_port(w, *port);
-            w.u8(IPSET_ATTR_PROTO, proto_number(*proto));
+            w.u8(IPSET_ATTR_PROTO, proto.number());
         }
         Entry::IpPortIp {
             ip,
@@ -274,7 +266,7 @@ fn put_data(w: &mut AttrWriter<'_>, entry: &Entry) {
         } => {
             put_addr(w, IPSET_ATTR_IP, ip);
             put_port(w, *port);
-            w.u8(IPSET_ATTR_PROTO, proto_number(*proto));
+            w.u8(IPSET_ATTR_PROTO, proto.number());
             put_addr(w, IPSET_ATTR_IP2, ip2);
         }
         Entry::IpPortNet {
@@ -285,7 +277,7 @@ fn put_data(w: &mut AttrWriter<'_>, entry: &Entry) {
         } => {
             put_addr(w, IPSET_ATTR_IP, ip);
             put_port(w, *port);
-            w.u8(IPSET_ATTR_PROTO, proto_number(*proto));
+            w.u8(IPSET_ATTR_PROTO, proto.number());
             put_addr(w, IPSET_ATTR_IP2, &net.addr());
             // A host network goes without CIDR2 (the kernel's default is the host mask),
             // exactly as ipset(8) sends `1.2.3.4,tcp:80,10.1.2.3`.

@@ -4,6 +4,7 @@
 //! other set's members are read. [`Ipset::read`] falls back to `ipset list -n` + `ipset save`
 //! whenever this path cannot be used or fails.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 
 use super::members::{Channel, NetlinkState};
@@ -17,7 +18,7 @@ impl Ipset {
     /// the read failed (socket error, kernel refusal other than "no such set", a reply that
     /// cannot be decoded): the caller reads with `ipset save` instead. A socket error closes
     /// the channel (reopened by the next use).
-    pub(super) fn read_netlink(&self, owned: &[&str]) -> Option<IpsetState> {
+    pub(super) fn read_netlink(&self, owned: &BTreeSet<&str>) -> Option<IpsetState> {
         let mut state = self.netlink.lock().unwrap_or_else(|e| e.into_inner());
         if matches!(*state, NetlinkState::Closed) {
             *state = self.open_channel();
@@ -43,7 +44,7 @@ impl Ipset {
 
 /// One LIST request per set, each answered before the next is sent (a dump holds the
 /// socket until its `NLMSG_DONE`).
-fn list_sets(ch: &mut Channel, owned: &[&str], requests: &mut u64) -> Result<IpsetState> {
+fn list_sets(ch: &mut Channel, owned: &BTreeSet<&str>, requests: &mut u64) -> Result<IpsetState> {
     let mut out = IpsetState::new();
     for &name in owned {
         let seq = ch.sock.next_seq();

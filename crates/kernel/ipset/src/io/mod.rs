@@ -277,8 +277,7 @@ impl Ipset {
     pub fn read(&self, owned: &[String]) -> Result<IpsetState> {
         let owned: BTreeSet<&str> = owned.iter().map(String::as_str).collect();
         if self.netlink_max > 0 {
-            let names: Vec<&str> = owned.iter().copied().collect();
-            if let Some(st) = self.read_netlink(&names) {
+            if let Some(st) = self.read_netlink(&owned) {
                 return Ok(st);
             }
         }
