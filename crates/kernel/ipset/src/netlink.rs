@@ -1,7 +1,8 @@
 //! The kernel's ipset netlink protocol (nfnetlink subsystem `NFNL_SUBSYS_IPSET`), pure: the
 //! requests this crate sends (the protocol probe, ADD / DEL of one member, LIST of one set) and
-//! the reading of their replies ([`Listing`] turns one set's dump into its state). No IO; [`crate::Ipset`] sends these over the shared netlink socket of
-//! the `netlink` crate, with its pipelined exchange.
+//! the reading of their replies ([`Listing`] turns one set's dump into its state). No IO;
+//! [`crate::Ipset`] sends these over the shared netlink socket of the `netlink` crate, with its
+//! pipelined exchange.
 //!
 //! Every request is encoded the way ipset(8) 7.17 (libipset) encodes it, checked byte for byte
 //! against its requests captured with `strace` (see the tests): `IPSET_ATTR_PROTOCOL`, then

@@ -1,17 +1,17 @@
 //! The periodic drift check, one kernel read per sync.
 //!
-//! A periodic full sync (not the first: adoption reads the kernel whole, see `sync`) programs
-//! the changes pending as an incremental sync would, restores the iptables rules, lists the
-//! family's IPVS virtual servers (one services dump, no real servers) and starts a check. Each
-//! later sync first programs the changes pending (an incremental sync), then does one step of
-//! the check: read, diff and repair the family's addresses on kube-ipvs0 (one dump of that
-//! family); then the family's ipsets (one netlink LIST of each of its 17 sets); then the queued virtual servers, a
-//! slice at a time, for about [`CHECK_STEP_BUDGET`]. A change so waits for at most one of
-//! those reads, instead of for all of them and a read of the whole IPVS table: at 5,000
-//! Services x 10 endpoints in the emulated benchmark VM a full sync's reads took 5 to 6 s per
-//! family, during which every change waited (`docs/benchmarks.md`). Upstream's IPVS proxier
-//! reads every subsystem at every sync (`syncProxyRules`: `GetVirtualServers`, then
-//! `GetRealServers` per service, the ipset and address listings) and makes every change wait.
+//! A periodic full sync (not the first: adoption reads the kernel whole, see `sync`) programs the
+//! changes pending as an incremental sync would, restores the iptables rules, lists the family's
+//! IPVS virtual servers (one services dump, no real servers) and starts a check. Each later sync
+//! first programs the changes pending (an incremental sync), then does one step of the check: read,
+//! diff and repair the family's addresses on kube-ipvs0 (one dump of that family); then the
+//! family's ipsets (one netlink LIST of each of its 17 sets); then the queued virtual servers, a
+//! slice at a time, for about [`CHECK_STEP_BUDGET`]. A change so waits for at most one of those
+//! reads, instead of for all of them and a read of the whole IPVS table: at 5,000 Services x 10
+//! endpoints in the emulated benchmark VM a full sync's reads took 5 to 6 s per family, during
+//! which every change waited (`docs/benchmarks.md`). Upstream's IPVS proxier reads every subsystem
+//! at every sync (`syncProxyRules`: `GetVirtualServers`, then `GetRealServers` per service, the
+//! ipset and address listings) and makes every change wait.
 //!
 //! Each step is consistent: the changes before it are programmed, nothing writes between its
 //! read and its repairs, so whatever differs is drift (counted). A step whose read fails stays

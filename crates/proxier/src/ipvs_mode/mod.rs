@@ -5,13 +5,12 @@
 //!   [`Delta`] of those services is applied in the order written in [`desired::diff`]. No kernel
 //!   read, no dump: work is proportional to the change.
 //! - **full** (startup): one read of each subsystem (one IPVS dump, the family's kube-ipvs0
-//!   addresses, a netlink LIST of each of the family's sets), a diff against the whole desired state, and only the
-//!   differences are written: it adopts what a previous run (or kube-proxy) left behind
-//!   without a flush. Every `syncPeriod` after that a full sync re-derives every
-//!   node-dependent and rejected Service, restores the rules and starts a drift check that
-//!   reads the addresses, then the sets, then IPVS a slice at a time over the syncs that
-//!   follow it, changes programmed between its reads; it repairs drift and counts the
-//!   repairs ([`check`]).
+//!   addresses, a netlink LIST of each of the family's sets), a diff against the whole desired
+//!   state, and only the differences are written: it adopts what a previous run (or kube-proxy)
+//!   left behind without a flush. Every `syncPeriod` after that a full sync re-derives every
+//!   node-dependent and rejected Service, restores the rules and starts a drift check that reads
+//!   the addresses, then the sets, then IPVS a slice at a time over the syncs that follow it,
+//!   changes programmed between its reads; it repairs drift and counts the repairs ([`check`]).
 //!
 //! Failures are isolated: an IPVS operation that fails marks its virtual server for a targeted
 //! re-check (read just that virtual server, diff, apply); a failed address change re-reads and

@@ -19,10 +19,7 @@ impl Ipset {
     /// cannot be decoded): the caller reads with `ipset save` instead. A socket error closes
     /// the channel (reopened by the next use).
     pub(super) fn read_netlink(&self, owned: &BTreeSet<&str>) -> Option<IpsetState> {
-        let mut state = self.netlink.lock().unwrap_or_else(|e| e.into_inner());
-        if matches!(*state, NetlinkState::Closed) {
-            *state = self.open_channel();
-        }
+        let mut state = self.channel();
         let NetlinkState::Open(ch) = &mut *state else {
             return None;
         };
@@ -35,7 +32,8 @@ impl Ipset {
                 if matches!(e, Error::Socket(_)) {
                     *state = NetlinkState::Closed;
                 }
-                tracing::warn!(error = %e, "ipset list over netlink failed; reading with ipset save");
+                tracing::warn!(error = %e,
+                    "ipset list over netlink failed; reading with ipset save");
                 None
             }
         }

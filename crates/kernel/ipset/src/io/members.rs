@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
 
 use netlink::{Answer, Socket, SocketProtocol, Window};
 
@@ -44,10 +45,7 @@ impl Ipset {
     /// The netlink path; `None` when netlink is unavailable or the socket failed (nothing is
     /// known to be lost: ADD/DEL with `-exist` semantics can be sent again with restore).
     pub(super) fn apply_netlink(&self, lines: &[LineOrigin<'_>]) -> Option<ApplyReport> {
-        let mut state = self.netlink.lock().unwrap_or_else(|e| e.into_inner());
-        if matches!(*state, NetlinkState::Closed) {
-            *state = self.open_channel();
-        }
+        let mut state = self.channel();
         let NetlinkState::Open(ch) = &mut *state else {
             return None;
         };
@@ -69,8 +67,18 @@ impl Ipset {
         }
     }
 
+    /// The netlink state, locked, with the socket opened and probed first if it is closed
+    /// (the one way the read, apply and prepare paths get at it).
+    pub(super) fn channel(&self) -> MutexGuard<'_, NetlinkState> {
+        let mut state = self.netlink.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(*state, NetlinkState::Closed) {
+            *state = self.open_channel();
+        }
+        state
+    }
+
     /// Opens and probes the netlink socket in the runner's namespace.
-    pub(super) fn open_channel(&self) -> NetlinkState {
+    fn open_channel(&self) -> NetlinkState {
         let opened = match &self.runner.exec.netns {
             None => Socket::connect(SocketProtocol::Netfilter, WANT_RCVBUF).map_err(Error::from),
             Some(ns) => socket_in_netns(ns),

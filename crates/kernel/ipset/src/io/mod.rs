@@ -219,11 +219,7 @@ impl Ipset {
         if self.netlink_max == 0 {
             return false;
         }
-        let mut state = self.netlink.lock().unwrap_or_else(|e| e.into_inner());
-        if matches!(*state, NetlinkState::Closed) {
-            *state = self.open_channel();
-        }
-        matches!(*state, NetlinkState::Open(_))
+        matches!(*self.channel(), NetlinkState::Open(_))
     }
 
     /// Whether [`Ipset::apply`] sends the members of `diff` over netlink (when the kernel can be
