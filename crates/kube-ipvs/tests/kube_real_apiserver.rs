@@ -8,6 +8,8 @@
 //!   was used, except the ones listed in [`UNUSED_GRANTS`] with their reason (minimal).
 //! - Services and endpoint churn arrive through the real watch, and a restart of the apiserver
 //!   is survived (the watches reconnect).
+//! - The lists arrive gzip-compressed (bytes counted on a relay between the daemon and the
+//!   apiserver).
 //!
 //! These are `kube_*` tests (ignored by `cargo test`): `cargo xtask test` runs them in its kube
 //! stage, as root, once the upstream binaries are cached. The host has no IPVS, so the daemon runs
@@ -20,9 +22,12 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{free_port, get, Daemon};
@@ -512,6 +517,102 @@ fn kube_a_service_status_the_proxy_cannot_type_stops_no_watch() {
             "the Service watch failed:\n{log}"
         );
         wait_healthy(hz, &kc).await;
+        drop(d);
+    });
+}
+
+/// A TCP relay to `upstream` that counts the bytes it carries from the server to the client
+/// (TLS passes through untouched: the client still talks to the API server's certificate).
+fn counting_relay(upstream: SocketAddr) -> (SocketAddr, Arc<AtomicU64>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let down = Arc::new(AtomicU64::new(0));
+    let counter = down.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(client) = conn else { continue };
+            let Ok(server) = TcpStream::connect(upstream) else {
+                continue;
+            };
+            let (mut from_client, mut to_server) =
+                (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut from_client, &mut to_server);
+                let _ = to_server.shutdown(Shutdown::Write);
+            });
+            let counter = counter.clone();
+            std::thread::spawn(move || {
+                let (mut from_server, mut to_client) = (server, client);
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    match from_server.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            counter.fetch_add(n as u64, Ordering::Relaxed);
+                            if to_client.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+                let _ = to_client.shutdown(Shutdown::Write);
+            });
+        }
+    });
+    (addr, down)
+}
+
+/// Every node lists every Service and EndpointSlice at start and after each expired watch, so
+/// after an API outage a fleet relists at once: the daemon asks for gzip (client-go's default,
+/// upstream kube-proxy's too), and the real API server compresses its lists (responses over
+/// 128 KiB), a tenth of the bytes per node on the wire. Counted on a relay between the daemon
+/// and the API server: fails when the client does not ask (the lists' full JSON crosses it).
+#[test]
+#[ignore = "kube"]
+fn kube_daemon_lists_arrive_gzip_compressed() {
+    const N: usize = 800;
+    common::in_netns("kipvs-gzip", || async {
+        let cp = ControlPlane::start().unwrap();
+        cp.kubectl(&["create", "namespace", "gz"]).unwrap();
+        let mut list = String::from("apiVersion: v1\nkind: List\nitems:\n");
+        for i in 0..N {
+            list += &format!(
+                "- apiVersion: v1\n  kind: Service\n  metadata: {{name: svc-{i}, namespace: gz}}\n  \
+                 spec: {{ports: [{{name: http, port: 80, targetPort: 8080}}], selector: {{app: svc-{i}}}}}\n"
+            );
+        }
+        cp.kubectl_stdin(&["create", "-f", "-"], &list).unwrap();
+        // What the lists weigh uncompressed (kubectl's transport decompresses what it gets).
+        let raw = cp
+            .kubectl(&["get", "--raw", "/api/v1/services"])
+            .unwrap()
+            .len() as u64;
+
+        let upstream: SocketAddr = format!("127.0.0.1:{}", cp.port).parse().unwrap();
+        let (relay, down) = counting_relay(upstream);
+        let admin = std::fs::read_to_string(cp.admin_kubeconfig()).unwrap();
+        let through_relay = admin.replace(&cp.server_url(), &format!("https://{relay}"));
+        assert_ne!(
+            admin, through_relay,
+            "the admin kubeconfig names no server URL"
+        );
+        let kc = cp.dir().join("relay.kubeconfig");
+        std::fs::write(&kc, through_relay).unwrap();
+
+        let (d, hz, _m) = start_daemon(&kc);
+        wait_healthy(hz, &kc).await;
+        // Every Service of the list was decoded and programmed (rules naming gz/svc-I).
+        let rules = wait_rules("every gz Service", |t| {
+            (0..N).all(|i| t.contains(&format!("\"gz/svc-{i}:http")))
+        })
+        .await;
+        assert!(rules.contains("gz/svc-0:http"));
+        let got = down.load(Ordering::Relaxed);
+        eprintln!("lists: {raw} bytes uncompressed; {got} bytes from the API server to the daemon");
+        assert!(
+            got * 3 < raw,
+            "the daemon received {got} bytes for lists of {raw} bytes uncompressed: not gzip"
+        );
         drop(d);
     });
 }
