@@ -18,7 +18,9 @@
 //! - **`/livez`**: fails only for a wedged process: the sync loop has been inside one step
 //!   (applying changes and syncing) for longer than the liveness bound, or has not woken up for
 //!   the liveness bound after its wake-up was due ([`ProxyHealth::liveness_at`]). The bound is
-//!   2 × syncPeriod, at least [`MIN_LIVENESS_BOUND`]. Upstream's `livezHandler` answers the
+//!   2 × syncPeriod, at least [`MIN_LIVENESS_BOUND`]. A step waiting on a program that keeps
+//!   computing (a large `iptables-restore`, run window by window while busy: `exec`'s
+//!   `Runner::while_busy`) counts from the program's last busy window. Upstream's `livezHandler` answers the
 //!   sync health; here a kernel subsystem that keeps failing (another program holding the
 //!   xtables lock) is a `/healthz` matter: a restart would not fix it.
 //!
@@ -52,7 +54,8 @@ pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
 
 /// The shortest liveness bound: a sync loop step may run this long before `/livez` fails, even
 /// with a short syncPeriod. A first sync of a large cluster, or one program running into its own
-/// time limit (`--iptables-timeout`, `--ipset-timeout`: 30 s), is slow, not wedged.
+/// time limit (`--iptables-timeout`, `--ipset-timeout`: 30 s), is slow, not wedged; so is a
+/// step waiting on a program that is still busy (see [`ProxyHealth::liveness_at`]).
 pub const MIN_LIVENESS_BOUND: Duration = Duration::from_secs(60);
 
 /// The subsystem a wedged `/livez` names.
@@ -303,10 +306,15 @@ impl ProxyHealth {
 
     /// Liveness at `now`: wedged when the sync loop has been inside one step for the liveness
     /// bound or longer, or has been due to wake up for the liveness bound or longer. Live before
-    /// the loop runs (starting up, or the IPVS probe retrying).
+    /// the loop runs (starting up, or the IPVS probe retrying). A step's time counts from the
+    /// last moment a program it runs proved busy ([`exec::last_busy`]), if later than its start:
+    /// slow, not wedged.
     pub fn liveness_at(&self, now: Instant) -> Liveness {
         let stuck = match self.lock().sync_loop {
-            Some(LoopState::Working(since)) => now.saturating_duration_since(since),
+            Some(LoopState::Working(since)) => {
+                let since = exec::last_busy().map_or(since, |busy| busy.max(since));
+                now.saturating_duration_since(since)
+            }
             Some(LoopState::Waiting(due)) => now.saturating_duration_since(due),
             None => {
                 return Liveness {

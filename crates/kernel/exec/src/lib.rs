@@ -11,12 +11,18 @@
 //! command line and the limit. Standard input is written and standard output and error are read
 //! by helper threads, so a program that never reads its input (or never closes its output) can
 //! never block the caller past the limit.
+//!
+//! A runner [`Runner::while_busy`] tells slow from stuck: the limit then bounds each window in
+//! which the program makes no progress (uses less than [`BUSY_SHARE`] of it in CPU time),
+//! and a program that keeps computing runs on, window after window, up to a ceiling. Each
+//! window granted that way is recorded for [`last_busy`] (the daemon's `/livez` reads it: a sync
+//! step waiting on a busy program is not wedged).
 
 use std::ffi::OsStr;
 use std::io::{Read, Write as _};
 use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{killpg, Signal};
@@ -32,6 +38,40 @@ const REAP_GRACE: Duration = Duration::from_secs(5);
 /// makes, measured), and both are configurable (`--ipset-timeout`, `--iptables-timeout`).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The share of a window's wall time a program must spend on the CPU (its own user and
+/// system time, and its waited-for children's) to count as busy under [`Runner::while_busy`]:
+/// 5 %. A program blocked in the kernel (a held lock, a hung device), sleeping, or polling a
+/// lock file (`iptables-restore -w`) uses next to none; one that computes gets at least its
+/// cgroup's share of a loaded node (the DaemonSet requests a tenth of a core).
+pub const BUSY_SHARE: f64 = 0.05;
+
+/// How often, at most, the CPU of a program run [`Runner::while_busy`] is sampled inside a
+/// window (three times a window when that is shorter): a busy program is recorded for
+/// [`last_busy`] at least this often, far inside the daemon's 60 s liveness bound whatever
+/// `--iptables-timeout` is.
+pub const BUSY_POLL: Duration = Duration::from_secs(10);
+
+/// Clock ticks per second of the times in `/proc/PID/stat` (`USER_HZ`): 100 on every
+/// architecture Linux runs kube-ipvs on (x86_64, aarch64), whatever the kernel's `HZ`.
+const USER_HZ: f64 = 100.0;
+
+/// When a program last proved busy (see [`last_busy`]).
+static LAST_BUSY: Mutex<Option<Instant>> = Mutex::new(None);
+
+/// The last moment a program run by this process under [`Runner::while_busy`] was found busy
+/// and given another window (`None`: never). A caller that waits on such a program (the
+/// daemon's sync loop) is making progress up to this moment.
+pub fn last_busy() -> Option<Instant> {
+    *LAST_BUSY.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn record_busy(at: Instant) {
+    let mut last = LAST_BUSY.lock().unwrap_or_else(PoisonError::into_inner);
+    if last.is_none_or(|l| l < at) {
+        *last = Some(at);
+    }
+}
+
 /// Where and for how long programs run: directly or inside `ip netns exec NAME`, each with a
 /// time limit.
 #[derive(Debug, Clone)]
@@ -39,8 +79,12 @@ pub struct Runner {
     /// Run inside this named network namespace (via `ip netns exec`).
     pub netns: Option<String>,
     /// Time limit of one process (default [`DEFAULT_TIMEOUT`]): past it the process (with its
-    /// process group) is killed and the call fails with [`Error::Timeout`].
+    /// process group) is killed and the call fails with [`Error::Timeout`]. Under
+    /// [`Runner::while_busy`], the limit of each window without progress instead.
     pub timeout: Duration,
+    /// `Some(ceiling)`: a program still busy when its limit passes gets another window, up to
+    /// `ceiling` from its start ([`Runner::while_busy`]).
+    pub busy_ceiling: Option<Duration>,
 }
 
 impl Default for Runner {
@@ -48,6 +92,7 @@ impl Default for Runner {
         Runner {
             netns: None,
             timeout: DEFAULT_TIMEOUT,
+            busy_ceiling: None,
         }
     }
 }
@@ -72,16 +117,38 @@ impl Runner {
         self
     }
 
+    /// The same runner telling slow from stuck: when the time limit passes, a program that
+    /// spent at least [`BUSY_SHARE`] of that window on the CPU is computing, not stuck, and gets
+    /// another window of the same length, and so on until `ceiling` from its start (at least
+    /// the limit itself); one that did not is killed. For programs whose work grows with their
+    /// input faster than any fixed limit allows (`iptables-nft-restore` of a large table).
+    pub fn while_busy(mut self, ceiling: Duration) -> Runner {
+        self.busy_ceiling = Some(ceiling.max(self.timeout));
+        self
+    }
+
     /// Runs `program args` with optional standard input: [`run`] with this runner's namespace
-    /// and time limit.
+    /// and time limit (and, under [`Runner::while_busy`], its ceiling).
     pub fn run(
         &self,
         program: &OsStr,
         args: &[&str],
         stdin: Option<&str>,
     ) -> Result<Output, Error> {
-        run(self.netns.as_deref(), program, args, stdin, self.timeout)
+        let limit = Limit {
+            window: self.timeout,
+            busy_ceiling: self.busy_ceiling,
+        };
+        run_limited(self.netns.as_deref(), program, args, stdin, limit)
     }
+}
+
+/// How long one call may run: `window` at a time, renewed while the program is busy up to
+/// `busy_ceiling` (`None`: one window only).
+#[derive(Debug, Clone, Copy)]
+struct Limit {
+    window: Duration,
+    busy_ceiling: Option<Duration>,
 }
 
 /// Errors starting a program or waiting for it.
@@ -132,6 +199,20 @@ pub fn run(
     stdin: Option<&str>,
     timeout: Duration,
 ) -> Result<Output, Error> {
+    let limit = Limit {
+        window: timeout,
+        busy_ceiling: None,
+    };
+    run_limited(netns, program, args, stdin, limit)
+}
+
+fn run_limited(
+    netns: Option<&str>,
+    program: &OsStr,
+    args: &[&str],
+    stdin: Option<&str>,
+    limit: Limit,
+) -> Result<Output, Error> {
     let prog = program.to_string_lossy().into_owned();
     let mut shown = String::new();
     let mut cmd = match netns {
@@ -157,8 +238,6 @@ pub fn run(
     });
     // Its own process group: a timeout kills whatever it started too.
     cmd.process_group(0);
-    // `None`: a limit too far in the future to represent, i.e. none.
-    let deadline = Instant::now().checked_add(timeout);
     let child = cmd.spawn().map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             let binary = if netns.is_some() { "ip" } else { &prog };
@@ -167,14 +246,22 @@ pub fn run(
             Error::Io(shown.clone(), e)
         }
     })?;
-    let (status, stdout, stderr) = match supervise(child, stdin, deadline) {
+    let (status, stdout, stderr) = match supervise(child, stdin, limit) {
         Ok(done) => done,
-        Err(Stop::Timeout) => {
-            tracing::warn!(command = %shown, limit = ?timeout,
+        Err(Stop::Timeout(limit)) => {
+            tracing::warn!(command = %shown, limit = ?limit,
                 "command did not finish in time; killed its process group");
             return Err(Error::Timeout {
                 command: shown,
-                limit: timeout,
+                limit,
+            });
+        }
+        Err(Stop::Ceiling { ceiling, cpu }) => {
+            tracing::warn!(command = %shown, ceiling = ?ceiling, cpu_seconds = cpu,
+                "command still busy at its ceiling; killed its process group");
+            return Err(Error::Timeout {
+                command: shown,
+                limit: ceiling,
             });
         }
         Err(Stop::Io(e)) => return Err(Error::Io(shown, e)),
@@ -195,8 +282,30 @@ pub fn run(
 
 /// Why [`supervise`] gave up.
 enum Stop {
-    Timeout,
+    /// A window passed without the program finishing (or, under a busy ceiling, without its
+    /// using the CPU): the window's length.
+    Timeout(Duration),
+    /// Busy all along, but its ceiling passed; the CPU seconds it had used.
+    Ceiling {
+        ceiling: Duration,
+        cpu: f64,
+    },
     Io(std::io::Error),
+}
+
+/// CPU seconds of process `pid` and its waited-for children (`/proc/PID/stat`: utime, stime,
+/// cutime, cstime); `None` when it is gone or the file does not parse.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses; fields after the last
+    // ')' start at the state (field 3), so utime (field 14) is the 12th of them.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: f64 = fields
+        .get(11..15)?
+        .iter()
+        .map(|f| f.parse::<f64>().ok())
+        .sum::<Option<f64>>()?;
+    Some(ticks / USER_HZ)
 }
 
 /// What the helper threads of one call report.
@@ -222,14 +331,28 @@ fn read_all(
 }
 
 /// Feeds `stdin`, collects the output and reaps `child` from helper threads (which own the
-/// pipes and the child), until `deadline` (`None`: no deadline); past it, kills the child's
-/// process group and waits (at most [`REAP_GRACE`]) for the waiting thread to reap the child.
+/// pipes and the child), until its limit's window passes (a window too long to represent: no
+/// limit); then, under a busy ceiling, renews the window while the child was busy in the last
+/// one (and the ceiling has not passed); else kills the child's process group and waits (at
+/// most [`REAP_GRACE`]) for the waiting thread to reap the child.
 fn supervise(
     mut child: Child,
     stdin: Option<&str>,
-    deadline: Option<Instant>,
+    limit: Limit,
 ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), Stop> {
-    let pgid = i32::try_from(child.id()).ok().map(Pid::from_raw);
+    let start = Instant::now();
+    // `None`: a limit too far in the future to represent, i.e. none.
+    let mut deadline = start.checked_add(limit.window);
+    let ceiling = limit.busy_ceiling.and_then(|c| start.checked_add(c));
+    let pid = child.id();
+    // Under a busy ceiling, the CPU is also sampled every `poll` inside a window, so a busy
+    // program is recorded for `last_busy` that often whatever the window's length.
+    let poll = limit
+        .busy_ceiling
+        .map(|_| (limit.window / 3).min(BUSY_POLL));
+    let mut next_poll = poll.and_then(|p| start.checked_add(p));
+    let (mut window_cpu, mut poll_cpu) = (0.0, 0.0);
+    let pgid = i32::try_from(pid).ok().map(Pid::from_raw);
     if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
         let text = text.to_owned();
         // A write error (EPIPE) means the program exited early (or was killed); its stderr
@@ -248,8 +371,12 @@ fn supervise(
     });
     let (mut status, mut stdout, mut stderr) = (None, None, None);
     while status.is_none() || stdout.is_none() || stderr.is_none() {
-        let event = match deadline {
-            Some(d) => rx.recv_timeout(d.saturating_duration_since(Instant::now())),
+        let wake = match (deadline, next_poll) {
+            (Some(d), Some(p)) => Some(d.min(p)),
+            (d, p) => d.or(p),
+        };
+        let event = match wake {
+            Some(w) => rx.recv_timeout(w.saturating_duration_since(Instant::now())),
             None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
         };
         match event {
@@ -257,6 +384,41 @@ fn supervise(
             Ok(Event::Stderr(b)) => stderr = Some(b),
             Ok(Event::Exited(r)) => status = Some(r.map_err(Stop::Io)?),
             Err(mpsc::RecvTimeoutError::Timeout) => {
+                let now = Instant::now();
+                if let (Some(p), Some(poll)) = (next_poll, poll) {
+                    if now >= p && deadline.is_none_or(|d| now < d) {
+                        // A sample inside the window: recorded when busy since the last one.
+                        if let Some(cpu) = cpu_seconds(pid) {
+                            if cpu - poll_cpu >= poll.as_secs_f64() * BUSY_SHARE {
+                                record_busy(now);
+                            }
+                            poll_cpu = cpu;
+                        }
+                        next_poll = now.checked_add(poll);
+                        continue;
+                    }
+                }
+                let mut stop = Stop::Timeout(limit.window);
+                if let (Some(ceiling), Some(cpu)) = (ceiling, cpu_seconds(pid)) {
+                    let busy = cpu - window_cpu >= limit.window.as_secs_f64() * BUSY_SHARE;
+                    if busy && now < ceiling {
+                        // Computing, not stuck: another window, at most to the ceiling.
+                        (window_cpu, poll_cpu) = (cpu, cpu);
+                        deadline = Some(
+                            now.checked_add(limit.window)
+                                .map_or(ceiling, |d| d.min(ceiling)),
+                        );
+                        next_poll = poll.and_then(|p| now.checked_add(p));
+                        record_busy(now);
+                        continue;
+                    }
+                    if busy {
+                        stop = Stop::Ceiling {
+                            ceiling: limit.busy_ceiling.unwrap_or(limit.window),
+                            cpu,
+                        };
+                    }
+                }
                 // The group outlives its leader while a member runs, so this reaches a
                 // program's children even after the program itself exited.
                 if let Some(pgid) = pgid {
@@ -272,7 +434,7 @@ fn supervise(
                         }
                     }
                 }
-                return Err(Stop::Timeout);
+                return Err(stop);
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 return Err(Stop::Io(std::io::Error::other(
@@ -377,6 +539,98 @@ mod tests {
             "the background child still runs: {:?}",
             proc_state(pids[0])
         );
+    }
+
+    /// A shell that computes (forks `date` in a loop) for about three seconds.
+    const BUSY_3S: &str =
+        "end=$(( $(date +%s) + 3 )); while [ $(date +%s) -lt $end ]; do :; done; echo done";
+
+    #[test]
+    fn a_busy_program_runs_past_its_limit_while_busy_and_is_recorded() {
+        let window = Duration::from_millis(500);
+        let t0 = Instant::now();
+        let out = Runner::new()
+            .with_timeout(window)
+            .while_busy(Duration::from_secs(60))
+            .run(OsStr::new("sh"), &["-c", BUSY_3S], None)
+            .unwrap();
+        assert!(out.success, "{}", out.stderr);
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "done");
+        assert!(t0.elapsed() > Duration::from_secs(1), "{:?}", t0.elapsed());
+        assert!(last_busy().is_some_and(|b| b > t0), "{:?}", last_busy());
+        // The same program under a plain limit is killed at it.
+        let err = Runner::new()
+            .with_timeout(window)
+            .run(OsStr::new("sh"), &["-c", BUSY_3S], None)
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::Timeout { limit, .. } if limit == window),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_busy_program_is_recorded_inside_its_first_window() {
+        // Busy for 4-5 s inside a 9 s window: no window ends, the samples (every 3 s) record
+        // it.
+        let t0 = Instant::now();
+        let out = Runner::new()
+            .with_timeout(Duration::from_secs(9))
+            .while_busy(Duration::from_secs(60))
+            .run(
+                OsStr::new("sh"),
+                &[
+                    "-c",
+                    "end=$(( $(date +%s) + 5 )); while [ $(date +%s) -lt $end ]; do :; done",
+                ],
+                None,
+            )
+            .unwrap();
+        assert!(out.success, "{}", out.stderr);
+        assert!(last_busy().is_some_and(|b| b > t0), "{:?}", last_busy());
+    }
+
+    #[test]
+    fn an_idle_program_is_killed_after_one_window_even_while_busy_is_allowed() {
+        let t0 = Instant::now();
+        let err = Runner::new()
+            .with_timeout(SHORT)
+            .while_busy(Duration::from_secs(60))
+            .run(OsStr::new("sleep"), &["60"], None)
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::Timeout { limit, .. } if limit == SHORT),
+            "{err}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    }
+
+    #[test]
+    fn a_program_busy_forever_is_killed_at_its_ceiling() {
+        let ceiling = Duration::from_millis(1500);
+        let t0 = Instant::now();
+        let err = Runner::new()
+            .with_timeout(SHORT)
+            .while_busy(ceiling)
+            .run(OsStr::new("sh"), &["-c", "while :; do :; done"], None)
+            .unwrap_err();
+        let took = t0.elapsed();
+        assert!(
+            matches!(err, Error::Timeout { limit, .. } if limit == ceiling),
+            "{err}"
+        );
+        assert!(
+            took >= ceiling && took < Duration::from_secs(15),
+            "{took:?}"
+        );
+    }
+
+    #[test]
+    fn cpu_seconds_reads_this_process() {
+        // This test process has run code: a parseable, non-negative figure.
+        let cpu = cpu_seconds(std::process::id()).unwrap();
+        assert!(cpu >= 0.0, "{cpu}");
+        assert_eq!(cpu_seconds(u32::MAX), None);
     }
 
     #[test]

@@ -25,13 +25,27 @@ pub const XTABLES_WAIT_INTERVAL_MICROS: u32 = 100_000;
 /// group) and the call fails with [`Error::Timeout`]: the outer bound around the lock wait.
 ///
 /// Why 30 s: a restore waits at most [`XTABLES_WAIT_SECONDS`] for the lock and then applies its
-/// payload; in the benchmark (docs/benchmarks.md) a first sync's iptables work took under a
-/// second even in the emulated test VM, and iptables mode on a large node writes tens of
-/// thousands of rules. Thirty seconds is far above both, so only a program that is stuck (not
-/// one that is slow) hits it, and it is no longer than the default `syncPeriod`, so a stuck
-/// program fails its sync before the next one is due. Upstream kube-proxy bounds only the lock
-/// wait, not the program. `--iptables-timeout` changes it.
+/// payload; in IPVS mode that payload is a few dozen rules, and in the benchmark
+/// (docs/benchmarks.md) a first sync's iptables work took under two seconds even in the
+/// emulated test VM. Thirty seconds is far above that, so only a program that is stuck hits it,
+/// and it is no longer than the default `syncPeriod`, so a stuck program fails its sync before
+/// the next one is due. `--iptables-timeout` changes it. `iptables-restore` runs under it
+/// window by window while busy ([`RESTORE_BUSY_CEILING`]). Upstream kube-proxy bounds only the
+/// lock wait, not the program.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long one `iptables-restore` may run in all while it keeps computing ([`Runner::while_busy`]:
+/// each window of the time limit in which it used the CPU renews the limit; a window without
+/// is a stuck program, killed).
+///
+/// Why: iptables mode's first restore writes the whole table, and `iptables-nft-restore`
+/// 1.8.9's time grows faster than the table. Measured on the 2-core host (a netns, the payload
+/// of `kube-ipvs plan --proxy-mode iptables` for N Services of 10 endpoints): 1,000 Services
+/// (42,000 lines) 2.6 s, 2,500 (105,000) 21.9 s, 5,000 (210,000) 153 s. A fixed 30 s limit
+/// killed every restore past about 3,000 such Services and retried it forever, so the node was
+/// never programmed (upstream, without a limit, converges). 20 minutes leaves room for about
+/// twice that last table on such a machine; a program still busy then is killed all the same.
+pub const RESTORE_BUSY_CEILING: Duration = Duration::from_secs(20 * 60);
 
 /// How programs are started: directly or inside `ip netns exec NAME`, and how long one may
 /// run (default [`DEFAULT_TIMEOUT`]): the `exec` crate's runner, which the ipset crate uses too.
@@ -316,12 +330,17 @@ impl Iptables {
     /// `pkg/util/iptables`, for iptables ≥ 1.6.2): wait at most [`XTABLES_WAIT_SECONDS`] for the
     /// xtables lock, trying every [`XTABLES_WAIT_INTERVAL_MICROS`] µs; a lock still held then
     /// is [`Error::LockTimeout`] (the nft backend takes no lock and ignores them). The runner's
-    /// time limit bounds the whole call: [`Error::Timeout`].
+    /// time limit bounds each window in which the program does not compute, and
+    /// [`RESTORE_BUSY_CEILING`] the whole call: [`Error::Timeout`].
     pub fn apply_restore(&mut self, table: Table, text: &str) -> Result<()> {
         let prog = self.backend.restore_program(self.family);
         let wait = XTABLES_WAIT_SECONDS.to_string();
         let interval = XTABLES_WAIT_INTERVAL_MICROS.to_string();
-        let (ok, _, err, shown) = self.run(
+        // Slow is not stuck: a restore that keeps computing runs on (see RESTORE_BUSY_CEILING).
+        let runner = self.runner.clone().while_busy(RESTORE_BUSY_CEILING);
+        self.spawned += 1;
+        let (ok, _, err, shown) = run(
+            &runner,
             &prog,
             &["--noflush", "-w", &wait, "-W", &interval],
             Some(text),
