@@ -34,7 +34,7 @@ pub const XTABLES_WAIT_INTERVAL_MICROS: u32 = 100_000;
 /// lock wait, not the program.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long one `iptables-restore` may run in all while it keeps computing ([`Runner::while_busy`]:
+/// How long one `iptables-restore` (or `iptables-save`) may run in all while it keeps computing ([`Runner::while_busy`]:
 /// each window of the time limit in which it used the CPU renews the limit; a window without
 /// is a stuck program, killed).
 ///
@@ -307,10 +307,13 @@ impl Iptables {
         Ok(random_fully_supported(self.version()?))
     }
 
-    /// `iptables-save -t TABLE`.
+    /// `iptables-save -t TABLE`, under the same busy rule as a restore
+    /// ([`RESTORE_BUSY_CEILING`]): its output grows with the table too.
     pub fn save(&mut self, table: Table) -> Result<String> {
         let prog = self.backend.save_program(self.family);
-        let (ok, out, err, shown) = self.run(&prog, &["-t", table.as_str()], None)?;
+        let runner = self.runner.clone().while_busy(RESTORE_BUSY_CEILING);
+        self.spawned += 1;
+        let (ok, out, err, shown) = run(&runner, &prog, &["-t", table.as_str()], None)?;
         if !ok {
             if let Some(k) = kernel_support_problem(&err) {
                 return Err(Error::KernelSupport(format!("{shown}: {k}")));
