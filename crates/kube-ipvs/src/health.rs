@@ -20,9 +20,10 @@
 //!   the liveness bound after its wake-up was due ([`ProxyHealth::liveness_at`]). The bound is
 //!   2 × syncPeriod, at least [`MIN_LIVENESS_BOUND`]. A step waiting on a program that keeps
 //!   computing (a large `iptables-restore`, run window by window while busy: `exec`'s
-//!   `Runner::while_busy`) counts from the program's last busy window. Upstream's `livezHandler` answers the
-//!   sync health; here a kernel subsystem that keeps failing (another program holding the
-//!   xtables lock) is a `/healthz` matter: a restart would not fix it.
+//!   `Runner::while_busy`) counts from the program's last busy sample. Upstream's
+//!   `livezHandler` answers the sync health; here a kernel subsystem that keeps failing
+//!   (another program holding the xtables lock) is a `/healthz` matter: a restart would not
+//!   fix it.
 //!
 //! The API source (watch errors, an unreachable or throttling API server, 410 storms, an object
 //! that cannot be decoded) is never a health failure: no change is queued while it fails, so the

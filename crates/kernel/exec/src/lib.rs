@@ -293,6 +293,11 @@ enum Stop {
     Io(std::io::Error),
 }
 
+/// Whether `cpu_seconds` spent over `span` of wall time make a busy program ([`BUSY_SHARE`]).
+fn busy(cpu_seconds: f64, span: Duration) -> bool {
+    cpu_seconds >= span.as_secs_f64() * BUSY_SHARE
+}
+
 /// CPU seconds of process `pid` and its waited-for children (`/proc/PID/stat`: utime, stime,
 /// cutime, cstime); `None` when it is gone or the file does not parse.
 fn cpu_seconds(pid: u32) -> Option<f64> {
@@ -343,7 +348,10 @@ fn supervise(
     let start = Instant::now();
     // `None`: a limit too far in the future to represent, i.e. none.
     let mut deadline = start.checked_add(limit.window);
-    let ceiling = limit.busy_ceiling.and_then(|c| start.checked_add(c));
+    // The ceiling's length and the instant it passes.
+    let ceiling = limit
+        .busy_ceiling
+        .and_then(|c| Some((c, start.checked_add(c)?)));
     let pid = child.id();
     // Under a busy ceiling, the CPU is also sampled every `poll` inside a window, so a busy
     // program is recorded for `last_busy` that often whatever the window's length.
@@ -389,7 +397,7 @@ fn supervise(
                     if now >= p && deadline.is_none_or(|d| now < d) {
                         // A sample inside the window: recorded when busy since the last one.
                         if let Some(cpu) = cpu_seconds(pid) {
-                            if cpu - poll_cpu >= poll.as_secs_f64() * BUSY_SHARE {
+                            if busy(cpu - poll_cpu, poll) {
                                 record_busy(now);
                             }
                             poll_cpu = cpu;
@@ -399,8 +407,8 @@ fn supervise(
                     }
                 }
                 let mut stop = Stop::Timeout(limit.window);
-                if let (Some(ceiling), Some(cpu)) = (ceiling, cpu_seconds(pid)) {
-                    let busy = cpu - window_cpu >= limit.window.as_secs_f64() * BUSY_SHARE;
+                if let (Some((ceiling_len, ceiling)), Some(cpu)) = (ceiling, cpu_seconds(pid)) {
+                    let busy = busy(cpu - window_cpu, limit.window);
                     if busy && now < ceiling {
                         // Computing, not stuck: another window, at most to the ceiling.
                         (window_cpu, poll_cpu) = (cpu, cpu);
@@ -414,7 +422,7 @@ fn supervise(
                     }
                     if busy {
                         stop = Stop::Ceiling {
-                            ceiling: limit.busy_ceiling.unwrap_or(limit.window),
+                            ceiling: ceiling_len,
                             cpu,
                         };
                     }

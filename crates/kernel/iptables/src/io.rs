@@ -34,9 +34,10 @@ pub const XTABLES_WAIT_INTERVAL_MICROS: u32 = 100_000;
 /// lock wait, not the program.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long one `iptables-restore` (or `iptables-save`) may run in all while it keeps computing ([`Runner::while_busy`]:
-/// each window of the time limit in which it used the CPU renews the limit; a window without
-/// is a stuck program, killed).
+/// How long one `iptables-restore` (or `iptables-save`) of an [`Iptables`] applier may run in
+/// all while it keeps computing ([`Runner::while_busy`], set by [`Iptables::new`]: each window
+/// of the time limit in which it used the CPU renews the limit; a window without is a stuck
+/// program, killed).
 ///
 /// Why: iptables mode's first restore writes the whole table, and `iptables-nft-restore`
 /// 1.8.9's time grows faster than the table. Measured on the 2-core host (a netns, the payload
@@ -180,7 +181,9 @@ impl Iptables {
     /// An applier for a known backend.
     pub fn new(backend: Backend, family: Family, runner: Runner) -> Iptables {
         Iptables {
-            runner,
+            // Slow is not stuck: a save or restore that keeps computing runs on past the
+            // runner's limit (see RESTORE_BUSY_CEILING).
+            runner: runner.while_busy(RESTORE_BUSY_CEILING),
             backend,
             family,
             last: BTreeMap::new(),
@@ -311,9 +314,7 @@ impl Iptables {
     /// ([`RESTORE_BUSY_CEILING`]): its output grows with the table too.
     pub fn save(&mut self, table: Table) -> Result<String> {
         let prog = self.backend.save_program(self.family);
-        let runner = self.runner.clone().while_busy(RESTORE_BUSY_CEILING);
-        self.spawned += 1;
-        let (ok, out, err, shown) = run(&runner, &prog, &["-t", table.as_str()], None)?;
+        let (ok, out, err, shown) = self.run(&prog, &["-t", table.as_str()], None)?;
         if !ok {
             if let Some(k) = kernel_support_problem(&err) {
                 return Err(Error::KernelSupport(format!("{shown}: {k}")));
@@ -339,11 +340,7 @@ impl Iptables {
         let prog = self.backend.restore_program(self.family);
         let wait = XTABLES_WAIT_SECONDS.to_string();
         let interval = XTABLES_WAIT_INTERVAL_MICROS.to_string();
-        // Slow is not stuck: a restore that keeps computing runs on (see RESTORE_BUSY_CEILING).
-        let runner = self.runner.clone().while_busy(RESTORE_BUSY_CEILING);
-        self.spawned += 1;
-        let (ok, _, err, shown) = run(
-            &runner,
+        let (ok, _, err, shown) = self.run(
             &prog,
             &["--noflush", "-w", &wait, "-W", &interval],
             Some(text),
