@@ -206,6 +206,10 @@ impl Iptables {
             Family::Inet => "iptables",
             Family::Inet6 => "ip6tables",
         };
+        // The start-up saves read whatever the node already holds: after a restart of
+        // iptables mode on a large node that is the whole table, so they run under the same
+        // busy rule as the applier's own saves (RESTORE_BUSY_CEILING).
+        let runner = runner.while_busy(RESTORE_BUSY_CEILING);
         let mut spawned = 0;
         let mut save = |b: Backend| -> Option<String> {
             spawned += 1;

@@ -457,7 +457,8 @@ fn vm_ipvs_out_filter_rule_applies() {
 /// 60,000 lines; iptables mode's first sync of 5,000 Services x 10 endpoints writes 210,000 and
 /// took 153 s on the 2-core host) is slow, not stuck: it keeps computing, so it runs on
 /// window after window and completes. Before, the limit killed it every time and the node's
-/// iptables mode never converged.
+/// iptables mode never converged. Reading the table back (`save`) and detection's start-up
+/// saves on a restarted node run under the same rule.
 #[test]
 #[ignore = "netns"]
 fn netns_a_restore_that_keeps_computing_past_its_limit_completes() {
@@ -513,4 +514,17 @@ fn netns_a_restore_that_keeps_computing_past_its_limit_completes() {
             .count(),
         2 * chains
     );
+    // A restart on such a node: detection's start-up saves read the same table. A stray
+    // Kubernetes chain in the other backend (one, against the nft table's 12,001) must not win
+    // because the large save was killed; before, it did, and the restarted proxy programmed the
+    // empty legacy tables beside the node's nft rules.
+    ns.sh("iptables-legacy -w -t nat -N KUBE-STRAY").unwrap();
+    let t2 = std::time::Instant::now();
+    let detected = Iptables::detect(
+        Family::Inet,
+        Runner::in_netns(ns.name()).with_timeout(short),
+    )
+    .unwrap();
+    eprintln!("detection {:?}", t2.elapsed());
+    assert_eq!(detected.backend(), Backend::Nft);
 }
