@@ -124,6 +124,19 @@ pub fn run(cfg: &VmConfig) -> Result<VmOutcome> {
     run_with(cfg, &Extra::default())
 }
 
+/// What every VM shares, made ready once: the host packages, the guest kernel and the base
+/// image (all cached). [`run_with`] does this itself; a caller starting several VMs at once
+/// calls it first, so their threads do not install packages or build the same cached image
+/// concurrently (two nodes racing for apt's lock or the base image's file failed one of them).
+pub fn prepare() -> Result<()> {
+    let mut apt = Apt::default();
+    apt.ensure_host_packages()?;
+    let cache = host::cache_dir()?;
+    let kernel = kernel::ensure(&cache, &mut apt)?;
+    image::ensure_base(&kernel, &cache)?;
+    Ok(())
+}
+
 /// [`run`] with the [`Extra`] settings.
 pub fn run_with(cfg: &VmConfig, extra: &Extra) -> Result<VmOutcome> {
     let prep_start = Instant::now();

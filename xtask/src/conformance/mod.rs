@@ -355,7 +355,8 @@ fn wait_for(
             return Err(Error::Command {
                 cmd: format!("node-{}", n.n),
                 detail: format!(
-                    "VM ended while waiting for {what}; guest progress:\n{}\n(logs: {})",
+                    "VM ended while waiting for {what}{}; guest progress:\n{}\n(logs: {})",
+                    n.failure().map(|e| format!(" ({e})")).unwrap_or_default(),
                     tail(&n.progress(), 20),
                     n.dir.display()
                 ),
@@ -671,6 +672,7 @@ fn up(
         Some(node::golden_state(&inputs)?)
     };
     inputs.golden = golden.as_deref();
+    crate::vm::prepare()?;
     let mut nodes = Vec::new();
     for n in 1..=o.nodes {
         nodes.push(node::Node::start(

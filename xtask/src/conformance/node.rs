@@ -109,7 +109,6 @@ podCIDR: {cidr}
 resolvConf: /etc/resolv.conf
 readOnlyPort: 0
 serializeImagePulls: false
-localStorageCapacityIsolation: false
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard:
@@ -184,6 +183,8 @@ pub struct Node {
     pub dir: PathBuf,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<Result<vm::VmOutcome>>>,
+    /// The VM thread's error, once it ended with one (read while the thread is not joined).
+    failed: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 /// Everything a node's guest files come from.
@@ -399,18 +400,32 @@ impl Node {
             run_dir: Some(dir.join("vm")),
             stop: Some(stop.clone()),
         };
-        let thread = std::thread::spawn(move || vm::run_with(&cfg, &extra));
+        let failed = Arc::new(std::sync::Mutex::new(None));
+        let record = failed.clone();
+        let thread = std::thread::spawn(move || {
+            let r = vm::run_with(&cfg, &extra);
+            if let (Err(e), Ok(mut slot)) = (&r, record.lock()) {
+                *slot = Some(e.to_string());
+            }
+            r
+        });
         Ok(Node {
             n,
             dir: dir.to_path_buf(),
             stop,
             thread: Some(thread),
+            failed,
         })
     }
 
     /// The guest's progress lines so far.
     pub fn progress(&self) -> String {
         fs::read_to_string(self.dir.join("vm/stdout")).unwrap_or_default()
+    }
+
+    /// The VM thread's error, if it ended with one.
+    pub fn failure(&self) -> Option<String> {
+        self.failed.lock().ok().and_then(|s| s.clone())
     }
 
     /// Whether the VM thread ended (crashed or exited).
