@@ -42,7 +42,7 @@ impl IptablesProxier {
         }
 
         // Chains to write and delete.
-        let mut write: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut write: BTreeMap<&str, &[String]> = BTreeMap::new();
         let mut delete: BTreeSet<String> = BTreeSet::new();
         let mut jump_fixes: BTreeMap<Table, Vec<String>> = BTreeMap::new();
         let mut shared_changed = false;
@@ -69,7 +69,7 @@ impl IptablesProxier {
                                 let ours = proxy_mode::SERVICE_CHAIN_PREFIXES
                                     .iter()
                                     .any(|p| c.starts_with(p));
-                                if ours && !write.contains_key(&c) {
+                                if ours && !write.contains_key(c.as_str()) {
                                     delete.insert(c);
                                 }
                             }
@@ -88,7 +88,7 @@ impl IptablesProxier {
                 }
             }
             for c in self.applied.keys() {
-                if !write.contains_key(c) {
+                if !write.contains_key(c.as_str()) {
                     delete.insert(c.clone());
                 }
             }
@@ -105,8 +105,8 @@ impl IptablesProxier {
                     .flat_map(|p| p.rendered.chains.iter())
                     .collect();
                 for (c, r) in &new_chains {
-                    if self.applied.get(*c) != Some(*r) {
-                        write.insert((*c).clone(), (*r).clone());
+                    if self.applied.get(*c) != Some(&fingerprint(r)) {
+                        write.insert(c.as_str(), r.as_slice());
                     }
                 }
                 let old_ports = old.iter().flatten();
@@ -150,8 +150,15 @@ impl IptablesProxier {
                 return report;
             }
         };
+        // What is remembered of the written chains once the restore succeeds; the borrows of
+        // the rendered rules end here.
+        let written: Vec<(String, u64)> = write
+            .iter()
+            .map(|(c, r)| ((*c).to_owned(), fingerprint(r)))
+            .collect();
+        drop((write, ports));
         self.last_payload_bytes = payload.len();
-        self.chains_written = write.len();
+        self.chains_written = written.len();
         self.chains_deleted = delete.len();
         match self.runner.restore(&payload) {
             Ok(()) => {
@@ -159,7 +166,7 @@ impl IptablesProxier {
                 for c in &delete {
                     self.applied.remove(c);
                 }
-                self.applied.extend(write);
+                self.applied.extend(written);
                 if save_failed {
                     self.full_requested = true;
                     let delay = self.retry.failed(now);

@@ -124,8 +124,9 @@ pub struct PayloadInput<'a> {
     /// Every service port's rendered rules (shared-chain lines come from all of them), in the
     /// order their lines should appear.
     pub ports: &'a [&'a RenderedServicePort],
-    /// Per-service chains to (re)write: name → rules.
-    pub write: &'a BTreeMap<String, Vec<String>>,
+    /// Per-service chains to (re)write: name → rules (borrowed from the rendered ports: a
+    /// full sync at 5,000 Services x 10 endpoints writes 55,000 chains, not copied again).
+    pub write: &'a BTreeMap<&'a str, &'a [String]>,
     /// Per-service chains to delete (flushed, then `-X` after every reference is gone).
     pub delete: &'a BTreeSet<String>,
     /// Jump lines to add or remove in built-in chains (`-I …` / `-D …`), per table.
@@ -151,7 +152,12 @@ pub fn restore_payload(input: &PayloadInput<'_>) -> Result<String> {
             out.push_str(&format!(":{c} - [0:0]\n"));
         }
         if table == Table::Nat {
-            for c in input.write.keys().chain(input.delete.iter()) {
+            for c in input
+                .write
+                .keys()
+                .copied()
+                .chain(input.delete.iter().map(String::as_str))
+            {
                 out.push_str(&format!(":{c} - [0:0]\n"));
             }
         }
@@ -183,7 +189,7 @@ pub fn restore_payload(input: &PayloadInput<'_>) -> Result<String> {
         }
         if table == Table::Nat {
             for rules in input.write.values() {
-                for l in rules {
+                for l in rules.iter() {
                     out.push_str(l);
                     out.push('\n');
                 }
