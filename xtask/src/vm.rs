@@ -129,22 +129,23 @@ pub fn run(cfg: &VmConfig) -> Result<VmOutcome> {
 /// calls it first, so their threads do not install packages or build the same cached image
 /// concurrently (two nodes racing for apt's lock or the base image's file failed one of them).
 pub fn prepare() -> Result<()> {
-    let mut apt = Apt::default();
-    apt.ensure_host_packages()?;
-    let cache = host::cache_dir()?;
-    let kernel = kernel::ensure(&cache, &mut apt)?;
-    image::ensure_base(&kernel, &cache)?;
-    Ok(())
+    shared().map(|_| ())
 }
 
-/// [`run`] with the [`Extra`] settings.
-pub fn run_with(cfg: &VmConfig, extra: &Extra) -> Result<VmOutcome> {
-    let prep_start = Instant::now();
+/// [`prepare`]'s parts: the cache directory, the guest kernel and the base image.
+fn shared() -> Result<(PathBuf, kernel::Kernel, image::Base)> {
     let mut apt = Apt::default();
     apt.ensure_host_packages()?;
     let cache = host::cache_dir()?;
     let kernel = kernel::ensure(&cache, &mut apt)?;
     let base = image::ensure_base(&kernel, &cache)?;
+    Ok((cache, kernel, base))
+}
+
+/// [`run`] with the [`Extra`] settings.
+pub fn run_with(cfg: &VmConfig, extra: &Extra) -> Result<VmOutcome> {
+    let prep_start = Instant::now();
+    let (cache, kernel, base) = shared()?;
 
     let runs = cache.join("runs");
     remove_stale_runs(&runs);

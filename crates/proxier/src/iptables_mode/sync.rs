@@ -150,13 +150,12 @@ impl IptablesProxier {
                 return report;
             }
         };
-        // What is remembered of the written chains once the restore succeeds; the borrows of
-        // the rendered rules end here.
+        // What is remembered of the written chains once the restore succeeds (`write` borrows
+        // the rendered rules, so it is not kept past here).
         let written: Vec<(String, u64)> = write
             .iter()
             .map(|(c, r)| ((*c).to_owned(), fingerprint(r)))
             .collect();
-        drop((write, ports));
         self.last_payload_bytes = payload.len();
         self.chains_written = written.len();
         self.chains_deleted = delete.len();
