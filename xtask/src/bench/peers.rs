@@ -37,7 +37,7 @@ pub const SCALES: [(usize, usize); 4] = [(1_000, 10), (5_000, 10), (10_000, 10),
 const USAGE: &str = "usage: cargo xtask bench peers [--services N --endpoints M | --scales NxM,...]
        [--proxies kube-ipvs,kube-ipvs-iptables,upstream-ipvs,upstream-nftables,upstream-iptables]
        [--cap SECS] [--changes K] [--churn-rate PER_S] [--churn-secs S] [--mem M] [--json FILE]
-       [--svg-dir DIR] [--dev]
+       [--svg-dir DIR] [--no-skip] [--dev]
        cargo xtask bench peers --plot-from JSON [--svg-dir DIR]";
 
 /// Parsed command line.
@@ -63,6 +63,8 @@ pub struct Opts {
     pub svg_dir: PathBuf,
     /// Debug builds (faster to build, for working on the harness; figures not comparable).
     pub dev: bool,
+    /// Run every proxy at every scale, even one that did not converge at a smaller scale.
+    pub no_skip: bool,
 }
 
 fn num(s: &str, what: &str) -> Result<usize> {
@@ -92,6 +94,7 @@ pub fn parse_args(args: &[String]) -> Result<Opts> {
         json: host::target_dir().join("bench/peers.json"),
         svg_dir: host::workspace_root().join("docs/benchmarks"),
         dev: false,
+        no_skip: false,
     };
     let (mut services, mut endpoints) = (None, None);
     let mut it = args.iter();
@@ -124,6 +127,7 @@ pub fn parse_args(args: &[String]) -> Result<Opts> {
             "--json" => o.json = PathBuf::from(crate::value(&mut it, a)?),
             "--svg-dir" => o.svg_dir = PathBuf::from(crate::value(&mut it, a)?),
             "--dev" => o.dev = true,
+            "--no-skip" => o.no_skip = true,
             "-h" | "--help" => return Err(Error::Usage(USAGE.into())),
             other => {
                 return Err(Error::Usage(format!(
@@ -176,6 +180,51 @@ pub fn guest_script(driver: &str, kubeconfig: &str, n: usize, m: usize, o: &Opts
         o.churn_rate,
         o.churn_secs
     )
+}
+
+/// Why `proxy` is not run at N x M ("as far as each proxy gets within its cap", issue #34):
+/// a row of `rows` for it at a scale no larger in either dimension (N' <= N and M' <= M, not
+/// both equal) that did not converge within a cap at least `cap`, or was itself left out so.
+/// Every proxy's work grows with both N and M, so it would not converge at the larger scale
+/// within the same cap either; running it would only spend the cap.
+pub fn skip_reason(
+    rows: &[Value],
+    proxy: &str,
+    n: usize,
+    m: usize,
+    cap: Duration,
+) -> Option<String> {
+    rows.iter().find_map(|r| {
+        let (rn, rm) = (
+            r["services"].as_u64()? as usize,
+            r["endpoints"].as_u64()? as usize,
+        );
+        let smaller = rn <= n && rm <= m && (rn, rm) != (n, m);
+        let failed = r["converged"] == false && r["cap_s"].as_u64()? >= cap.as_secs();
+        (r["proxy"] == proxy && smaller && failed).then(|| match r["skipped"].as_str() {
+            Some(earlier) => earlier.to_string(),
+            None => format!(
+                "not converged at {} x {rm} within {} s ({})",
+                group(rn as u64),
+                r["cap_s"],
+                r["date"].as_str().unwrap_or("an earlier run")
+            ),
+        })
+    })
+}
+
+/// The row of a proxy left out at N x M (see [`skip_reason`]): not converged, with the cap it
+/// would have had and why; no figures.
+pub fn skipped_row(proxy: &str, n: usize, m: usize, cap: Duration, why: &str) -> Value {
+    json!({
+        "proxy": proxy,
+        "services": n,
+        "endpoints": m,
+        "converged": false,
+        "cap_s": cap.as_secs(),
+        "skipped": why,
+        "date": super::today(),
+    })
 }
 
 /// The `BENCH-JSON` lines of the guest: the environment line and the rows.
@@ -241,7 +290,9 @@ fn cell(x: f64, digits: usize) -> String {
 
 /// Converge time as shown: seconds, or `> CAP s (counts)` for a proxy that did not converge.
 fn converge_cell(r: &Value) -> String {
-    if r["converged"] == true {
+    if let Some(why) = r["skipped"].as_str() {
+        format!("not run: {why}")
+    } else if r["converged"] == true {
         cell(f(&r["converge_s"]), 1)
     } else {
         format!("> {} (not converged)", r["cap_s"].as_u64().unwrap_or(0))
@@ -334,6 +385,7 @@ pub fn goals(rows: &[Value]) -> Vec<Goal> {
         let get = |p: &str| {
             rows.iter().find(|r| {
                 r["proxy"] == p
+                    && r.get("skipped").is_none()
                     && r["services"].as_u64() == Some(n)
                     && r["endpoints"].as_u64() == Some(m)
             })
@@ -643,16 +695,43 @@ pub fn peers(args: &[String]) -> Result<u8> {
     let (bin, driver) = build(o.dev)?;
     let mut failed = false;
     for &(n, m) in &o.scales {
-        let rows = match run_scale(&o, n, m, &bin, &driver) {
-            Ok(r) => r,
-            Err(e) => {
-                eprintln!("xtask bench peers: {n} x {m}: {e}");
-                failed = true;
-                continue;
+        let earlier = read_rows(&o.json);
+        let mut run = o.clone();
+        let mut left_out = Vec::new();
+        run.proxies.retain(|p| {
+            let why = (!o.no_skip)
+                .then(|| skip_reason(&earlier, p, n, m, o.cap))
+                .flatten();
+            if let Some(why) = &why {
+                eprintln!("xtask bench peers: {n} x {m}: {p} not run: {why} (--no-skip runs it)");
+                // A measured row of that proxy at this scale (an earlier --no-skip) is kept.
+                let measured = earlier.iter().any(|r| {
+                    r["proxy"] == p.as_str()
+                        && r["services"].as_u64() == Some(n as u64)
+                        && r["endpoints"].as_u64() == Some(m as u64)
+                        && r.get("skipped").is_none()
+                });
+                if !measured {
+                    left_out.push(skipped_row(p, n, m, o.cap, why));
+                }
+            }
+            why.is_none()
+        });
+        let mut rows = if run.proxies.is_empty() {
+            Vec::new()
+        } else {
+            match run_scale(&run, n, m, &bin, &driver) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("xtask bench peers: {n} x {m}: {e}");
+                    failed = true;
+                    continue;
+                }
             }
         };
-        failed |= rows.len() != o.proxies.len();
-        let all = merge_rows(&read_rows(&o.json), &rows);
+        failed |= rows.len() != run.proxies.len();
+        rows.extend(left_out);
+        let all = merge_rows(&earlier, &rows);
         write_outputs(&o, &all)?;
     }
     let all = read_rows(&o.json);
@@ -674,6 +753,70 @@ mod tests {
 
     fn args(s: &str) -> Vec<String> {
         s.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn a_proxy_not_converged_at_a_smaller_scale_is_left_out() {
+        let cap = Duration::from_secs(1200);
+        let rows = vec![
+            json!({"proxy": "upstream-iptables", "services": 5000, "endpoints": 10, "converged": false, "cap_s": 1200, "date": "2026-12-02"}),
+            json!({"proxy": "kube-ipvs-iptables", "services": 5000, "endpoints": 10, "converged": false, "cap_s": 600}),
+            json!({"proxy": "upstream-nftables", "services": 10000, "endpoints": 10, "converged": false, "cap_s": 1200}),
+            json!({"proxy": "upstream-ipvs", "services": 5000, "endpoints": 10, "converged": true, "cap_s": 1200}),
+        ];
+        let why = skip_reason(&rows, "upstream-iptables", 10_000, 10, cap).unwrap();
+        assert_eq!(
+            why,
+            "not converged at 5,000 x 10 within 1200 s (2026-12-02)"
+        );
+        assert!(skip_reason(&rows, "upstream-iptables", 5_000, 50, cap).is_some());
+        // The same scale again, a smaller one, another proxy: run.
+        assert_eq!(
+            skip_reason(&rows, "upstream-iptables", 5_000, 10, cap),
+            None
+        );
+        assert_eq!(
+            skip_reason(&rows, "upstream-iptables", 1_000, 10, cap),
+            None
+        );
+        assert_eq!(skip_reason(&rows, "kube-ipvs", 10_000, 10, cap), None);
+        // A shorter cap than this run's proves nothing; a converged row neither.
+        assert_eq!(
+            skip_reason(&rows, "kube-ipvs-iptables", 10_000, 10, cap),
+            None
+        );
+        assert!(skip_reason(
+            &rows,
+            "kube-ipvs-iptables",
+            10_000,
+            10,
+            Duration::from_secs(600)
+        )
+        .is_some());
+        assert_eq!(skip_reason(&rows, "upstream-ipvs", 10_000, 10, cap), None);
+        // 10,000 x 10 is not below 5,000 x 50 in N: nftables runs there.
+        assert_eq!(
+            skip_reason(&rows, "upstream-nftables", 5_000, 50, cap),
+            None
+        );
+        // A left-out row carries its reason on to the next scale, and shows it in the table
+        // instead of figures; it is no peer figure for the goals.
+        let left = skipped_row("upstream-iptables", 10_000, 10, cap, &why);
+        let mut more = rows.clone();
+        more.push(left.clone());
+        assert_eq!(
+            skip_reason(&more, "upstream-iptables", 20_000, 10, cap).as_deref(),
+            Some(why.as_str())
+        );
+        let t = markdown_table(std::slice::from_ref(&left));
+        assert!(
+            t.contains("| 10,000 x 10 | upstream-iptables | not run: not converged at 5,000 x 10"),
+            "{t}"
+        );
+        let ours = json!({"proxy": "kube-ipvs", "services": 10000, "endpoints": 10, "converged": true,
+            "converge_s": 50.0, "cpu_s": 50.0, "rss_steady_mib": 60.0, "rss_peak_mib": 61.0});
+        let ipvs_left = skipped_row("upstream-ipvs", 10_000, 10, cap, "x");
+        assert!(goals(&[ours, ipvs_left]).is_empty());
     }
 
     #[test]

@@ -819,16 +819,7 @@ fn run_proxy(
         ginkgo: &bin.join("ginkgo"),
     };
     let result = run::run_e2e(&cluster.ns, &e, o.timeout + Duration::from_secs(600));
-    // The proxy's own logs, for the record.
-    if let Ok(logs) = cluster.kubectl(&[
-        "-n",
-        "kube-system",
-        "logs",
-        &format!("ds/{ds}"),
-        "--tail=-1",
-    ]) {
-        let _ = fs::write(dir.join(format!("{ds}.log")), logs);
-    }
+    save_proxy_logs(&cluster, ds, dir);
     for n in nodes {
         let _ = n.stop();
     }
@@ -840,6 +831,54 @@ fn run_proxy(
         }
     }
     result
+}
+
+/// The proxy's logs, for the record: one file per node, `<ds>-<node>.log`, and
+/// `<ds>-<node>.previous.log` for a pod whose container restarted (its log before the restart,
+/// which is where a crash or a failed probe shows).
+fn save_proxy_logs(cluster: &Cluster, ds: &str, dir: &Path) {
+    let Ok(pods) = cluster.kubectl(&[
+        "-n",
+        "kube-system",
+        "get",
+        "pods",
+        "-l",
+        &format!("k8s-app={ds}"),
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} {.status.containerStatuses[0].restartCount}{\"\\n\"}{end}",
+    ]) else {
+        eprintln!("xtask: conformance: could not list the {ds} pods for their logs");
+        return;
+    };
+    for (pod, node, restarts) in proxy_pods(&pods) {
+        let save = |previous: bool, name: String| {
+            let mut args = vec!["-n", "kube-system", "logs", pod, "--tail=-1"];
+            if previous {
+                args.push("--previous");
+            }
+            if let Ok(logs) = cluster.kubectl(&args) {
+                let _ = fs::write(dir.join(name), logs);
+            }
+        };
+        save(false, format!("{ds}-{node}.log"));
+        if restarts > 0 {
+            save(true, format!("{ds}-{node}.previous.log"));
+        }
+    }
+}
+
+/// `name node restarts` lines (the jsonpath in [`save_proxy_logs`]) → (pod, node, restarts);
+/// a pod not yet scheduled or without a container status counts no restart.
+fn proxy_pods(list: &str) -> Vec<(&str, &str, u32)> {
+    list.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let pod = f.next()?;
+            let node = f.next().unwrap_or("unscheduled");
+            let restarts = f.next().and_then(|r| r.parse().ok()).unwrap_or(0);
+            Some((pod, node, restarts))
+        })
+        .collect()
 }
 
 /// `to` relative to `from` (both absolute), for kustomize (which wants relative paths).
@@ -859,6 +898,19 @@ pub fn relative(from: &Path, to: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proxy_pods_from_the_listing() {
+        let list = "kube-ipvs-7xk2p node-1 0\nkube-ipvs-q9zrd node-2 2\nkube-ipvs-pending\n\n";
+        assert_eq!(
+            proxy_pods(list),
+            vec![
+                ("kube-ipvs-7xk2p", "node-1", 0),
+                ("kube-ipvs-q9zrd", "node-2", 2),
+                ("kube-ipvs-pending", "unscheduled", 0),
+            ]
+        );
+    }
 
     #[test]
     fn relative_paths_for_kustomize() {

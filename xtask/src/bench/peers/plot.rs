@@ -62,6 +62,10 @@ pub fn plots(rows: &[Value]) -> Vec<(String, String)> {
 
 /// The value of `key` in `r` and whether it is a lower bound (not converged: the cap).
 fn value(r: &Value, key: &str) -> Option<(f64, bool)> {
+    if r.get("skipped").is_some() {
+        // Not run at this scale: no bar.
+        return None;
+    }
     if r["converged"] != true {
         if key == "converge_s" {
             return r["cap_s"].as_f64().map(|c| (c, true));
