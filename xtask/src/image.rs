@@ -11,6 +11,7 @@ use std::io::{BufWriter, Read};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Bump to invalidate every cached base image after changing how it is built.
 const IMAGE_FORMAT: u32 = 3;
@@ -384,7 +385,15 @@ fn stripped(src: &Path, meta: &fs::Metadata, dir: &Path) -> Result<PathBuf> {
         return Ok(out);
     }
     fs::create_dir_all(dir).ctx(|| format!("creating {}", dir.display()))?;
-    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+    // One temporary name per call: node VMs of one run start on threads of one process and
+    // strip the same binary at once (a name by process id alone had the second rename find
+    // its file already moved).
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let tmp = dir.join(format!(
+        ".{name}.{}.{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
     let ok = Command::new("objcopy")
         .arg("--strip-debug")
         .arg(src)
@@ -721,6 +730,40 @@ pub fn ensure_base(kernel: &Kernel, cache: &Path) -> Result<Base> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn two_threads_strip_the_same_binary_at_once() {
+        if host::which("objcopy").is_none() {
+            eprintln!("no objcopy: nothing to strip");
+            return;
+        }
+        // This test binary: an ELF file with debug sections, over the 1 MiB threshold.
+        let src = std::env::current_exe().unwrap();
+        let meta = fs::metadata(&src).unwrap();
+        let dir = std::env::temp_dir().join(format!("xtask-strip-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let start = std::sync::Barrier::new(2);
+        let got: Vec<PathBuf> = std::thread::scope(|s| {
+            let a = s.spawn(|| {
+                start.wait();
+                stripped(&src, &meta, &dir)
+            });
+            let b = s.spawn(|| {
+                start.wait();
+                stripped(&src, &meta, &dir)
+            });
+            [a.join().unwrap(), b.join().unwrap()]
+                .into_iter()
+                .map(|r| r.unwrap())
+                .collect()
+        });
+        assert_eq!(got[0], got[1]);
+        assert_ne!(got[0], src, "a stripped copy, not the source");
+        assert!(fs::metadata(&got[0]).unwrap().len() < meta.len());
+        // Nothing left behind but the copy.
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 1);
+        let _ = fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn merged_usr_paths_are_canonical() {
