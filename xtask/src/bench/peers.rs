@@ -359,6 +359,18 @@ impl Goal {
     pub fn pass(&self) -> bool {
         self.ratio.is_finite() && self.ratio <= self.target
     }
+
+    /// `PASS`, `MISS`, or `no peer figure` when the peer has none to compare with (upstream's
+    /// IPVS mode whose first change never reached the kernel: neither met nor missed).
+    pub fn status(&self) -> &'static str {
+        if self.pass() {
+            "PASS"
+        } else if !self.theirs.is_finite() && self.ours.is_finite() {
+            "no peer figure"
+        } else {
+            "MISS"
+        }
+    }
 }
 
 /// A peer's figure; for a peer that did not converge, its time is its cap (a lower bound, as
@@ -468,7 +480,7 @@ pub fn goal_lines(goals: &[Goal]) -> Vec<String> {
                 cell(g.theirs, 2),
                 cell(g.ratio, 3),
                 g.target,
-                if g.pass() { "PASS" } else { "MISS" }
+                g.status()
             )
         })
         .collect()
@@ -926,6 +938,20 @@ mod tests {
         );
         assert!(s.iter().all(Goal::pass));
         assert!(!get("change_p99_ms vs upstream-ipvs").pass());
+        assert_eq!(get("change_p99_ms vs upstream-ipvs").status(), "MISS");
+        assert_eq!(get("converge_s vs upstream-ipvs").status(), "PASS");
+        // Converged, but its first change never reached the kernel: no figure to compare.
+        let mut no_change = rows[1].clone();
+        no_change["change_p50_ms"] = Value::Null;
+        let n = goals(&[rows[0].clone(), no_change]);
+        let p50 = n
+            .iter()
+            .find(|x| x.what == "change_p50_ms vs upstream-ipvs")
+            .unwrap();
+        assert_eq!(p50.status(), "no peer figure");
+        assert!(goal_lines(&n)
+            .iter()
+            .any(|l| l.contains("change_p50_ms") && l.ends_with("no peer figure")));
         assert_eq!(
             g.iter()
                 .filter(|x| x.what.ends_with("upstream-ipvs"))
