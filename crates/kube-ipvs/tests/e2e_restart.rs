@@ -390,9 +390,11 @@ fn vm_e2e_restart_kill9_keeps_connections_and_adopts_the_table() {
     let churn = Churn::start(client, (0..20).map(|i| vip(i * 50 + 3)).collect());
     wait_until(WAIT, || churn.attempted() >= 5);
 
-    // Restart 1: kill -9, nothing changes while it is down.
-    let lines = lab.sync_lines().len();
+    // Restart 1: kill -9, nothing changes while it is down. The log's sync lines are counted
+    // once the killed daemon has been waited for: counted before the kill, a sync the old daemon
+    // finished in between was taken for the new daemon's first.
     lab.kill9();
+    let lines = lab.sync_lines().len();
     let n0 = churn.attempted();
     wait_until(WAIT, || churn.attempted() >= n0 + 5);
     let (f, errs) = ping_all(&lab, Some(&churn), &mut held, "down");
@@ -434,8 +436,8 @@ fn vm_e2e_restart_kill9_keeps_connections_and_adopts_the_table() {
     );
 
     // Restart 2: kill -9, then one service added and one endpoint removed while it is down.
-    let lines = lab.sync_lines().len();
     lab.kill9();
+    let lines = lab.sync_lines().len();
     let mut added = svc(SERVICES, &eps);
     added.name = "added".into();
     lab.write("added", &added.yaml());
