@@ -213,6 +213,16 @@ pub fn skip_reason(
     })
 }
 
+/// The row of `rows` that measured `proxy` at N x M (a left-out row measured nothing).
+fn measured_row<'a>(rows: &'a [Value], proxy: &str, n: u64, m: u64) -> Option<&'a Value> {
+    rows.iter().find(|r| {
+        r["proxy"] == proxy
+            && r.get("skipped").is_none()
+            && r["services"].as_u64() == Some(n)
+            && r["endpoints"].as_u64() == Some(m)
+    })
+}
+
 /// The row of a proxy left out at N x M (see [`skip_reason`]): not converged, with the cap it
 /// would have had and why; no figures.
 pub fn skipped_row(proxy: &str, n: usize, m: usize, cap: Duration, why: &str) -> Value {
@@ -394,14 +404,7 @@ pub fn goals(rows: &[Value]) -> Vec<Goal> {
         .collect();
     scales.dedup();
     for (n, m) in scales {
-        let get = |p: &str| {
-            rows.iter().find(|r| {
-                r["proxy"] == p
-                    && r.get("skipped").is_none()
-                    && r["services"].as_u64() == Some(n)
-                    && r["endpoints"].as_u64() == Some(m)
-            })
-        };
+        let get = |p: &str| measured_row(rows, p, n, m);
         let Some(ours) = get("kube-ipvs").filter(|r| r["converged"] == true) else {
             continue;
         };
@@ -717,13 +720,7 @@ pub fn peers(args: &[String]) -> Result<u8> {
             if let Some(why) = &why {
                 eprintln!("xtask bench peers: {n} x {m}: {p} not run: {why} (--no-skip runs it)");
                 // A measured row of that proxy at this scale (an earlier --no-skip) is kept.
-                let measured = earlier.iter().any(|r| {
-                    r["proxy"] == p.as_str()
-                        && r["services"].as_u64() == Some(n as u64)
-                        && r["endpoints"].as_u64() == Some(m as u64)
-                        && r.get("skipped").is_none()
-                });
-                if !measured {
+                if measured_row(&earlier, p, n as u64, m as u64).is_none() {
                     left_out.push(skipped_row(p, n, m, o.cap, why));
                 }
             }
