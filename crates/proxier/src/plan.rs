@@ -297,6 +297,9 @@ impl crate::iptables_mode::RestoreRunner for RecordedRestores {
     fn save(&mut self, _table: iptables::Table) -> Result<String, KernelError> {
         Ok(String::new())
     }
+    fn list_chain(&mut self, _table: iptables::Table, _chain: &str) -> Result<String, KernelError> {
+        Ok(String::new())
+    }
     fn restore(&mut self, payload: &str) -> Result<(), KernelError> {
         match self.0.lock() {
             Ok(mut r) => r.push(payload.to_string()),

@@ -270,6 +270,12 @@ pub trait Backend {
     fn note_node_addresses(&mut self);
     /// Asks for a full sync (drift check) next time.
     fn request_full(&mut self);
+    /// The periodic sync is due (every `syncPeriod`): by default a full sync (IPVS mode's
+    /// starts its sliced drift check); iptables mode runs a cheaper check (see
+    /// [`crate::iptables_mode`]).
+    fn periodic(&mut self) {
+        self.request_full();
+    }
     /// True when a sync has work to do now.
     fn pending(&self, now: Instant) -> bool;
     /// True when its next sync is a full one (a drift check or a retried adoption).
@@ -530,7 +536,7 @@ pub fn run(
         if now >= next_full {
             next_full = now + cfg.sync_period;
             for f in families.iter_mut() {
-                f.request_full();
+                f.periodic();
             }
         }
         if !store.synced() || !gate.open(store, now) {

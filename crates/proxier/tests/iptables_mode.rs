@@ -19,7 +19,8 @@ use model::event::{Object, SourceEvent};
 use model::store::Store;
 use model::ProxyConfig;
 use proxier::iptables_mode::{
-    cleanup_iptables_mode, IptablesProxier, RecordingRunner, RestoreRunner, UdpConntrackCleanup,
+    cleanup_iptables_mode, IptablesProxier, RecordingRunner, SharedRecording as RecordingShared,
+    UdpConntrackCleanup,
 };
 use proxier::ipvs_mode::{RulesConfig, SyncKind};
 use proxier::sync_loop::Backend;
@@ -34,31 +35,18 @@ fn proxier(cfg: ProxyConfig) -> (IptablesProxier, RecordingShared) {
     (p, shared)
 }
 
-/// A recording runner whose records the test can read while the proxier owns it.
-#[derive(Clone, Default)]
-struct RecordingShared(std::sync::Arc<std::sync::Mutex<RecordingRunner>>);
-
-impl RecordingShared {
-    fn get(&self) -> RecordingRunner {
-        self.0.lock().unwrap().clone()
-    }
-    fn set_saved(&self, t: Table, text: &str) {
-        self.0.lock().unwrap().saved.insert(t, text.to_string());
-    }
-    fn fail_next(&self, m: &str) {
-        self.0.lock().unwrap().fail_next = Some(m.to_string());
-    }
+/// The shared recorder, with the two setters these tests use.
+trait RecordingExt {
+    fn set_saved(&self, t: Table, text: &str);
+    fn fail_next(&self, m: &str);
 }
 
-impl RestoreRunner for RecordingShared {
-    fn save(&mut self, table: Table) -> Result<String, proxier::kernel::KernelError> {
-        self.0.lock().unwrap().save(table)
+impl RecordingExt for RecordingShared {
+    fn set_saved(&self, t: Table, text: &str) {
+        self.with(|r| r.saved.insert(t, text.to_string()));
     }
-    fn restore(&mut self, payload: &str) -> Result<(), proxier::kernel::KernelError> {
-        self.0.lock().unwrap().restore(payload)
-    }
-    fn processes(&self) -> u64 {
-        self.0.lock().unwrap().processes()
+    fn fail_next(&self, m: &str) {
+        self.with(|r| r.fail_next = Some(m.to_string()));
     }
 }
 
@@ -480,6 +468,137 @@ fn iptables_mode_full_sync_removes_stale_chains_and_repairs_jumps() {
     assert!(!payload.contains("-I PREROUTING "));
     assert!(!payload.contains("-I OUTPUT -m comment --comment \"kubernetes service portals\""));
     assert!(payload.contains("-I INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\" -j KUBE-EXTERNAL-SERVICES"));
+}
+
+/// What the kernel holds after `payload` was restored into empty tables, per table, as
+/// `iptables -S` would list it: every `-A` line, each `-I` jump as an `-A` line.
+fn kernel_after(payload: &str) -> Vec<(Table, String)> {
+    let mut out: Vec<(Table, String)> = Vec::new();
+    for line in payload.lines() {
+        match line {
+            "*nat" => out.push((Table::Nat, String::new())),
+            "*filter" => out.push((Table::Filter, String::new())),
+            l if l.starts_with("-A ") || l.starts_with("-I ") => {
+                let text = &mut out.last_mut().unwrap().1;
+                text.push_str("-A ");
+                text.push_str(&l[3..]);
+                text.push('\n');
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The periodic check (every syncPeriod) reads only the jumps' built-in chains and the shared
+/// chains, one `iptables -S` each, writes nothing when they are as rendered, and repairs (and
+/// counts) a flushed shared chain or a deleted jump without rewriting the per-service chains;
+/// a chain it cannot list makes the sync a full one. The periodic full sync comes only after
+/// the full-sync period, and not above upstream's 1,000-endpoint large-cluster threshold.
+#[test]
+fn iptables_mode_periodic_check_repairs_shared_chains_and_jumps_without_a_full_sync() {
+    let store = many(100);
+    let (mut p, rec) = proxier(cfg4());
+    let r = p.sync(&store, &addrs());
+    assert_eq!(r.kind, SyncKind::Full);
+    for (t, text) in kernel_after(&rec.get().restores[0]) {
+        rec.set_saved(t, &text);
+    }
+    let (saves, restores) = (rec.get().saves, rec.get().restores.len());
+
+    // In sync: lists, writes nothing.
+    p.periodic();
+    assert!(p.pending(std::time::Instant::now()));
+    let r = p.sync(&store, &addrs());
+    assert_eq!(r.kind, SyncKind::Incremental);
+    assert!(r.ok() && r.drift.is_empty(), "{r:?}");
+    let after = rec.get();
+    assert_eq!((after.saves, after.restores.len()), (saves, restores));
+    let listed: Vec<&str> = after.listed.iter().map(|(_, c)| c.as_str()).collect();
+    for c in [
+        "PREROUTING",
+        "OUTPUT",
+        "POSTROUTING",
+        "KUBE-SERVICES",
+        "INPUT",
+        "FORWARD",
+    ] {
+        assert!(listed.contains(&c), "{c} not listed: {listed:?}");
+    }
+    assert!(
+        listed
+            .iter()
+            .all(|c| !c.starts_with("KUBE-SVC-") && !c.starts_with("KUBE-SEP-")),
+        "{listed:?}"
+    );
+    assert!(!p.pending(std::time::Instant::now()), "the check is done");
+
+    // `iptables -t nat -F KUBE-SERVICES`: refilled, counted, no per-service chain written.
+    let nat = rec.get().saved[&Table::Nat].clone();
+    let flushed: String = nat
+        .lines()
+        .filter(|l| !l.starts_with("-A KUBE-SERVICES "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    rec.set_saved(Table::Nat, &flushed);
+    p.periodic();
+    let r = p.sync(&store, &addrs());
+    assert_eq!(r.kind, SyncKind::Incremental);
+    assert!(r.ok() && r.iptables_restored, "{r:?}");
+    assert_eq!(r.drift.get("iptables rules"), Some(&1), "{:?}", r.drift);
+    let payload = rec.get().restores.last().unwrap().clone();
+    assert_eq!(
+        payload
+            .lines()
+            .filter(|l| l.starts_with("-A KUBE-SERVICES -d "))
+            .count(),
+        100
+    );
+    assert!(!payload.contains(":KUBE-SVC-") && !payload.contains(":KUBE-SEP-"));
+    assert_eq!(rec.get().saves, saves, "no iptables-save");
+    rec.set_saved(Table::Nat, &nat);
+
+    // A deleted jump: inserted again, counted.
+    let jump = "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES";
+    assert!(nat.contains(jump));
+    rec.set_saved(Table::Nat, &nat.replace(&format!("{jump}\n"), ""));
+    p.periodic();
+    let r = p.sync(&store, &addrs());
+    assert_eq!(r.kind, SyncKind::Incremental);
+    assert_eq!(r.drift.get("iptables jumps"), Some(&1), "{:?}", r.drift);
+    let payload = rec.get().restores.last().unwrap().clone();
+    assert!(payload.contains(
+        "-I PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"
+    ));
+    rec.set_saved(Table::Nat, &nat);
+
+    // A chain that cannot be listed: the sync is a full one (both tables saved).
+    rec.with(|r| r.missing.insert("KUBE-POSTROUTING".into()));
+    p.periodic();
+    let r = p.sync(&store, &addrs());
+    assert_eq!(r.kind, SyncKind::Full);
+    assert!(r.ok(), "{r:?}");
+    assert_eq!(rec.get().saves, saves + 2);
+    rec.with(|r| r.missing.clear());
+
+    // The periodic full sync once the full-sync period has passed: at 1,000 endpoints (not
+    // above the threshold) it is full, above it a check.
+    let (mut p, _rec) = proxier(cfg4());
+    let mut p2 = IptablesProxier::new(
+        cfg4(),
+        RulesConfig::default(),
+        NODE,
+        Box::new(RecordingShared::default()),
+    )
+    .with_full_sync_period(std::time::Duration::ZERO);
+    p = p.with_full_sync_period(std::time::Duration::ZERO);
+    p.sync(&store, &addrs());
+    p.periodic();
+    assert_eq!(p.sync(&store, &addrs()).kind, SyncKind::Full);
+    let large = many(101);
+    p2.sync(&large, &addrs());
+    p2.periodic();
+    assert_eq!(p2.sync(&large, &addrs()).kind, SyncKind::Incremental);
 }
 
 #[test]

@@ -873,3 +873,137 @@ fn netns_iptables_mode_first_sync_without_the_node_keeps_node_ports() {
         0
     );
 }
+
+/// The periodic check against the real iptables: with the kernel as rendered it writes nothing
+/// and runs no `iptables-save`; `iptables -t nat -F KUBE-SERVICES` (the ClusterIP stops
+/// answering) and a deleted `PREROUTING` jump are each repaired by one check, counted as
+/// drift, with the per-service chains left as they are and the Service answering again; a
+/// deleted chain (`KUBE-POSTROUTING`, after its jump) makes the check a full sync, which
+/// recreates it.
+#[test]
+#[ignore = "netns"]
+fn netns_iptables_mode_periodic_check_repairs_a_flushed_chain_and_a_deleted_jump() {
+    let lab = lab(2);
+    let web = svc("default", "web", "10.96.0.10")
+        .port("http", 80, "TCP")
+        .build();
+    let store = synced_store(vec![web], vec![slice_of("web", &[0, 1], "node-b")]);
+    let ipt = Iptables::detect(iptables::Family::Inet, Runner::in_netns(lab.node.name())).unwrap();
+    let mut p = IptablesProxier::new(cfg4(), RulesConfig::default(), NODE, Box::new(ipt));
+    let r = p.sync(&store, &node_addrs());
+    assert!(r.ok() && r.kind == SyncKind::Full, "{:?}", r.errors);
+    let vip = sock("10.96.0.10", 80);
+    // The ClusterIP from the node itself (OUTPUT jump) and from the client (PREROUTING jump).
+    assert_eq!(
+        connect_n(&lab.client, vip, 4, Duration::from_secs(2)).failed,
+        0
+    );
+    let rendered = owned_rules(&lab.node.run(&["iptables-save"]).unwrap());
+    let svc_chains = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with("-A KUBE-SVC-") || l.starts_with("-A KUBE-SEP-"))
+            .map(str::to_string)
+            .collect()
+    };
+    let per_service = svc_chains(&lab.node.run(&["iptables-save", "-t", "nat"]).unwrap());
+    assert!(!per_service.is_empty());
+
+    // As rendered: nothing written.
+    p.periodic();
+    let r = p.sync(&store, &node_addrs());
+    assert!(
+        r.ok() && r.kind == SyncKind::Incremental && r.drift.is_empty(),
+        "{r:?}"
+    );
+    assert!(!r.iptables_restored, "nothing differs, nothing written");
+
+    // A flushed KUBE-SERVICES: the ClusterIP stops answering; one check refills it.
+    lab.node
+        .run(&["iptables", "-t", "nat", "-F", "KUBE-SERVICES"])
+        .unwrap();
+    assert_eq!(
+        connect_n(&lab.client, vip, 2, Duration::from_secs(1)).ok(),
+        0
+    );
+    p.periodic();
+    let r = p.sync(&store, &node_addrs());
+    assert!(r.ok() && r.kind == SyncKind::Incremental, "{r:?}");
+    assert_eq!(r.drift.get("iptables rules"), Some(&1), "{:?}", r.drift);
+    assert_eq!(
+        connect_n(&lab.client, vip, 4, Duration::from_secs(2)).failed,
+        0
+    );
+    assert_eq!(
+        owned_rules(&lab.node.run(&["iptables-save"]).unwrap()),
+        rendered
+    );
+    let (written, deleted, _) = p.last_restore();
+    assert_eq!((written, deleted), (0, 0), "no per-service chain rewritten");
+
+    // A deleted PREROUTING jump: the client's traffic is no longer proxied; one check fixes it.
+    lab.node
+        .run(&[
+            "iptables",
+            "-t",
+            "nat",
+            "-D",
+            "PREROUTING",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes service portals",
+            "-j",
+            "KUBE-SERVICES",
+        ])
+        .unwrap();
+    assert_eq!(
+        connect_n(&lab.client, vip, 2, Duration::from_secs(1)).ok(),
+        0
+    );
+    p.periodic();
+    let r = p.sync(&store, &node_addrs());
+    assert!(r.ok() && r.kind == SyncKind::Incremental, "{r:?}");
+    assert_eq!(r.drift.get("iptables jumps"), Some(&1), "{:?}", r.drift);
+    assert_eq!(
+        connect_n(&lab.client, vip, 4, Duration::from_secs(2)).failed,
+        0
+    );
+
+    // A deleted chain: the check cannot list it and runs a full sync, which recreates it.
+    lab.node
+        .run(&[
+            "iptables",
+            "-t",
+            "nat",
+            "-D",
+            "POSTROUTING",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes postrouting rules",
+            "-j",
+            "KUBE-POSTROUTING",
+        ])
+        .unwrap();
+    lab.node
+        .run(&["iptables", "-t", "nat", "-F", "KUBE-POSTROUTING"])
+        .unwrap();
+    lab.node
+        .run(&["iptables", "-t", "nat", "-X", "KUBE-POSTROUTING"])
+        .unwrap();
+    p.periodic();
+    let r = p.sync(&store, &node_addrs());
+    assert!(r.ok() && r.kind == SyncKind::Full, "{r:?}");
+    assert_eq!(
+        owned_rules(&lab.node.run(&["iptables-save"]).unwrap()),
+        rendered
+    );
+    assert_eq!(
+        svc_chains(&lab.node.run(&["iptables-save", "-t", "nat"]).unwrap()),
+        per_service
+    );
+    assert_eq!(
+        connect_n(&lab.client, vip, 4, Duration::from_secs(2)).failed,
+        0
+    );
+}

@@ -553,27 +553,11 @@ fn refusing_node_address_vips_drops_every_claim_on_a_node_address() {
     run.assert_full_sync_writes_nothing();
 }
 
-/// A recording iptables runner the test reads while the proxier owns it.
-#[derive(Clone, Default)]
-struct Recording(std::sync::Arc<std::sync::Mutex<proxier::iptables_mode::RecordingRunner>>);
-
-impl proxier::iptables_mode::RestoreRunner for Recording {
-    fn save(&mut self, t: iptables::Table) -> Result<String, proxier::kernel::KernelError> {
-        self.0.lock().unwrap().save(t)
-    }
-    fn restore(&mut self, payload: &str) -> Result<(), proxier::kernel::KernelError> {
-        self.0.lock().unwrap().restore(payload)
-    }
-    fn processes(&self) -> u64 {
-        self.0.lock().unwrap().processes()
-    }
-}
-
 #[test]
 fn iptables_mode_renders_no_rule_for_a_claim_the_node_keeps() {
     use proxier::iptables_mode::IptablesProxier;
     use proxier::sync_loop::Backend;
-    let rec = Recording::default();
+    let rec = proxier::iptables_mode::SharedRecording::default();
     let mut p = IptablesProxier::new(cfg4(), RulesConfig::default(), NODE, Box::new(rec.clone()));
     let mut store = synced_store(vec![], vec![]);
     assert!(p.sync(&store, &node_addrs()).ok());
@@ -596,7 +580,7 @@ fn iptables_mode_renders_no_rule_for_a_claim_the_node_keeps() {
     );
     p.request_full();
     assert!(p.sync(&store, &node_addrs()).ok());
-    let payload = rec.0.lock().unwrap().restores.last().cloned().unwrap();
+    let payload = rec.get().restores.last().cloned().unwrap();
     assert!(
         !payload.contains("aa/hijack:http external IP"),
         "the dropped claim's rule is rendered:\n{payload}"

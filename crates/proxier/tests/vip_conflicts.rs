@@ -328,27 +328,11 @@ fn endpointslice_rejections_clear_when_fixed_or_deleted_and_stay_bounded() {
     assert_eq!(p.rejections().owned_len(), 0);
 }
 
-/// A recording iptables runner the test reads while the proxier owns it.
-#[derive(Clone, Default)]
-struct Recording(std::sync::Arc<std::sync::Mutex<proxier::iptables_mode::RecordingRunner>>);
-
-impl proxier::iptables_mode::RestoreRunner for Recording {
-    fn save(&mut self, t: iptables::Table) -> Result<String, proxier::kernel::KernelError> {
-        self.0.lock().unwrap().save(t)
-    }
-    fn restore(&mut self, payload: &str) -> Result<(), proxier::kernel::KernelError> {
-        self.0.lock().unwrap().restore(payload)
-    }
-    fn processes(&self) -> u64 {
-        self.0.lock().unwrap().processes()
-    }
-}
-
 #[test]
 fn iptables_mode_renders_only_the_winners_external_ip_rule() {
     use proxier::iptables_mode::IptablesProxier;
     use proxier::sync_loop::Backend;
-    let rec = Recording::default();
+    let rec = proxier::iptables_mode::SharedRecording::default();
     let mut p = IptablesProxier::new(cfg4(), RulesConfig::default(), NODE, Box::new(rec.clone()));
     let mut store = synced_store(vec![], vec![]);
     assert!(p.sync(&store, &node_addrs()).ok());
@@ -371,7 +355,7 @@ fn iptables_mode_renders_only_the_winners_external_ip_rule() {
     );
     p.request_full();
     assert!(p.sync(&store, &node_addrs()).ok());
-    let payload = rec.0.lock().unwrap().restores.last().cloned().unwrap();
+    let payload = rec.get().restores.last().cloned().unwrap();
     assert!(
         payload.contains("zz/older:http external IP"),
         "winner's rule missing:\n{payload}"

@@ -496,8 +496,9 @@ impl<K: Kernel> Kernel for FaultKernel<K> {
     }
 }
 
-/// An iptables-mode restore runner whose saves and restores fail, hang or time out as its
-/// [`FaultHandle`] says ([`KernelOp::SaveIptables`], [`KernelOp::ApplyIptables`]).
+/// An iptables-mode restore runner whose saves, chain listings and restores fail, hang or time
+/// out as its [`FaultHandle`] says ([`KernelOp::SaveIptables`] for both reads,
+/// [`KernelOp::ApplyIptables`]).
 #[derive(Debug)]
 pub struct FaultRunner<R> {
     /// The wrapped runner.
@@ -524,6 +525,13 @@ impl<R: RestoreRunner> RestoreRunner for FaultRunner<R> {
         match self.handle.decide(KernelOp::SaveIptables) {
             Some(e) => Err(error_for(KernelOp::SaveIptables, e)),
             None => self.inner.save(table),
+        }
+    }
+    /// A read of the rules like `save`: faulted as [`KernelOp::SaveIptables`].
+    fn list_chain(&mut self, table: iptables::Table, chain: &str) -> Result<String, KernelError> {
+        match self.handle.decide(KernelOp::SaveIptables) {
+            Some(e) => Err(error_for(KernelOp::SaveIptables, e)),
+            None => self.inner.list_chain(table, chain),
         }
     }
     fn restore(&mut self, payload: &str) -> Result<(), KernelError> {

@@ -249,6 +249,9 @@ impl Backend for IptablesBackend {
     fn request_full(&mut self) {
         self.inner.request_full();
     }
+    fn periodic(&mut self) {
+        self.inner.periodic();
+    }
     fn pending(&self, now: std::time::Instant) -> bool {
         self.inner.pending(now)
             || (!self.conntrack_pending.is_empty() && self.conntrack_retry.ready(now))

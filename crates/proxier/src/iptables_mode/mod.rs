@@ -9,9 +9,22 @@
 //!   changed are written, chains that went away are flushed and deleted (`-X`); the shared
 //!   chains (`KUBE-SERVICES`, `KUBE-NODEPORTS`, the filter chains) are refilled each time. A sync
 //!   with nothing changed runs no process at all.
-//! - **Full sync** (first sync, after a failure, node changes, every `syncPeriod`): every chain is
-//!   written; one `iptables-save` per table finds stale per-service chains (left by a previous
-//!   run) and missing or duplicate jumps from the built-in chains, repaired in the same restore.
+//! - **Full sync** (first sync, after a failure or a failed check read, node changes, and at
+//!   most hourly): every chain is written; one `iptables-save` per table finds stale per-service
+//!   chains (left by a previous run) and missing or duplicate jumps from the built-in chains,
+//!   repaired in the same restore. The periodic one comes every [`FULL_SYNC_PERIOD`] (an hour)
+//!   and not at all on a node with more than [`LARGE_CLUSTER_ENDPOINTS`] endpoints, as
+//!   upstream's `syncProxyRules` does (`doFullSync`: `proxyutil.FullSyncPeriod`, not in
+//!   `largeClusterMode`; pkg/proxy/iptables/proxier.go, v1.37.2): a full restore of a large
+//!   table takes seconds to minutes (2.1 s at 1,000 x 10 on the 2-core host, 153 s at
+//!   5,000 x 10; over 40 s at 1,000 x 10 in the emulated VM) and every change waits for it.
+//! - **Periodic check** (every `syncPeriod`, [`Backend::periodic`]): lists only the built-in
+//!   chains the jumps start from and the shared chains (`iptables -S CHAIN`, one small process
+//!   each: the nft backend fetches only that chain), repairs missing or duplicate jumps and
+//!   refills a shared chain whose rule count differs from what is rendered (a flushed
+//!   `KUBE-SERVICES`), all counted as drift; nothing is written when nothing differs. A chain
+//!   that cannot be listed (deleted, or the table flushed) turns the sync into a full one.
+//!   Upstream checks only for its canary chains every `syncPeriod` (`ipt.Monitor`).
 //! - **UDP conntrack**: each sync records which UDP flows became stale
 //!   ([`UdpConntrackCleanup`]); the conntrack cleaner shared with IPVS mode consumes them with
 //!   [`IptablesProxier::take_conntrack_cleanups`].
@@ -21,7 +34,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use iptables::proxy_mode::{
     self, EndpointRule, PayloadInput, ProxyModeConfig, RenderedServicePort, ServicePortRules,
@@ -47,7 +60,7 @@ mod runner;
 mod sync;
 
 pub use derive::{service_port_rules, service_port_string, DerivedPort};
-pub use runner::{RecordingRunner, RestoreRunner};
+pub use runner::{RecordingRunner, RestoreRunner, SharedRecording};
 
 pub use cleanup::{cleanup_iptables_mode, cleanup_ipvs_mode_leftovers, CleanupReport};
 /// Conntrack entries a sync made stale for one UDP service port (the hook for the conntrack
@@ -64,6 +77,14 @@ pub struct UdpConntrackCleanup {
     /// from no endpoints to some, so every entry to the VIPs (cached rejects) must go.
     pub endpoint: Option<IpAddr>,
 }
+
+/// How often the periodic full sync comes at most: upstream's `proxyutil.FullSyncPeriod`
+/// (pkg/proxy/util/utils.go, v1.37.2).
+pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
+
+/// Above this many endpoint chains (`KUBE-SEP-`) the periodic full sync is skipped: upstream's
+/// `largeClusterEndpointsThreshold` (pkg/proxy/iptables/proxier.go, v1.37.2).
+pub const LARGE_CLUSTER_ENDPOINTS: usize = 1000;
 
 /// One derived service port.
 #[derive(Debug, Clone)]
@@ -91,6 +112,12 @@ pub struct IptablesProxier {
     applied_once: bool,
     dirty: BTreeSet<ServiceName>,
     full_requested: bool,
+    /// The periodic check is due ([`Backend::periodic`]).
+    check_requested: bool,
+    /// When the last full sync succeeded.
+    last_full: Option<Instant>,
+    /// [`FULL_SYNC_PERIOD`] unless set ([`IptablesProxier::with_full_sync_period`]).
+    full_sync_period: Duration,
     /// The Node's podCIDRs of the family (detectLocalMode NodeCIDR).
     pod_cidrs: Vec<ipnet::IpNet>,
     /// Retries of failed saves and restores ([`crate::retry`]'s one policy).
@@ -136,6 +163,9 @@ impl IptablesProxier {
             applied_once: false,
             dirty: BTreeSet::new(),
             full_requested: true,
+            check_requested: false,
+            last_full: None,
+            full_sync_period: FULL_SYNC_PERIOD,
             pod_cidrs: Vec::new(),
             retry: Backoff::new(RetryPolicy::default()),
             rejections: Rejections::default(),
@@ -152,6 +182,12 @@ impl IptablesProxier {
     /// Sets the retry policy (minSyncPeriod to syncPeriod).
     pub fn with_retry(mut self, policy: RetryPolicy) -> IptablesProxier {
         self.retry = Backoff::new(policy);
+        self
+    }
+
+    /// Sets how often the periodic full sync comes at most (default [`FULL_SYNC_PERIOD`]).
+    pub fn with_full_sync_period(mut self, period: Duration) -> IptablesProxier {
+        self.full_sync_period = period;
         self
     }
 
@@ -314,11 +350,27 @@ impl Backend for IptablesProxier {
     fn request_full(&mut self) {
         self.full_requested = true;
     }
+    fn periodic(&mut self) {
+        let endpoints = self
+            .applied
+            .keys()
+            .filter(|c| c.starts_with("KUBE-SEP-"))
+            .count();
+        let due = self
+            .last_full
+            .is_none_or(|t| t.elapsed() >= self.full_sync_period);
+        if due && endpoints <= LARGE_CLUSTER_ENDPOINTS {
+            self.full_requested = true;
+        } else {
+            self.check_requested = true;
+        }
+    }
     fn pending(&self, now: Instant) -> bool {
-        (self.full_requested || !self.dirty.is_empty()) && self.retry.ready(now)
+        (self.full_requested || self.check_requested || !self.dirty.is_empty())
+            && self.retry.ready(now)
     }
     fn retry_due(&self) -> Option<Instant> {
-        if self.full_requested || !self.dirty.is_empty() {
+        if self.full_requested || self.check_requested || !self.dirty.is_empty() {
             self.retry.due()
         } else {
             None

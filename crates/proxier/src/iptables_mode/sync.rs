@@ -23,14 +23,29 @@ impl IptablesProxier {
             // Every service's chains carry the local-traffic match: a change is a full sync.
             self.full_requested = true;
         }
-        let full = self.full_requested || !self.applied_once;
+        let mut full = self.full_requested || !self.applied_once;
+        let node = self.node_info(store, node_addresses);
+        let mut mode = self.mode_config(&node);
+        // The periodic check's reads: the jumps' built-in chains and the shared chains.
+        let mut listed: BTreeMap<(Table, &'static str), String> = BTreeMap::new();
+        let check = !full && self.check_requested;
+        if check {
+            match self.list_checked_chains(&mode) {
+                Ok(l) => listed = l,
+                Err(e) => {
+                    // A chain that cannot be listed is gone (or the table was flushed) or the
+                    // tool failed: the full sync reads and repairs everything.
+                    tracing::warn!(error = %e, "periodic iptables check: a chain could not be listed; running a full sync");
+                    full = true;
+                }
+            }
+            self.check_requested = false;
+        }
         let mut report = empty_report(if full {
             SyncKind::Full
         } else {
             SyncKind::Incremental
         });
-        let node = self.node_info(store, node_addresses);
-        let mut mode = self.mode_config(&node);
         let mut names = std::mem::take(&mut self.dirty);
         if full {
             names.extend(store.service_names().cloned());
@@ -129,11 +144,37 @@ impl IptablesProxier {
             }
         }
 
-        if !full && write.is_empty() && delete.is_empty() && !shared_changed {
+        let ports: Vec<&RenderedServicePort> = self.ports().collect();
+        if check && !full {
+            for table in [Table::Nat, Table::Filter] {
+                let text: String = listed
+                    .iter()
+                    .filter(|((t, _), _)| *t == table)
+                    .map(|(_, l)| l.as_str())
+                    .collect();
+                let fixes = proxy_mode::jump_fixes_for(&mode, table, &text);
+                if !fixes.is_empty() {
+                    report.drift.insert("iptables jumps", fixes.len());
+                    jump_fixes.insert(table, fixes);
+                }
+            }
+            if !shared_changed {
+                let differing = shared_chains_differing(&mode, &ports, &listed);
+                if differing > 0 {
+                    report.drift.insert("iptables rules", differing);
+                    shared_changed = true;
+                }
+            }
+        }
+        if !full
+            && write.is_empty()
+            && delete.is_empty()
+            && !shared_changed
+            && jump_fixes.values().all(Vec::is_empty)
+        {
             report.duration = start.elapsed();
             return report;
         }
-        let ports: Vec<&RenderedServicePort> = self.ports().collect();
         let payload = match proxy_mode::restore_payload(&PayloadInput {
             cfg: &mode,
             ports: &ports,
@@ -176,7 +217,11 @@ impl IptablesProxier {
                     report.retrying.insert(Subsystem::Iptables);
                 } else {
                     self.applied_once = true;
-                    self.full_requested = false;
+                    if full {
+                        self.full_requested = false;
+                        self.check_requested = false;
+                        self.last_full = Some(now);
+                    }
                     self.retry.succeeded();
                 }
             }
@@ -198,6 +243,26 @@ impl IptablesProxier {
 }
 
 impl IptablesProxier {
+    /// The periodic check's reads: each built-in chain a jump of `mode` starts from and each
+    /// shared chain, one `iptables -S` each.
+    fn list_checked_chains(
+        &mut self,
+        mode: &ProxyModeConfig,
+    ) -> Result<BTreeMap<(Table, &'static str), String>, KernelError> {
+        let mut chains: BTreeSet<(Table, &'static str)> = mode.chains().into_iter().collect();
+        chains.extend(
+            proxy_mode::jumps_for(mode)
+                .iter()
+                .map(|j| (j.table, j.from)),
+        );
+        let mut out = BTreeMap::new();
+        for (table, chain) in chains {
+            let text = self.runner.list_chain(table, chain)?;
+            out.insert((table, chain), text);
+        }
+        Ok(out)
+    }
+
     /// With `nodePortAddresses: [primary]` and no Node known (its wait timed out), the NodePort
     /// jumps a previous run wrote for node addresses are kept (read from the saved
     /// `KUBE-SERVICES`) instead of dropped, until the Node tells the primary IPs; the same rule
@@ -230,4 +295,50 @@ impl IptablesProxier {
         }
         self.kept_node_port_ips = kept;
     }
+}
+
+/// How many shared chains hold a different number of rules than the payload renders for them
+/// (a flushed `KUBE-SERVICES`, a rule added or deleted by hand). Counting, not comparing text:
+/// `iptables -S` prints matches in its own order and format, and a count is what a flush or an
+/// insertion changes.
+fn shared_chains_differing(
+    mode: &ProxyModeConfig,
+    ports: &[&RenderedServicePort],
+    listed: &BTreeMap<(Table, &'static str), String>,
+) -> usize {
+    let empty_write = BTreeMap::new();
+    let empty_delete = BTreeSet::new();
+    let no_fixes = BTreeMap::new();
+    let Ok(payload) = proxy_mode::restore_payload(&PayloadInput {
+        cfg: mode,
+        ports,
+        write: &empty_write,
+        delete: &empty_delete,
+        jump_fixes: &no_fixes,
+    }) else {
+        return 0;
+    };
+    // Rules per (table, chain) in the payload (`*nat` ... `COMMIT`, then `*filter` ...).
+    let mut want: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+    let mut table = "";
+    for line in payload.lines() {
+        if let Some(t) = line.strip_prefix('*') {
+            table = t.trim();
+        } else if let Some(rest) = line.strip_prefix("-A ") {
+            let chain = rest.split(' ').next().unwrap_or_default();
+            *want.entry((table, chain)).or_default() += 1;
+        }
+    }
+    let rules = |text: &str, chain: &str| {
+        let prefix = format!("-A {chain} ");
+        text.lines().filter(|l| l.starts_with(&prefix)).count()
+    };
+    mode.chains()
+        .into_iter()
+        .filter(|(table, chain)| {
+            let want = want.get(&(table.as_str(), *chain)).copied().unwrap_or(0);
+            let got = listed.get(&(*table, *chain)).map_or(0, |t| rules(t, chain));
+            want != got
+        })
+        .count()
 }
