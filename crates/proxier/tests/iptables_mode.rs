@@ -493,10 +493,11 @@ fn kernel_after(payload: &str) -> Vec<(Table, String)> {
 /// The periodic check (every syncPeriod) reads only the jumps' built-in chains and the shared
 /// chains, one `iptables -S` each, writes nothing when they are as rendered, and repairs (and
 /// counts) a flushed shared chain or a deleted jump without rewriting the per-service chains;
-/// a chain it cannot list makes the sync a full one. The periodic full sync comes only after
-/// the full-sync period, and not above upstream's 1,000-endpoint large-cluster threshold.
+/// a chain it cannot list makes the sync a full one. A change of the node's addresses re-derives
+/// the Services and writes the shared chains, without a save. The periodic full sync comes only
+/// after the full-sync period, and not above upstream's 1,000-endpoint large-cluster threshold.
 #[test]
-fn iptables_mode_periodic_check_repairs_shared_chains_and_jumps_without_a_full_sync() {
+fn iptables_mode_periodic_check_and_node_addresses_need_no_full_sync() {
     let store = many(100);
     let (mut p, rec) = proxier(cfg4());
     let r = p.sync(&store, &addrs());
@@ -571,6 +572,25 @@ fn iptables_mode_periodic_check_repairs_shared_chains_and_jumps_without_a_full_s
         "-I PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"
     ));
     rec.set_saved(Table::Nat, &nat);
+
+    // The node's addresses changed (the address tracker's first dump at every start): the
+    // Services are derived again and the shared chains written, no save, no per-service chain.
+    p.note_node_addresses();
+    assert!(p.pending(std::time::Instant::now()));
+    let r = p.sync(&store, &addrs());
+    assert_eq!(r.kind, SyncKind::Incremental);
+    assert!(r.ok() && r.iptables_restored, "{r:?}");
+    assert_eq!(rec.get().saves, saves, "no iptables-save");
+    let payload = rec.get().restores.last().unwrap().clone();
+    assert!(!payload.contains(":KUBE-SVC-") && !payload.contains(":KUBE-SEP-"));
+    assert_eq!(
+        payload
+            .lines()
+            .filter(|l| l.starts_with("-A KUBE-SERVICES -d "))
+            .count(),
+        100
+    );
+    assert!(!p.pending(std::time::Instant::now()));
 
     // A chain that cannot be listed: the sync is a full one (both tables saved).
     rec.with(|r| r.missing.insert("KUBE-POSTROUTING".into()));

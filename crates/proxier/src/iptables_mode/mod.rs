@@ -25,6 +25,8 @@
 //!   `KUBE-SERVICES`), all counted as drift; nothing is written when nothing differs. A chain
 //!   that cannot be listed (deleted, or the table flushed) turns the sync into a full one.
 //!   Upstream checks only for its canary chains every `syncPeriod` (`ipt.Monitor`).
+//! - **Node addresses changed**: every Service is derived again and the shared chains are
+//!   written; per-service chains only where their rules changed; no `iptables-save`.
 //! - **UDP conntrack**: each sync records which UDP flows became stale
 //!   ([`UdpConntrackCleanup`]); the conntrack cleaner shared with IPVS mode consumes them with
 //!   [`IptablesProxier::take_conntrack_cleanups`].
@@ -114,6 +116,10 @@ pub struct IptablesProxier {
     full_requested: bool,
     /// The periodic check is due ([`Backend::periodic`]).
     check_requested: bool,
+    /// The node's addresses changed: every Service is derived again (`allow_from_node`, the
+    /// NodePort budget) and the shared chains are written (the NodePort jumps), but only the
+    /// per-service chains that changed are, with no `iptables-save`.
+    rederive_requested: bool,
     /// When the last full sync succeeded.
     last_full: Option<Instant>,
     /// [`FULL_SYNC_PERIOD`] unless set ([`IptablesProxier::with_full_sync_period`]).
@@ -164,6 +170,7 @@ impl IptablesProxier {
             dirty: BTreeSet::new(),
             full_requested: true,
             check_requested: false,
+            rederive_requested: false,
             last_full: None,
             full_sync_period: FULL_SYNC_PERIOD,
             pod_cidrs: Vec::new(),
@@ -183,6 +190,14 @@ impl IptablesProxier {
     pub fn with_retry(mut self, policy: RetryPolicy) -> IptablesProxier {
         self.retry = Backoff::new(policy);
         self
+    }
+
+    /// True when a sync has something to do (a full sync, the check, a re-derive, changes).
+    fn work_requested(&self) -> bool {
+        self.full_requested
+            || self.check_requested
+            || self.rederive_requested
+            || !self.dirty.is_empty()
     }
 
     /// Sets how often the periodic full sync comes at most (default [`FULL_SYNC_PERIOD`]).
@@ -344,8 +359,12 @@ impl Backend for IptablesProxier {
         }
     }
     fn note_node_addresses(&mut self) {
-        // NodePort addresses, allow-from-node and the static NodePort jump depend on them.
-        self.full_requested = true;
+        // NodePort addresses, allow-from-node and the static NodePort jump depend on them; none
+        // of that needs a read of the tables (upstream's syncProxyRules takes the node IPs at
+        // each sync, partial ones included). A full sync here was a second full restore right
+        // after the first at every start (the address tracker's first dump arrives during it):
+        // 60 s at 1,000 x 10 in the emulated VM, which the first change waited for.
+        self.rederive_requested = true;
     }
     fn request_full(&mut self) {
         self.full_requested = true;
@@ -366,11 +385,10 @@ impl Backend for IptablesProxier {
         }
     }
     fn pending(&self, now: Instant) -> bool {
-        (self.full_requested || self.check_requested || !self.dirty.is_empty())
-            && self.retry.ready(now)
+        self.work_requested() && self.retry.ready(now)
     }
     fn retry_due(&self) -> Option<Instant> {
-        if self.full_requested || self.check_requested || !self.dirty.is_empty() {
+        if self.work_requested() {
             self.retry.due()
         } else {
             None

@@ -47,7 +47,8 @@ impl IptablesProxier {
             SyncKind::Incremental
         });
         let mut names = std::mem::take(&mut self.dirty);
-        if full {
+        let rederive = std::mem::take(&mut self.rederive_requested);
+        if full || rederive {
             names.extend(store.service_names().cloned());
             names.extend(self.services.keys().cloned());
         }
@@ -144,6 +145,8 @@ impl IptablesProxier {
             }
         }
 
+        // The node's addresses changed: the shared chains carry the NodePort jumps.
+        shared_changed |= rederive;
         let ports: Vec<&RenderedServicePort> = self.ports().collect();
         if check && !full {
             for table in [Table::Nat, Table::Filter] {
