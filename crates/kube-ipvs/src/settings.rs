@@ -145,7 +145,7 @@ pub const SETTINGS: &[Setting] = &[
       Support::Ignored("SNAT to the node's InternalIP is not implemented"),
       "SNAT service traffic to the node's InternalIP"),
     s(Some("iptables.syncPeriod"), Some("iptables-sync-period"), Ty::Duration, "30s", true,
-      Support::Yes, "iptables mode: full resync period"),
+      Support::Yes, "iptables mode: period of the drift check (the jumps' built-in chains and the shared chains, `iptables -S` each; repaired when they differ); a full resync comes at most hourly and not above 1,000 endpoints, as upstream's `syncProxyRules`"),
     s(Some("iptables.minSyncPeriod"), Some("iptables-min-sync-period"), Ty::Duration, "1s", true,
       Support::Yes, "iptables mode: minimum time between syncs"),
     s(Some("ipvs.syncPeriod"), Some("ipvs-sync-period"), Ty::Duration, "30s", true, Support::Yes,

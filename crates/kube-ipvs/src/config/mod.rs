@@ -137,7 +137,7 @@ pub struct IptablesConfig {
     pub masquerade_bit: u8,
     /// iptables mode: NodePorts on 127.0.0.1.
     pub localhost_node_ports: bool,
-    /// iptables mode: full resync period.
+    /// iptables mode: period of the drift check (a full resync comes at most hourly).
     pub sync_period: Duration,
     /// iptables mode: minimum time between syncs.
     pub min_sync_period: Duration,
