@@ -348,6 +348,14 @@ fn many(n: usize) -> Store {
     synced_store(svcs, slices)
 }
 
+/// The per-service lines of nat `KUBE-SERVICES` in a restore payload.
+fn service_lines(payload: &str) -> usize {
+    payload
+        .lines()
+        .filter(|l| l.starts_with("-A KUBE-SERVICES -d "))
+        .count()
+}
+
 #[test]
 fn iptables_mode_partial_sync_rewrites_only_changed_chains() {
     let mut store = many(100);
@@ -409,13 +417,7 @@ fn iptables_mode_partial_sync_rewrites_only_changed_chains() {
         assert!(l.starts_with(&format!("-A {svc7} ")), "{l}");
     }
     // KUBE-SERVICES still lists all 100 services.
-    assert_eq!(
-        payload
-            .lines()
-            .filter(|l| l.starts_with("-A KUBE-SERVICES -d "))
-            .count(),
-        100
-    );
+    assert_eq!(service_lines(&payload), 100);
 
     // A deleted service: its chains go.
     assert!(store
@@ -548,13 +550,7 @@ fn iptables_mode_periodic_check_and_node_addresses_need_no_full_sync() {
     assert!(r.ok() && r.iptables_restored, "{r:?}");
     assert_eq!(r.drift.get("iptables rules"), Some(&1), "{:?}", r.drift);
     let payload = rec.get().restores.last().unwrap().clone();
-    assert_eq!(
-        payload
-            .lines()
-            .filter(|l| l.starts_with("-A KUBE-SERVICES -d "))
-            .count(),
-        100
-    );
+    assert_eq!(service_lines(&payload), 100);
     assert!(!payload.contains(":KUBE-SVC-") && !payload.contains(":KUBE-SEP-"));
     assert_eq!(rec.get().saves, saves, "no iptables-save");
     rec.set_saved(Table::Nat, &nat);
@@ -583,13 +579,7 @@ fn iptables_mode_periodic_check_and_node_addresses_need_no_full_sync() {
     assert_eq!(rec.get().saves, saves, "no iptables-save");
     let payload = rec.get().restores.last().unwrap().clone();
     assert!(!payload.contains(":KUBE-SVC-") && !payload.contains(":KUBE-SEP-"));
-    assert_eq!(
-        payload
-            .lines()
-            .filter(|l| l.starts_with("-A KUBE-SERVICES -d "))
-            .count(),
-        100
-    );
+    assert_eq!(service_lines(&payload), 100);
     assert!(!p.pending(std::time::Instant::now()));
 
     // A chain that cannot be listed: the sync is a full one (both tables saved).
