@@ -355,6 +355,12 @@ impl Proxier {
 
     /// True when a sync has work to do now.
     pub fn pending(&self, now: Instant) -> bool {
+        self.paced_pending(now) || self.drain_due.is_some_and(|t| now >= t)
+    }
+
+    /// True when work paced by `minSyncPeriod` is due: everything [`Proxier::pending`] counts
+    /// but the drain check, which has its own interval (see [`crate::sync_loop::Backend::paced`]).
+    pub fn paced_pending(&self, now: Instant) -> bool {
         // Until the first full sync has read the kernel, nothing else runs.
         let adopted = self.applied_once;
         self.full_due(now)
@@ -366,7 +372,6 @@ impl Proxier {
             || (!self.conntrack.is_empty() && self.retry.conntrack.ready(now))
             || (adopted && !self.refused.is_empty() && self.retry.refused.ready(now))
             || (adopted && self.check_due(now))
-            || self.drain_due.is_some_and(|t| now >= t)
     }
 
     /// When the next retry of failed operations (or a drain check) is due, if any.
