@@ -3,8 +3,8 @@
 //! Runs on a dedicated thread (the kernel calls block). Events from the sources and from the
 //! node-address tracker arrive on one channel and are applied to the [`Store`] at once; syncs
 //! happen when something is pending, at most once per `min_sync_period` (bursts coalesce; a
-//! step that only checks draining real servers does not restart that wait, see
-//! [`Backend::paced`]), and a full drift check runs every `sync_period`. Nothing is programmed until Services and
+//! step that only checks draining real servers or runs a drift-check step does not restart that
+//! wait, see [`Backend::paced`]), and a full drift check runs every `sync_period`. Nothing is programmed until Services and
 //! EndpointSlices have both been listed once, and this node's Node has been seen or
 //! [`LoopConfig::node_wait`] has passed (see [`NodeGate`]).
 //!
@@ -279,12 +279,13 @@ pub trait Backend {
     }
     /// True when a sync has work to do now.
     fn pending(&self, now: Instant) -> bool;
-    /// True when work paced by `minSyncPeriod` is due: changes, a full sync, a retry, a
-    /// drift-check step. A step whose only work is timed otherwise (IPVS mode's drain check,
-    /// due every drain interval) does not restart the wait, so a change right after it is not
-    /// held for a whole `minSyncPeriod`: upstream drains in a goroutine of its own
-    /// (`GracefulTerminationManager`, pkg/proxy/ipvs/graceful_termination.go), apart from its
-    /// `syncRunner`'s `minSyncPeriod`.
+    /// True when work paced by `minSyncPeriod` is due: changes, a full sync, a retry. A step
+    /// whose only work has a timer of its own (IPVS mode's drain check, due every drain
+    /// interval; a step of its drift check, due at most every `minSyncPeriod` after the last
+    /// one) does not restart the wait, so a change right after it is not held for a whole
+    /// `minSyncPeriod`: upstream drains in a goroutine of its own (`GracefulTerminationManager`,
+    /// pkg/proxy/ipvs/graceful_termination.go), apart from its `syncRunner`'s `minSyncPeriod`,
+    /// and has no sliced check.
     fn paced(&self, now: Instant) -> bool {
         self.pending(now)
     }

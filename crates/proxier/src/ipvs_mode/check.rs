@@ -13,6 +13,9 @@
 //! at every sync (`syncProxyRules`: `GetVirtualServers`, then `GetRealServers` per service, the
 //! ipset and address listings) and makes every change wait.
 //!
+//! A step comes at most once per `minSyncPeriod`, by the check's own timer: a sync that only
+//! ran a step does not make the next change wait for the sync loop's `minSyncPeriod`.
+//!
 //! Each step is consistent: the changes before it are programmed, nothing writes between its
 //! read and its repairs, so whatever differs is drift (counted). A step whose read fails stays
 //! queued and is retried with backoff, its subsystem reported as retrying; nothing is deleted
@@ -39,6 +42,9 @@ pub(super) struct DriftCheck {
     sets: bool,
     queue: VecDeque<ServiceKey>,
     budget: Duration,
+    /// The next step is not due before this (a step every `minSyncPeriod`, on the check's own
+    /// timer rather than the sync loop's wait: see [`Proxier::check_due`]).
+    next: Option<Instant>,
 }
 
 impl Default for DriftCheck {
@@ -48,6 +54,7 @@ impl Default for DriftCheck {
             sets: false,
             queue: VecDeque::new(),
             budget: CHECK_STEP_BUDGET,
+            next: None,
         }
     }
 }
@@ -88,11 +95,25 @@ impl Proxier {
         self.check.queue = keys.into_iter().collect();
         self.check.addresses = true;
         self.check.sets = true;
+        self.check.next = None;
     }
 
     /// True when a step of the running check may run at `now`.
+    ///
+    /// Steps come at most once per `minSyncPeriod` by their own timer (`DriftCheck::next`), so
+    /// the sync loop need not pace them: a step that ran alone does not restart the loop's
+    /// `minSyncPeriod` wait, and a change right after it is programmed at once
+    /// ([`crate::sync_loop::Backend::paced`]).
     pub(super) fn check_due(&self, now: Instant) -> bool {
-        self.check.running() && self.retry.check.ready(now)
+        self.check.running()
+            && self.retry.check.ready(now)
+            && self.check.next.is_none_or(|t| now >= t)
+    }
+
+    /// When the next step of the running check is due by its own timer (None: no check
+    /// running, or no step of it yet).
+    pub(super) fn check_next(&self) -> Option<Instant> {
+        self.check.next.filter(|_| self.check.running())
     }
 
     /// The periodic full sync of a proxier that adopted the kernel already: the changes
@@ -138,6 +159,7 @@ impl Proxier {
 
     /// One step of the running check: the addresses, else the sets, else IPVS slices.
     pub(super) fn check_step(&mut self, kernel: &mut dyn Kernel, report: &mut SyncReport) {
+        self.check.next = Some(self.now + self.retry.check.policy().min);
         if self.check.addresses {
             self.check_addresses(kernel, report);
         } else if self.check.sets {

@@ -355,11 +355,14 @@ impl Proxier {
 
     /// True when a sync has work to do now.
     pub fn pending(&self, now: Instant) -> bool {
-        self.paced_pending(now) || self.drain_due.is_some_and(|t| now >= t)
+        self.paced_pending(now)
+            || (self.applied_once && self.check_due(now))
+            || self.drain_due.is_some_and(|t| now >= t)
     }
 
     /// True when work paced by `minSyncPeriod` is due: everything [`Proxier::pending`] counts
-    /// but the drain check, which has its own interval (see [`crate::sync_loop::Backend::paced`]).
+    /// but the drain check and the drift check's steps, which have timers of their own (see
+    /// [`crate::sync_loop::Backend::paced`]).
     pub fn paced_pending(&self, now: Instant) -> bool {
         // Until the first full sync has read the kernel, nothing else runs.
         let adopted = self.applied_once;
@@ -371,7 +374,6 @@ impl Proxier {
             || (!self.repair.is_empty() && self.retry.ipvs.ready(now))
             || (!self.conntrack.is_empty() && self.retry.conntrack.ready(now))
             || (adopted && !self.refused.is_empty() && self.retry.refused.ready(now))
-            || (adopted && self.check_due(now))
     }
 
     /// When the next retry of failed operations (or a drain check) is due, if any.
@@ -391,6 +393,7 @@ impl Proxier {
             .filter(|(on, _)| *on)
             .filter_map(|(_, b)| b.due())
             .chain(self.drain_due)
+            .chain(self.check_next())
             .min()
     }
 
