@@ -185,25 +185,29 @@ fn failed_drift_check_slice_read_deletes_nothing_and_is_retried_with_backoff() {
     let r = p.sync_at(t0, &store, &node_addrs(), &mut k);
     assert!(r.healthy(), "{:?}", r.errors);
     assert!(k.inner.ipvs.contains_key(&stale), "only listed so far");
-    // The check reads the addresses, then the sets, one per sync, then IPVS.
-    for _ in 0..2 {
-        assert!(p.pending(t0), "the check's next step is due");
-        let r = p.sync_at(t0, &store, &node_addrs(), &mut k);
+    // The check reads the addresses, then the sets, one step per minSyncPeriod (the first at
+    // once), then IPVS.
+    let min = policy().min;
+    for t in [t0, t0 + min] {
+        assert!(p.pending(t), "the check's next step is due");
+        let r = p.sync_at(t, &store, &node_addrs(), &mut k);
         assert!(r.healthy(), "{:?}", r.errors);
         assert!(k.inner.ipvs.contains_key(&stale), "IPVS not read yet");
+        assert!(!p.pending(t), "the next step waits minSyncPeriod");
     }
-    assert!(p.pending(t0), "the check's first slice is due");
+    let t1 = t0 + 2 * min;
+    assert!(p.pending(t1), "the check's first slice is due");
 
     h.inject(Fault::errno(KernelOp::ReadIpvsKeys, EBUSY, Calls::Nth(1)));
-    let r = p.sync_at(t0, &store, &node_addrs(), &mut k);
+    let r = p.sync_at(t1, &store, &node_addrs(), &mut k);
     assert_eq!(failed(&r), [Subsystem::Ipvs]);
     assert!(r.retrying.contains(&Subsystem::Ipvs));
     assert!(
         k.inner.ipvs.contains_key(&stale),
         "deleted on a failed read"
     );
-    let due1 = assert_delay(p.retry_due(), t0, 1);
-    assert!(!p.pending(t0), "retried before the backoff passed");
+    let due1 = assert_delay(p.retry_due(), t1, 1);
+    assert!(!p.pending(t1), "retried before the backoff passed");
     assert!(p.pending(due1));
 
     let r = p.sync_at(due1, &store, &node_addrs(), &mut k);
@@ -281,14 +285,18 @@ fn failed_drift_check_address_and_set_reads_delete_nothing_and_are_retried_with_
         "one read per sync"
     );
 
-    // The set step's read fails: nothing changes; then it repairs.
+    // The set step comes minSyncPeriod later. Its read fails: nothing changes; then it
+    // repairs.
+    let min = policy().min;
+    assert!(!p.pending(due1), "the next step waits minSyncPeriod");
+    let t2 = due1 + min;
     h.inject(Fault::errno(KernelOp::ReadIpsets, EBUSY, Calls::Nth(1)));
-    let r = p.sync_at(due1, &store, &node_addrs(), &mut k);
+    let r = p.sync_at(t2, &store, &node_addrs(), &mut k);
     assert_eq!(failed(&r), [Subsystem::Ipset]);
     assert!(r.retrying.contains(&Subsystem::Ipset));
     assert!(k.inner.ipsets.get("KUBE-CLUSTER-IP").is_none());
     assert_eq!(h.calls(KernelOp::ReadIpvsKeys), 0);
-    let due2 = assert_delay(p.retry_due(), due1, 1);
+    let due2 = assert_delay(p.retry_due(), t2, 1);
     let r = p.sync_at(due2, &store, &node_addrs(), &mut k);
     assert!(r.healthy(), "{:?}", r.errors);
     assert!(
@@ -299,12 +307,13 @@ fn failed_drift_check_address_and_set_reads_delete_nothing_and_are_retried_with_
     assert_eq!(k.inner.ipsets.get("KUBE-CLUSTER-IP"), cluster_ip.as_ref());
     assert!(k.inner.ipvs.contains_key(&stale), "IPVS is the next step");
 
-    // Then IPVS, a slice: the stale virtual server goes; the check ends.
-    let r = p.sync_at(due2, &store, &node_addrs(), &mut k);
+    // Then IPVS, a slice, minSyncPeriod later: the stale virtual server goes; the check ends.
+    let t3 = due2 + min;
+    let r = p.sync_at(t3, &store, &node_addrs(), &mut k);
     assert!(r.healthy(), "{:?}", r.errors);
     assert_eq!(r.drift.get("ipvs"), Some(&1), "{:?}", r.drift);
     assert!(!k.inner.ipvs.contains_key(&stale));
-    assert!(!p.pending(due2));
+    assert!(!p.pending(t3));
     assert_eq!(p.retry_due(), None);
     assert_eq!(h.calls(KernelOp::ReadAddresses), 3);
     assert_eq!(h.calls(KernelOp::ReadIpsets), 3);

@@ -178,6 +178,8 @@ impl Proxier {
     ) {
         report.fail(subsystem, e.to_string());
         self.full_failed.insert(subsystem);
+        // The backoff, not the step timer, says when the failed step runs again.
+        self.check.next = None;
         let delay = self.retry.check.failed(self.now);
         tracing::warn!(error = %e, subsystem = subsystem.as_str(), retry_in_ms = delay.as_millis() as u64,
             "drift check: reading the kernel failed; retrying with backoff");
