@@ -293,7 +293,7 @@ pub trait Backend {
     fn full_due(&self, _now: Instant) -> bool {
         false
     }
-    /// When timed work (retries, drain checks) is next due.
+    /// When timed work (retries, drain checks, drift-check steps) is next due.
     fn retry_due(&self) -> Option<Instant>;
     /// Runs one sync.
     fn sync(&mut self, store: &Store, node_addresses: &BTreeSet<IpAddr>) -> SyncReport;

@@ -376,7 +376,8 @@ impl Proxier {
             || (adopted && !self.refused.is_empty() && self.retry.refused.ready(now))
     }
 
-    /// When the next retry of failed operations (or a drain check) is due, if any.
+    /// When the next retry of failed operations (or a drain check, or a step of the running
+    /// drift check) is due, if any.
     pub fn retry_due(&self) -> Option<Instant> {
         let waiting = [
             (self.full_pending(), &self.retry.full),
