@@ -1,9 +1,10 @@
-//! The periodic drift check, one kernel read per sync.
+//! The periodic drift check, one kernel read per step.
 //!
 //! A periodic full sync (not the first: adoption reads the kernel whole, see `sync`) programs the
 //! changes pending as an incremental sync would, restores the iptables rules, lists the family's
 //! IPVS virtual servers (one services dump, no real servers) and starts a check. Each later sync
-//! first programs the changes pending (an incremental sync), then does one step of the check: read,
+//! first programs the changes pending (an incremental sync), then does one step of the check when
+//! one is due: read,
 //! diff and repair the family's addresses on kube-ipvs0 (one dump of that family); then the
 //! family's ipsets (one netlink LIST of each of its 17 sets); then the queued virtual servers, a
 //! slice at a time, for about [`CHECK_STEP_BUDGET`]. A change so waits for at most one of those
@@ -119,7 +120,8 @@ impl Proxier {
     /// The periodic full sync of a proxier that adopted the kernel already: the changes
     /// pending (`delta`) programmed as an incremental sync would, the iptables rules restored,
     /// and a drift check started with one list of the family's virtual servers (unless one is
-    /// running). Reads nothing else: the check's steps do, one per later sync.
+    /// running). Reads nothing else: the check's steps do, one per later sync
+    /// at most every `minSyncPeriod`.
     pub(super) fn periodic_sync(
         &mut self,
         delta: Delta,
