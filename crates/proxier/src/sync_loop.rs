@@ -2,9 +2,10 @@
 //!
 //! Runs on a dedicated thread (the kernel calls block). Events from the sources and from the
 //! node-address tracker arrive on one channel and are applied to the [`Store`] at once; syncs
-//! happen when something is pending, at most once per `min_sync_period` (bursts coalesce; a
-//! step that only checks draining real servers or runs a drift-check step does not restart that
-//! wait, see [`Backend::paced`]), and a full drift check runs every `sync_period`. Nothing is programmed until Services and
+//! happen when something is pending, changes at most once per `min_sync_period` (bursts
+//! coalesce; work with a timer of its own, such as the periodic full sync, a retry, a drift-check
+//! step or a drain check, does not restart that wait, see [`Backend::paced`]), and a full drift
+//! check runs every `sync_period`. Nothing is programmed until Services and
 //! EndpointSlices have both been listed once, and this node's Node has been seen or
 //! [`LoopConfig::node_wait`] has passed (see [`NodeGate`]).
 //!
@@ -279,13 +280,13 @@ pub trait Backend {
     }
     /// True when a sync has work to do now.
     fn pending(&self, now: Instant) -> bool;
-    /// True when work paced by `minSyncPeriod` is due: changes, a full sync, a retry. A step
-    /// whose only work has a timer of its own (IPVS mode's drain check, due every drain
-    /// interval; a step of its drift check, due at most every `minSyncPeriod` after the last
-    /// one) does not restart the wait, so a change right after it is not held for a whole
-    /// `minSyncPeriod`: upstream drains in a goroutine of its own (`GracefulTerminationManager`,
-    /// pkg/proxy/ipvs/graceful_termination.go), apart from its `syncRunner`'s `minSyncPeriod`,
-    /// and has no sliced check.
+    /// True when changes are due, the work `minSyncPeriod` paces: only a step that programs
+    /// changes restarts the wait. Work with a timer of its own (IPVS mode's periodic full sync,
+    /// retries with their backoff, drift-check steps at most one per `minSyncPeriod`, drain
+    /// checks every drain interval) does not, so a change right after it is not held for a
+    /// whole `minSyncPeriod`. Upstream's `syncRunner` paces all its syncs (each is a full one),
+    /// and drains in a loop of its own (`GracefulTerminationManager`,
+    /// pkg/proxy/ipvs/graceful_termination.go). By default every pending sync is paced.
     fn paced(&self, now: Instant) -> bool {
         self.pending(now)
     }

@@ -355,25 +355,30 @@ impl Proxier {
 
     /// True when a sync has work to do now.
     pub fn pending(&self, now: Instant) -> bool {
-        self.paced_pending(now)
-            || (self.applied_once && self.check_due(now))
-            || self.drain_due.is_some_and(|t| now >= t)
-    }
-
-    /// True when work paced by `minSyncPeriod` is due: everything [`Proxier::pending`] counts
-    /// but the drain check and the drift check's steps, which have timers of their own (see
-    /// [`crate::sync_loop::Backend::paced`]).
-    pub fn paced_pending(&self, now: Instant) -> bool {
         // Until the first full sync has read the kernel, nothing else runs.
         let adopted = self.applied_once;
-        self.full_due(now)
-            || (adopted && (!self.dirty.is_empty() || self.node_dirty))
+        self.paced_pending(now)
+            || self.full_due(now)
             || (adopted && self.recheck_addresses && self.retry.address.ready(now))
             || (adopted && self.recheck_sets && self.retry.ipset.ready(now))
             || (adopted && self.recheck_rules && self.retry.iptables.ready(now))
             || (!self.repair.is_empty() && self.retry.ipvs.ready(now))
             || (!self.conntrack.is_empty() && self.retry.conntrack.ready(now))
             || (adopted && !self.refused.is_empty() && self.retry.refused.ready(now))
+            || (adopted && self.check_due(now))
+            || self.drain_due.is_some_and(|t| now >= t)
+    }
+
+    /// True when changes are due (the store's, the node's addresses, and the first full sync):
+    /// the only work `minSyncPeriod` paces. Everything else [`Proxier::pending`] counts has a
+    /// timer of its own: the periodic full sync (`syncPeriod`), retries (backoff from
+    /// `minSyncPeriod`), the drift check's steps (at most one per `minSyncPeriod`), drain checks
+    /// (the drain interval). See [`crate::sync_loop::Backend::paced`].
+    pub fn paced_pending(&self, now: Instant) -> bool {
+        if !self.applied_once {
+            return self.full_due(now);
+        }
+        !self.dirty.is_empty() || self.node_dirty
     }
 
     /// When the next retry of failed operations (or a drain check, or a step of the running
