@@ -582,7 +582,7 @@ pub fn run(
         // changes that arrived during the first one are programmed before it, not after both.
         let mut ran_full = false;
         let mut deferred = false;
-        // Some family had work paced by `min_sync_period` (not only a drain check).
+        // Some family programs changes: the work `min_sync_period` paces (see `Backend::paced`).
         let mut paced = false;
         for f in families.iter_mut() {
             if !f.pending(now) {
