@@ -728,6 +728,26 @@ mod tests {
         }
     }
 
+    /// The Service `default/web` arriving from a source.
+    fn web_service() -> Input {
+        let svc = k8s_openapi::api::core::v1::Service {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some("web".into()),
+                namespace: Some("default".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Input::Source(SourceEvent::Apply(Object::from(&svc)))
+    }
+
+    /// Polls `done` every 5 ms until it holds (the test's watcher thread).
+    fn wait_for(done: impl Fn() -> bool) {
+        while !done() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Runs the loop on an empty store until `watcher` shuts it down.
     fn run_to_shutdown(
         rx: &Receiver<Input>,
@@ -867,22 +887,9 @@ mod tests {
             let (log, syncing) = (log.clone(), syncing.clone());
             std::thread::spawn(move || {
                 // During the IPv4 full sync, a Service arrives.
-                while !syncing.load(std::sync::atomic::Ordering::SeqCst) {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                let svc = k8s_openapi::api::core::v1::Service {
-                    metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-                        name: Some("web".into()),
-                        namespace: Some("default".into()),
-                        ..Default::default()
-                    },
-                    ..Default::default()
-                };
-                tx.send(Input::Source(SourceEvent::Apply(Object::from(&svc))))
-                    .unwrap();
-                while log.lock().unwrap().len() < 3 {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
+                wait_for(|| syncing.load(std::sync::atomic::Ordering::SeqCst));
+                tx.send(web_service()).unwrap();
+                wait_for(|| log.lock().unwrap().len() >= 3);
                 tx.send(Input::Shutdown).unwrap();
             })
         };
@@ -969,22 +976,9 @@ mod tests {
             let log = log.clone();
             std::thread::spawn(move || {
                 // Right after the drain check, a Service arrives.
-                while !log.lock().unwrap().iter().any(|(w, _)| *w == "drain") {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                let svc = k8s_openapi::api::core::v1::Service {
-                    metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-                        name: Some("web".into()),
-                        namespace: Some("default".into()),
-                        ..Default::default()
-                    },
-                    ..Default::default()
-                };
-                tx.send(Input::Source(SourceEvent::Apply(Object::from(&svc))))
-                    .unwrap();
-                while log.lock().unwrap().len() < 3 {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
+                wait_for(|| log.lock().unwrap().iter().any(|(w, _)| *w == "drain"));
+                tx.send(web_service()).unwrap();
+                wait_for(|| log.lock().unwrap().len() >= 3);
                 tx.send(Input::Shutdown).unwrap();
             })
         };

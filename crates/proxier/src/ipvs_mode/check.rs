@@ -4,15 +4,14 @@
 //! changes pending as an incremental sync would, restores the iptables rules, lists the family's
 //! IPVS virtual servers (one services dump, no real servers) and starts a check. Each later sync
 //! first programs the changes pending (an incremental sync), then does one step of the check when
-//! one is due: read,
-//! diff and repair the family's addresses on kube-ipvs0 (one dump of that family); then the
-//! family's ipsets (one netlink LIST of each of its 17 sets); then the queued virtual servers, a
-//! slice at a time, for about [`CHECK_STEP_BUDGET`]. A change so waits for at most one of those
-//! reads, instead of for all of them and a read of the whole IPVS table: at 5,000 Services x 10
-//! endpoints in the emulated benchmark VM a full sync's reads took 5 to 6 s per family, during
-//! which every change waited (`docs/benchmarks.md`). Upstream's IPVS proxier reads every subsystem
-//! at every sync (`syncProxyRules`: `GetVirtualServers`, then `GetRealServers` per service, the
-//! ipset and address listings) and makes every change wait.
+//! one is due: read, diff and repair the family's addresses on kube-ipvs0 (one dump of that
+//! family); then the family's ipsets (one netlink LIST of each of its 17 sets); then the queued
+//! virtual servers, a slice at a time, for about [`CHECK_STEP_BUDGET`]. A change so waits for at
+//! most one of those reads, instead of for all of them and a read of the whole IPVS table: at
+//! 5,000 Services x 10 endpoints in the emulated benchmark VM a full sync's reads took 5 to 6 s
+//! per family, during which every change waited (`docs/benchmarks.md`). Upstream's IPVS proxier
+//! reads every subsystem at every sync (`syncProxyRules`: `GetVirtualServers`, then
+//! `GetRealServers` per service, the ipset and address listings) and makes every change wait.
 //!
 //! A step comes at most once per `minSyncPeriod`, by the check's own timer: a sync that only
 //! ran a step does not make the next change wait for the sync loop's `minSyncPeriod`.
@@ -120,8 +119,8 @@ impl Proxier {
     /// The periodic full sync of a proxier that adopted the kernel already: the changes
     /// pending (`delta`) programmed as an incremental sync would, the iptables rules restored,
     /// and a drift check started with one list of the family's virtual servers (unless one is
-    /// running). Reads nothing else: the check's steps do, one per later sync
-    /// at most every `minSyncPeriod`.
+    /// running). Reads nothing else: the check's steps do, one per later sync at most every
+    /// `minSyncPeriod`.
     pub(super) fn periodic_sync(
         &mut self,
         delta: Delta,
