@@ -298,12 +298,20 @@ fn cell(x: f64, digits: usize) -> String {
     }
 }
 
-/// Converge time as shown: seconds, or `> CAP s (counts)` for a proxy that did not converge.
+/// Converge time as shown: seconds, or `> CAP s (counts)` for a proxy that did not converge;
+/// with the end of its first sync when that came more than a second after (`settled_s`).
 fn converge_cell(r: &Value) -> String {
     if let Some(why) = r["skipped"].as_str() {
         format!("not run: {why}")
     } else if r["converged"] == true {
-        cell(f(&r["converge_s"]), 1)
+        let (c, s) = (f(&r["converge_s"]), f(&r["settled_s"]));
+        if s > c + 1.0 {
+            format!("{} (first sync ended {})", cell(c, 1), cell(s, 1))
+        } else if r["settled"] == false {
+            format!("{} (first sync not ended by the cap)", cell(c, 1))
+        } else {
+            cell(c, 1)
+        }
     } else {
         format!("> {} (not converged)", r["cap_s"].as_u64().unwrap_or(0))
     }
@@ -963,6 +971,23 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("> 1200 (not converged)"), "{t}");
+        // A proxy whose counted state was complete before its first sync ended.
+        let mut late = rows[1].clone();
+        late["settled"] = json!(true);
+        late["settled_s"] = json!(731.34);
+        let t = markdown_table(&[late.clone(), rows[0].clone()]);
+        assert!(
+            t.contains("| upstream-ipvs | 500.0 (first sync ended 731.3) |"),
+            "{t}"
+        );
+        assert!(t.contains("| kube-ipvs | 5.0 |"), "{t}");
+        late["settled"] = json!(false);
+        late["settled_s"] = Value::Null;
+        let t = markdown_table(&[late]);
+        assert!(
+            t.contains("| 500.0 (first sync not ended by the cap) |"),
+            "{t}"
+        );
         assert_eq!(goal_lines(&g).len(), g.len());
         assert_eq!(group(250000), "250,000");
         assert_eq!(group(999), "999");

@@ -10,6 +10,9 @@
 //!    that round's own duration, `check_s`), or the cap passes (`converged: false`, with the
 //!    counts reached). `cpu_s` is the proxy's user + system time then, its waited-for children
 //!    (ipset, iptables-restore, nft processes) included.
+//!    Then settled: the proxy's first sync has ended by its own `/metrics` (sync count at
+//!    least one; `settled_s` from process start, within the same cap), so that no proxy's
+//!    changes are timed against the rest of its first sync.
 //! 3. One change at a time, `changes` times: one EndpointSlice's first endpoint replaced by a
 //!    merge patch from here (an API write through the forwarded port), timed from just before
 //!    the write until [`kernel::Watcher::visible`] sees the kernel hold it (checked every
@@ -541,6 +544,20 @@ fn sync_metrics() -> Value {
     })
 }
 
+/// Waits until the proxy reports its first sync ended (polled once a second) or `cap` has passed
+/// since `t0` or the proxy exited; the time from `t0`, or `None`.
+fn settle(proxy: &mut Running, t0: Instant, cap: Duration) -> Option<Duration> {
+    loop {
+        if sync_metrics()["syncs"].as_f64().is_some_and(|n| n >= 1.0) {
+            return Some(t0.elapsed());
+        }
+        if t0.elapsed() > cap || proxy.exited().is_some() {
+            return None;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
 fn run_proxy(
     o: &Options,
     p: Proxy,
@@ -620,6 +637,24 @@ fn run_proxy(
         converge.as_secs_f64(),
         check_s,
         row["cpu_s"].as_f64().unwrap_or(f64::NAN)
+    );
+    // Settled: the proxy's first sync has ended (its `/metrics` sync count is at least one).
+    // Upstream's IPVS mode completes the counted state long before its first sync ends (it
+    // still adds hairpin ipset members, one `ipset` process each); every proxy's changes are
+    // timed from a finished first sync on, so none is timed against its own start.
+    let settled = settle(&mut proxy, t0, o.cap);
+    row["settled"] = json!(settled.is_some());
+    row["settled_s"] = json!(settled.map(|d| d.as_secs_f64()));
+    eprintln!(
+        "peers-bench: {}: first sync ended {}",
+        p.name(),
+        settled.map_or_else(
+            || format!(
+                "not within the {} s cap; changes timed anyway",
+                o.cap.as_secs()
+            ),
+            |d| format!("after {:.2} s", d.as_secs_f64())
+        )
     );
     std::thread::sleep(Duration::from_secs(2));
 
