@@ -812,3 +812,74 @@ fn iptables_mode_lb_ingress_ip_mode_proxy_gets_no_rules() {
     assert!(restored.contains("198.51.100.8"), "{restored}");
     assert!(!restored.contains("198.51.100.9"), "{restored}");
 }
+
+/// Only changes are paced by `minSyncPeriod` (`Backend::paced`): the first sync, a store change,
+/// the node's addresses and a Node change's full sync. The periodic check, the periodic full
+/// sync and a repair's full sync have timers of their own and leave the next change unheld.
+#[test]
+fn iptables_mode_paces_changes_only() {
+    let now = std::time::Instant::now;
+    let mut store = many(10);
+    let (mut p, _rec) = proxier(cfg4());
+    assert!(p.paced(now()), "the first sync is paced");
+    assert!(p.sync(&store, &addrs()).ok());
+    assert!(!p.pending(now()) && !p.paced(now()));
+
+    // The periodic check: pending, not paced.
+    p.periodic();
+    assert!(p.pending(now()) && !p.paced(now()));
+    assert_eq!(p.sync(&store, &addrs()).kind, SyncKind::Incremental);
+    assert!(!p.pending(now()));
+
+    // The periodic full sync: pending, not paced.
+    let mut q = p.with_full_sync_period(std::time::Duration::ZERO);
+    q.periodic();
+    assert!(q.pending(now()) && !q.paced(now()));
+    assert_eq!(q.sync(&store, &addrs()).kind, SyncKind::Full);
+
+    // A repair's full sync (kube-ipvs0 deleted, say): not paced.
+    q.request_full();
+    assert!(q.pending(now()) && !q.paced(now()));
+    assert_eq!(q.sync(&store, &addrs()).kind, SyncKind::Full);
+
+    // An endpoint change: paced, and nothing once it is synced.
+    let s = slice("ns", "svc-3", "svc-3-1")
+        .port("http", 8080, "TCP")
+        .ep("10.244.99.1", "node-b", C::Ready)
+        .build();
+    let ch = store.apply(SourceEvent::Apply(Object::from(s)));
+    q.note(&ch);
+    assert!(q.paced(now()));
+    q.sync(&store, &addrs());
+    assert!(!q.pending(now()) && !q.paced(now()));
+
+    // A change beside the periodic check is paced.
+    q.periodic();
+    let s = slice("ns", "svc-4", "svc-4-1")
+        .port("http", 8080, "TCP")
+        .ep("10.244.99.2", "node-b", C::Ready)
+        .build();
+    q.note(&store.apply(SourceEvent::Apply(Object::from(s))));
+    assert!(q.paced(now()));
+    q.sync(&store, &addrs());
+
+    // The node's addresses: paced.
+    q.note_node_addresses();
+    assert!(q.paced(now()));
+    q.sync(&store, &addrs());
+    assert!(!q.paced(now()));
+
+    // A Node change (its zone): a full sync, paced until it has run.
+    let ch = store.apply(SourceEvent::Apply(Object::Node(Box::new(node_obj(
+        NODE,
+        "zone-b",
+        "192.168.0.10",
+    )))));
+    assert!(ch.node_changed);
+    q.note(&ch);
+    assert!(q.paced(now()));
+    assert_eq!(q.sync(&store, &addrs()).kind, SyncKind::Full);
+    assert!(!q.pending(now()) && !q.paced(now()));
+    q.request_full();
+    assert!(!q.paced(now()), "a later repair is not paced");
+}

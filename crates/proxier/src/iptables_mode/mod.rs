@@ -114,6 +114,9 @@ pub struct IptablesProxier {
     applied_once: bool,
     dirty: BTreeSet<ServiceName>,
     full_requested: bool,
+    /// The requested full sync programs a change (the Node's zone or addresses in the store):
+    /// paced by `minSyncPeriod`, unlike the periodic one and a repair's ([`Backend::paced`]).
+    full_for_change: bool,
     /// The periodic check is due ([`Backend::periodic`]).
     check_requested: bool,
     /// The node's addresses changed: every Service is derived again (`allow_from_node`, the
@@ -169,6 +172,7 @@ impl IptablesProxier {
             applied_once: false,
             dirty: BTreeSet::new(),
             full_requested: true,
+            full_for_change: false,
             check_requested: false,
             rederive_requested: false,
             last_full: None,
@@ -356,6 +360,7 @@ impl Backend for IptablesProxier {
         self.dirty.extend(changes.dirty.iter().cloned());
         if changes.node_changed {
             self.full_requested = true;
+            self.full_for_change = true;
         }
     }
     fn note_node_addresses(&mut self) {
@@ -386,6 +391,18 @@ impl Backend for IptablesProxier {
     }
     fn pending(&self, now: Instant) -> bool {
         self.work_requested() && self.retry.ready(now)
+    }
+    /// Changes (the store's, the node's addresses, a Node change's full sync) and the first
+    /// sync are paced; the periodic check and periodic full sync (every `syncPeriod`, their own
+    /// timer) and a repair's full sync are not, so a change written just after one is not held
+    /// for a whole `minSyncPeriod`, as in IPVS mode ([`crate::ipvs_mode::Proxier::paced_pending`]).
+    /// Upstream's iptables `syncRunner` paces every sync, periodic ones too.
+    fn paced(&self, now: Instant) -> bool {
+        self.pending(now)
+            && (!self.applied_once
+                || !self.dirty.is_empty()
+                || self.rederive_requested
+                || (self.full_requested && self.full_for_change))
     }
     fn retry_due(&self) -> Option<Instant> {
         if self.work_requested() {

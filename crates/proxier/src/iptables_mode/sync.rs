@@ -222,6 +222,7 @@ impl IptablesProxier {
                     self.applied_once = true;
                     if full {
                         self.full_requested = false;
+                        self.full_for_change = false;
                         self.check_requested = false;
                         self.last_full = Some(now);
                     }
