@@ -10,8 +10,8 @@
 //!    that round's own duration, `check_s`), or the cap passes (`converged: false`, with the
 //!    counts reached). `cpu_s` is the proxy's user + system time then, its waited-for children
 //!    (ipset, iptables-restore, nft processes) included.
-//!    Then settled: the proxy's first sync has ended by its own `/metrics` (sync count at
-//!    least one; `settled_s` from process start, within the same cap), so that no proxy's
+//!    Then settled: the proxy's first IPv4 sync has ended by its own `/metrics` (sync count
+//!    at least one; `settled_s` from process start, within the same cap), so that no proxy's
 //!    changes are timed against the rest of its first sync.
 //! 3. One change at a time, `changes` times: one EndpointSlice's first endpoint replaced by a
 //!    merge patch from here (an API write through the forwarded port), timed from just before
@@ -544,11 +544,30 @@ fn sync_metrics() -> Value {
     })
 }
 
-/// Waits until the proxy reports its first sync ended (polled once a second) or `cap` has passed
-/// since `t0` or the proxy exited; the time from `t0`, or `None`.
+/// The number of IPv4 syncs the proxy has ended, from its /metrics: the bench's Services are
+/// IPv4, and both kube-ipvs and upstream (its dual-stack metaproxier) run and count an IPv6
+/// family too (`ip_family` label), whose first sync of nothing may end before the IPv4 one.
+fn ipv4_syncs() -> f64 {
+    let body = kernel::sh_out("timeout 10 wget -q -O - http://127.0.0.1:10249/metrics");
+    ipv4_sync_count(&body)
+}
+
+fn ipv4_sync_count(metrics: &str) -> f64 {
+    metrics
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("kubeproxy_sync_proxy_rules_duration_seconds_count{")
+                .filter(|r| r.contains("ip_family=\"IPv4\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until the proxy reports its first IPv4 sync ended (polled once a second) or `cap` has
+/// passed since `t0` or the proxy exited; the time from `t0`, or `None`.
 fn settle(proxy: &mut Running, t0: Instant, cap: Duration) -> Option<Duration> {
     loop {
-        if sync_metrics()["syncs"].as_f64().is_some_and(|n| n >= 1.0) {
+        if ipv4_syncs() >= 1.0 {
             return Some(t0.elapsed());
         }
         if t0.elapsed() > cap || proxy.exited().is_some() {
@@ -800,6 +819,20 @@ fn proc_status_kb_meminfo(field: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_ipv4_sync_count_leaves_the_other_family_and_metrics_out() {
+        let body = "# TYPE kubeproxy_sync_proxy_rules_duration_seconds histogram\n\
+            kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family=\"IPv4\",le=\"+Inf\"} 3\n\
+            kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family=\"IPv4\"} 2.5\n\
+            kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 3\n\
+            kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv6\"} 7\n\
+            kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} 1.7e9\n";
+        assert_eq!(ipv4_sync_count(body), 3.0);
+        let v6_only = "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv6\"} 1\n";
+        assert_eq!(ipv4_sync_count(v6_only), 0.0);
+        assert_eq!(ipv4_sync_count(""), 0.0);
+    }
 
     #[test]
     fn percentiles_and_plans() {
