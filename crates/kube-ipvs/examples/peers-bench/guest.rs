@@ -658,7 +658,7 @@ fn run_proxy(
         check_s,
         row["cpu_s"].as_f64().unwrap_or(f64::NAN)
     );
-    // Settled: the proxy's first sync has ended (its `/metrics` sync count is at least one).
+    // Settled: the proxy's first IPv4 sync has ended (its `/metrics` count at least one).
     // Upstream's IPVS mode completes the counted state long before its first sync ends (it
     // still adds hairpin ipset members, one `ipset` process each); every proxy's changes are
     // timed from a finished first sync on, so none is timed against its own start.

@@ -395,8 +395,9 @@ impl Backend for IptablesProxier {
     /// Changes (the store's, the node's addresses, a Node change's full sync) and the first
     /// sync are paced; the periodic check and periodic full sync (every `syncPeriod`, their own
     /// timer) and a repair's full sync are not, so a change written just after one is not held
-    /// for a whole `minSyncPeriod`, as in IPVS mode ([`crate::ipvs_mode::Proxier::paced_pending`]).
-    /// Upstream's iptables `syncRunner` paces every sync, periodic ones too.
+    /// for a whole `minSyncPeriod`, as in IPVS mode
+    /// ([`crate::ipvs_mode::Proxier::paced_pending`]). Upstream's iptables `syncRunner` paces
+    /// every sync, periodic ones too.
     fn paced(&self, now: Instant) -> bool {
         self.pending(now)
             && (!self.applied_once
