@@ -525,50 +525,60 @@ fn revert(rt: &tokio::runtime::Runtime, slices: &Api<EndpointSlice>, plan: &Plan
     )
 }
 
-/// The proxy's sync counter and total sync seconds from its /metrics (both export
-/// `kubeproxy_sync_proxy_rules_duration_seconds`).
-fn sync_metrics() -> Value {
-    let body = kernel::sh_out("timeout 10 wget -q -O - http://127.0.0.1:10249/metrics");
-    let sum = |name: &str| -> f64 {
-        body.lines()
-            .filter(|l| {
-                l.strip_prefix(name)
-                    .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            // Not `sum()`: an f64 sum of nothing is -0.0, which the row would show.
-            .fold(0.0, |a, b| a + b)
-    };
-    json!({
-        "syncs": sum("kubeproxy_sync_proxy_rules_duration_seconds_count"),
-        "sync_seconds": sum("kubeproxy_sync_proxy_rules_duration_seconds_sum"),
-    })
+/// The sync-duration histogram both proxies export.
+const SYNC_HISTOGRAM: &str = "kubeproxy_sync_proxy_rules_duration_seconds";
+
+/// The proxy's /metrics text (empty when it does not answer within 10 s).
+fn metrics_text() -> String {
+    kernel::sh_out("timeout 10 wget -q -O - http://127.0.0.1:10249/metrics")
 }
 
-/// The number of IPv4 syncs the proxy has ended, from its /metrics: the bench's Services are
-/// IPv4, and both kube-ipvs and upstream (its dual-stack metaproxier) run and count an IPv6
-/// family too (`ip_family` label), whose first sync of nothing may end before the IPv4 one.
-fn ipv4_syncs() -> f64 {
-    let body = kernel::sh_out("timeout 10 wget -q -O - http://127.0.0.1:10249/metrics");
-    ipv4_sync_count(&body)
-}
-
-fn ipv4_sync_count(metrics: &str) -> f64 {
+/// The sum of the samples of metric `name` in `metrics` (every label set, or only those whose
+/// labels contain `label`).
+fn metric_sum(metrics: &str, name: &str, label: Option<&str>) -> f64 {
     metrics
         .lines()
         .filter_map(|l| {
-            l.strip_prefix("kubeproxy_sync_proxy_rules_duration_seconds_count{")
-                .filter(|r| r.contains("ip_family=\"IPv4\""))
+            let rest = l.strip_prefix(name)?;
+            let labels = match rest.strip_prefix('{') {
+                Some(r) => r.split('}').next()?,
+                None if rest.starts_with(' ') => "",
+                None => return None,
+            };
+            if !label.is_none_or(|want| labels.contains(want)) {
+                return None;
+            }
+            l.rsplit(' ').next()?.parse::<f64>().ok()
         })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        // Not `sum()`: an f64 sum of nothing is -0.0, which the row would show.
         .fold(0.0, |a, b| a + b)
+}
+
+/// The proxy's sync counter and total sync seconds from its /metrics, every family.
+fn sync_metrics() -> Value {
+    let body = metrics_text();
+    json!({
+        "syncs": metric_sum(&body, &format!("{SYNC_HISTOGRAM}_count"), None),
+        "sync_seconds": metric_sum(&body, &format!("{SYNC_HISTOGRAM}_sum"), None),
+    })
+}
+
+/// The number of IPv4 syncs ended in `metrics`: the bench's Services are IPv4, and both
+/// kube-ipvs and upstream (its dual-stack metaproxier) run and count an IPv6 family too
+/// (`ip_family` label), whose first sync of nothing may end before the IPv4 one.
+fn ipv4_sync_count(metrics: &str) -> f64 {
+    metric_sum(
+        metrics,
+        &format!("{SYNC_HISTOGRAM}_count"),
+        Some("ip_family=\"IPv4\""),
+    )
 }
 
 /// Waits until the proxy reports its first IPv4 sync ended (polled once a second) or `cap` has
 /// passed since `t0` or the proxy exited; the time from `t0`, or `None`.
 fn settle(proxy: &mut Running, t0: Instant, cap: Duration) -> Option<Duration> {
     loop {
-        if ipv4_syncs() >= 1.0 {
+        if ipv4_sync_count(&metrics_text()) >= 1.0 {
             return Some(t0.elapsed());
         }
         if t0.elapsed() > cap || proxy.exited().is_some() {
@@ -830,6 +840,22 @@ mod tests {
             kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv6\"} 7\n\
             kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} 1.7e9\n";
         assert_eq!(ipv4_sync_count(body), 3.0);
+        // Every family, as the row's totals count them; a longer name is another metric.
+        let count = format!("{SYNC_HISTOGRAM}_count");
+        assert_eq!(metric_sum(body, &count, None), 10.0);
+        assert_eq!(
+            metric_sum(body, &format!("{SYNC_HISTOGRAM}_sum"), None),
+            2.5
+        );
+        assert_eq!(
+            metric_sum(
+                "kubeproxy_sync_proxy_rules_duration_seconds_count 4\n",
+                &count,
+                None
+            ),
+            4.0
+        );
+        assert_eq!(metric_sum(body, "kubeproxy_sync_proxy_rules", None), 0.0);
         let v6_only = "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv6\"} 1\n";
         assert_eq!(ipv4_sync_count(v6_only), 0.0);
         let none = ipv4_sync_count("");
